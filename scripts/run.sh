@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The main job: set up the environment (scripts/env.sh), then run every numbered example
+# (examples/[0-9][0-9]_*.py, in order) or the example paths given as arguments. Each example
+# checks its own results. Without a GPU the examples run on the CPU executor (safetile picks
+# its default backend); with one, on the GPU. Exits non-zero if any example fails.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=env.sh
+source "$here/env.sh" || { echo "[run] environment setup failed" >&2; exit 1; }
+cd "$SAFETILE_ROOT" || exit 1
+
+if [ "$#" -gt 0 ]; then
+    examples=("$@")
+else
+    shopt -s nullglob
+    examples=(examples/[0-9][0-9]_*.py)
+    shopt -u nullglob
+fi
+if [ "${#examples[@]}" -eq 0 ]; then
+    echo "[run] no examples found (examples/[0-9][0-9]_*.py)" >&2
+    exit 1
+fi
+
+passed=0
+failed=()
+for ex in "${examples[@]}"; do
+    echo
+    echo "=============================================================="
+    echo "== $ex"
+    echo "=============================================================="
+    start=$(date +%s.%N)
+    "$SAFETILE_PYTHON" "$ex"
+    rc=$?
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$rc" -eq 0 ]; then
+        echo "[run] OK   $ex (${secs}s)"
+        passed=$((passed + 1))
+    else
+        echo "[run] FAIL $ex (exit $rc, ${secs}s)"
+        failed+=("$ex")
+    fi
+done
+
+echo
+echo "examples: $passed passed, ${#failed[@]} failed"
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf '[run] failed: %s\n' "${failed[@]}"
+    exit 1
+fi

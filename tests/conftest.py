@@ -1,0 +1,20 @@
+"""Test configuration: tests marked `gpu` skip themselves when no CUDA GPU is present."""
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    for item in gpu_items:
+        item.add_marker(skip_gpu)
