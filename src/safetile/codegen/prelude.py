@@ -1,0 +1,114 @@
+"""Triton helper functions that generated kernels call: masked tile loads and stores.
+
+Every generated module starts with the helpers it uses, so the file is self-contained and
+readable on its own. Tile ``(i0, i1, ...)`` of shape ``(t0, t1, ...)`` covers elements
+``i_k * t_k + [0, t_k)`` on each axis; lanes outside ``[0, n_k)`` are masked off (loads read
+``pad``). A sub-tile ``(j0, ...)`` of shape ``(r0, ...)`` inside owned tile ``(i0, ...)`` covers
+``i_k * t_k + j_k * r_k + [0, r_k)`` and is masked to the owned slab as well as the tensor.
+"""
+from __future__ import annotations
+
+HEADER = '''import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+'''
+
+FIXED = {
+    "_st_tanh": '''
+@triton.jit
+def _st_tanh(x):
+    return libdevice.tanh(x.to(tl.float32)).to(x.dtype)
+''',
+    "_st_sum": '''
+@triton.jit
+def _st_sum(x, axis: tl.constexpr = None):
+    if x.dtype.is_fp16() or x.dtype.is_bf16():
+        return tl.sum(x.to(tl.float32), axis).to(x.dtype)
+    else:
+        return tl.sum(x, axis)
+''',
+}
+
+
+def _bcast(k: int, r: int) -> str:
+    """Index suffix that places a 1-D axis k into rank r: e.g. [:, None] for k=0, r=2."""
+    if r == 1:
+        return ""
+    return "[" + ", ".join(":" if j == k else "None" for j in range(r)) + "]"
+
+
+def _args(prefix: str, r: int) -> str:
+    return ", ".join(f"{prefix}{k}" for k in range(r))
+
+
+def _cargs(prefix: str, r: int) -> str:
+    return ", ".join(f"{prefix}{k}: tl.constexpr" for k in range(r))
+
+
+def _offsets(r: int, sub: bool, neg: bool = False) -> list[str]:
+    lines = []
+    for k in range(r):
+        if sub:
+            lines.append(f"    l{k} = j{k} * r{k} + tl.arange(0, r{k})")
+            lines.append(f"    o{k} = i{k} * t{k} + l{k}")
+        else:
+            lines.append(f"    o{k} = i{k} * t{k} + tl.arange(0, t{k})")
+    off = " + ".join(f"o{k}{_bcast(k, r)} * s{k}" for k in range(r))
+    lines.append(f"    off = {off}")
+    masks = []
+    for k in range(r):
+        if sub:
+            cond = f"(l{k} >= 0) & (l{k} < t{k}) & (o{k} < n{k})"
+        else:
+            cond = f"(o{k} < n{k})"
+        masks.append(f"({cond}){_bcast(k, r)}")
+    lines.append(f"    m = {' & '.join(masks)}")
+    if neg:
+        nonneg = " & ".join(f"(o{k} >= 0){_bcast(k, r)}" for k in range(r))
+        lines.append(f"    if CHECK_NEG:\n        m = m & {nonneg}")
+    return lines
+
+
+def load_tile(r: int) -> str:
+    head = (f"def _st_load{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('i', r)}, "
+            f"{_cargs('t', r)}, pad: tl.constexpr, CHECK_NEG: tl.constexpr):")
+    body = _offsets(r, sub=False, neg=True) + ["    return tl.load(ptr + off, mask=m, other=pad)"]
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
+def store_tile(r: int) -> str:
+    head = (f"def _st_store{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('i', r)}, "
+            f"{_cargs('t', r)}, value):")
+    body = _offsets(r, sub=False) + ["    tl.store(ptr + off, value, mask=m)"]   # owned: i >= 0
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
+def sub_tile(r: int, store: bool) -> str:
+    name = f"_st_substore{r}" if store else f"_st_subload{r}"
+    extra = "value" if store else "pad: tl.constexpr"
+    head = (f"def {name}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('i', r)}, "
+            f"{_cargs('t', r)}, {_args('j', r)}, {_cargs('r', r)}, {extra}):")
+    last = ("    tl.store(ptr + off, value, mask=m)" if store
+            else "    return tl.load(ptr + off, mask=m, other=pad)")
+    body = _offsets(r, sub=True) + [last]
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
+def load_scalar(r: int) -> str:
+    head = f"def _st_scalar{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('e', r)}, pad: tl.constexpr):"
+    m = " & ".join(f"(e{k} >= 0) & (e{k} < n{k})" for k in range(r))
+    off = " + ".join(f"e{k} * s{k}" for k in range(r))
+    return (f"\n@triton.jit\n{head}\n    return tl.load(ptr + ({off}), mask={m}, other=pad)\n")
+
+
+def helper_source(name: str) -> str:
+    """Source of the prelude helper called ``name`` (e.g. ``_st_load2``)."""
+    if name in FIXED:
+        return FIXED[name]
+    for prefix, make in (("_st_substore", lambda r: sub_tile(r, True)),
+                         ("_st_subload", lambda r: sub_tile(r, False)),
+                         ("_st_scalar", load_scalar), ("_st_load", load_tile),
+                         ("_st_store", store_tile)):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return make(int(name[len(prefix):]))
+    raise KeyError(name)

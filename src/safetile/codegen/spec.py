@@ -1,0 +1,33 @@
+"""What one compiled variant of a kernel is specialized on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..dtypes import DType
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """The launch-time facts about one parameter that change the generated code."""
+
+    name: str
+    kind: str                          # In | Out | Const | Ptr | int | float
+    dtype: Optional[DType] = None
+    rank: Optional[int] = None
+    tile: Optional[tuple] = None       # Out: tile shape
+    order: str = "row_major"           # Out: program order
+    group_size: int = 0                # Out: grouped order
+    persistent: bool = False           # Out: programs iterate over several tiles
+    value: Any = None                  # Const: the value
+    tma: bool = False                  # In: tensor-descriptor loads allowed (layout fits TMA)
+
+
+@dataclass(frozen=True)
+class VariantKey:
+    """Everything a generated source depends on."""
+
+    args: tuple                        # ArgSpec per parameter, in order
+    tma: bool = True
+    num_warps: Optional[int] = None
+    num_stages: Optional[int] = None

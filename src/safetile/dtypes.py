@@ -1,0 +1,51 @@
+"""Element types: one object per dtype, mapping to torch and Triton."""
+from __future__ import annotations
+
+import torch
+
+
+class DType:
+    """A safetile element type (``st.float32`` ...)."""
+
+    __slots__ = ("name", "torch", "triton_name", "itemsize", "is_float")
+
+    def __init__(self, name: str, torch_dtype: torch.dtype, triton_name: str):
+        self.name = name
+        self.torch = torch_dtype
+        self.triton_name = triton_name      # attribute of triton.language, e.g. "bfloat16"
+        self.itemsize = torch.empty((), dtype=torch_dtype).element_size()
+        self.is_float = torch_dtype.is_floating_point
+
+    def __repr__(self) -> str:
+        return f"st.{self.name}"
+
+    def __reduce__(self):
+        return (from_name, (self.name,))
+
+
+float32 = DType("float32", torch.float32, "float32")
+float16 = DType("float16", torch.float16, "float16")
+bfloat16 = DType("bfloat16", torch.bfloat16, "bfloat16")
+int32 = DType("int32", torch.int32, "int32")
+int64 = DType("int64", torch.int64, "int64")
+int8 = DType("int8", torch.int8, "int8")
+bool_ = DType("bool_", torch.bool, "int1")
+
+f32, f16, bf16, i32, i64 = float32, float16, bfloat16, int32, int64
+
+ALL = (float32, float16, bfloat16, int32, int64, int8, bool_)
+_BY_NAME = {d.name: d for d in ALL}
+_BY_TORCH = {d.torch: d for d in ALL}
+
+
+def from_name(name: str) -> DType:
+    return _BY_NAME[name]
+
+
+def from_torch(dtype: torch.dtype) -> DType:
+    """The safetile dtype of a torch dtype; ``TypeError`` if safetile has none."""
+    try:
+        return _BY_TORCH[dtype]
+    except KeyError:
+        supported = ", ".join(d.name for d in ALL)
+        raise TypeError(f"torch dtype {dtype} has no safetile dtype (supported: {supported})") from None

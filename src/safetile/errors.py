@@ -1,0 +1,59 @@
+"""Typed errors of safetile: each says what was wrong, where, and what to do."""
+
+
+class SafetileError(Exception):
+    """Base class of every error safetile raises."""
+
+
+class KernelDefinitionError(SafetileError):
+    """A kernel or function definition breaks a rule; raised when the decorator runs.
+
+    The message starts with ``file:line`` of the offending code and names the rule.
+    """
+
+    def __init__(self, message: str, filename: str = "<unknown>", lineno: int = 0,
+                 rule: str = ""):
+        self.filename, self.lineno, self.rule = filename, lineno, rule
+        where = f"{filename}:{lineno}: " if lineno else f"{filename}: "
+        tag = f"[{rule}] " if rule else ""
+        super().__init__(f"{where}{tag}{message}")
+
+
+class LaunchError(SafetileError):
+    """Arguments given to a kernel launch do not match its parameters."""
+
+
+class MovedError(SafetileError):
+    """A handle was used after it was moved into a partition, a share or an operation."""
+
+
+class BorrowError(SafetileError):
+    """A Shared value cannot be unwrapped or partitioned while other holders exist."""
+
+
+class AliasError(SafetileError):
+    """A mutable output overlaps another argument of the same launch or an in-flight hold."""
+
+
+class UnsafeError(SafetileError):
+    """An ``unsafe=True`` kernel was launched outside ``with st.unsafe():``."""
+
+
+class RaceError(SafetileError):
+    """The CPU executor saw two programs write one element, or read another's write."""
+
+
+class OutOfBoundsError(SafetileError):
+    """The CPU executor saw an access outside a tensor or outside an owned slab."""
+
+
+class GraphCaptureError(SafetileError):
+    """An operation that allocates (or cannot be captured) was recorded into a graph."""
+
+
+class ExecutionError(SafetileError):
+    """Execution was started where it is not allowed (e.g. inside a running ``then``)."""
+
+
+class PartitionError(SafetileError, ValueError):
+    """A tile shape or partition option is invalid for the tensor it partitions."""

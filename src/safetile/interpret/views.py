@@ -1,0 +1,257 @@
+"""Parameter views of the CPU executor, with bounds and write-set checks.
+
+Every store records which program wrote each element (``writer``, -1 for none). A second
+program writing the element, or reading it, is a race: ``RaceError`` names the kernel, both
+programs and the element. Raw-pointer views also remember readers, so a read followed by
+another program's write is caught whatever order the shuffled programs run in.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import OutOfBoundsError, RaceError
+from .tile import Tile, as_tensor
+
+NONE, MANY, ATOMIC = -1, -2, -3
+
+
+def _coord(flat: int, shape: tuple) -> tuple:
+    out = []
+    for s in reversed(shape):
+        out.append(flat % s)
+        flat //= s
+    return tuple(reversed(out))
+
+
+def _ints(index, rank: int, what: str) -> tuple:
+    if not isinstance(index, (tuple, list)):
+        index = (index,)
+    if len(index) != rank:
+        raise ValueError(f"{what} needs {rank} entries, got {len(index)}")
+    return tuple(int(i) for i in index)
+
+
+class Launch:
+    """Shared state of one interpreted launch: names programs in messages."""
+
+    def __init__(self, kernel_name: str, describe_program):
+        self.kernel = kernel_name
+        self.describe = describe_program     # program id -> "program 3 (tile (0, 3))"
+        self.program = 0
+
+
+class InView:
+    """A read-only input: tile-grid loads with padding, scalar loads."""
+
+    def __init__(self, name: str, t: torch.Tensor):
+        self.name, self._t = name, t
+        self.shape = tuple(t.shape)
+
+    def load(self, index, shape, padding=0):
+        r = self._t.dim()
+        shape = _ints(shape, r, f"load of '{self.name}': shape")
+        index = _ints(index, r, f"load of '{self.name}': index")
+        return Tile(_read_box(self._t, [i * s for i, s in zip(index, shape)], shape, padding))
+
+    def load_scalar(self, index, padding=0):
+        e = _ints(index, self._t.dim(), f"load_scalar of '{self.name}': index")
+        if all(0 <= i < n for i, n in zip(e, self.shape)):
+            return Tile(self._t[e].clone())
+        return Tile(torch.tensor(padding, dtype=self._t.dtype))
+
+
+def _read_box(t: torch.Tensor, start, shape, padding) -> torch.Tensor:
+    """Elements ``start + [0, shape)`` of ``t``; outside ``t`` they read ``padding``."""
+    out = torch.full(shape, padding, dtype=t.dtype, device=t.device)
+    src, dst = _clip(start, shape, t.shape)
+    if src is not None:
+        out[dst] = t[src]
+    return out
+
+
+def _clip(start, shape, bounds):
+    """Slices of the in-bounds part: (into the tensor, into the box), or (None, None)."""
+    src, dst = [], []
+    for s, n, b in zip(start, shape, bounds):
+        lo, hi = max(s, 0), min(s + n, b)
+        if lo >= hi:
+            return None, None
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - s, hi - s))
+    return tuple(src), tuple(dst)
+
+
+class OutView:
+    """The owned tile of an Out partition for the current program."""
+
+    def __init__(self, name: str, t: torch.Tensor, tile_shape: tuple, launch: Launch):
+        self.name, self._t, self.shape, self.launch = name, t, tuple(tile_shape), launch
+        self.writer = torch.full(tuple(t.shape), NONE, dtype=torch.int32, device=t.device)
+        self.index = None            # current tile coordinates; None outside tiles() when persistent
+        self.tiles_of = None         # set by the executor: program's list of tiles
+        self.group = None            # all Out views of the launch (moved together by tiles())
+
+    def _start(self):
+        if self.index is None:
+            raise RuntimeError(f"kernel '{self.launch.kernel}': Out '{self.name}' is a persistent "
+                               f"partition; reach its tiles with `for t in {self.name}.tiles():`")
+        return [i * s for i, s in zip(self.index, self.shape)]
+
+    def load(self):
+        return Tile(self._checked_read(self._start(), self.shape))
+
+    def store(self, value):
+        self._checked_write(self._start(), self.shape, value, slab=None)
+
+    def partition(self, sub_shape):
+        return SubView(self, _ints(sub_shape, len(self.shape), f"partition of '{self.name}'"))
+
+    def tiles(self):
+        for coords in self.tiles_of:
+            for v in self.group:
+                v.index = coords
+            yield self
+
+    # -- checked access ----------------------------------------------------------------------
+    def _checked_read(self, start, shape):
+        src, dst = _clip(start, shape, self._t.shape)
+        if src is not None:
+            self._race(self.writer[src], "reads", start=[s.start for s in src])
+        return _read_box(self._t, start, shape, 0)
+
+    def _checked_write(self, start, shape, value, slab):
+        v = as_tensor(value, self._t)
+        try:
+            v = torch.broadcast_to(v, shape)
+        except RuntimeError:
+            raise ValueError(f"kernel '{self.launch.kernel}': store of a tile of shape "
+                             f"{tuple(v.shape)} into '{self.name}' region of shape {shape}") from None
+        bounds = list(self._t.shape)
+        if slab is not None:                    # a sub-tile never leaves the owned slab
+            bounds = [min(b, h) for b, h in zip(bounds, slab)]
+        src, dst = _clip(start, shape, bounds)
+        if src is None:
+            return
+        self._race(self.writer[src], "writes", start=[s.start for s in src])
+        self.writer[src] = self.launch.program
+        self._t[src] = v[dst].to(self._t.dtype)
+
+    def _race(self, w: torch.Tensor, verb: str, start):
+        p = self.launch.program
+        bad = (w != NONE) & (w != p)
+        if bool(bad.any()):
+            local = [int(i) for i in bad.nonzero()[0]]
+            q = int(w[tuple(local)])
+            coord = tuple(s + i for s, i in zip(start, local))
+            what = "both write" if verb == "writes" else "reads what the other writes:"
+            raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(p)} {verb} "
+                            f"element {coord} of '{self.name}', which "
+                            f"{self.launch.describe(q)} writes ({what.split(':')[0]})")
+
+
+class SubView:
+    """``z.partition(sub_shape)``: sub-tiles inside the owned slab of ``z``."""
+
+    def __init__(self, out: OutView, sub_shape: tuple):
+        self.out, self.shape = out, sub_shape
+
+    def _start(self, sub_index):
+        j = _ints(sub_index, len(self.shape), f"sub-tile index of '{self.out.name}'")
+        grid = [math.ceil(t / s) for t, s in zip(self.out.shape, self.shape)]
+        if not all(0 <= a < g for a, g in zip(j, grid)):
+            raise OutOfBoundsError(
+                f"kernel '{self.out.launch.kernel}', {self.out.launch.describe(self.out.launch.program)}: "
+                f"sub-tile index {j} of '{self.out.name}' is outside the owned slab's sub-grid "
+                f"{tuple(grid)} (tile {self.out.shape}, sub-tile {self.shape}); on the GPU such "
+                f"a store is masked off")
+        base = self.out._start()
+        return [b + a * s for b, a, s in zip(base, j, self.shape)], base
+
+    def store(self, value, sub_index):
+        start, base = self._start(sub_index)
+        slab_end = [b + t for b, t in zip(base, self.out.shape)]
+        self.out._checked_write(start, self.shape, value, slab_end)
+
+    def load(self, sub_index):
+        start, base = self._start(sub_index)
+        hi = [b + t for b, t in zip(base, self.out.shape)]
+        shape = [min(s, h - st) for s, h, st in zip(self.shape, hi, start)]
+        box = self.out._checked_read(start, shape)
+        return Tile(_read_box(box, [0] * len(shape), self.shape, 0))
+
+
+class PtrView:
+    """A raw pointer (unsafe kernels): element offsets into a contiguous buffer."""
+
+    def __init__(self, name: str, t: torch.Tensor, launch: Launch):
+        self.name, self.launch = name, launch
+        self._flat = t.view(-1)
+        self._shape = tuple(t.shape)
+        n = self._flat.numel()
+        self.writer = torch.full((n,), NONE, dtype=torch.int32)
+        self.reader = torch.full((n,), NONE, dtype=torch.int32)
+
+    def _lanes(self, program, offsets, mask, op):
+        off = as_tensor(offsets).to(torch.int64).reshape(-1)
+        m = torch.ones_like(off, dtype=torch.bool) if mask is None else \
+            torch.broadcast_to(as_tensor(mask).bool(), as_tensor(offsets).shape).reshape(-1)
+        active = off[m]
+        bad = (active < 0) | (active >= self._flat.numel())
+        if bool(bad.any()):
+            o = int(active[bad][0])
+            raise OutOfBoundsError(f"kernel '{self.launch.kernel}', {self.launch.describe(program)}: "
+                                   f"sl.{op} at element offset {o} is outside '{self.name}' "
+                                   f"({self._flat.numel()} elements, shape {self._shape})")
+        return off, m, active
+
+    def _conflict(self, program, table, active):
+        owners = table[active]
+        bad = (owners != NONE) & (owners != program)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            return int(active[i]), int(owners[i])
+        return None
+
+    def _raise(self, program, other, off, verb):
+        el = _coord(off, self._shape)
+        other_s = {MANY: "several programs", ATOMIC: "an atomic update"}.get(other) or \
+            self.launch.describe(other)
+        raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(program)} {verb} "
+                        f"element {el} of '{self.name}' (offset {off}); {other_s} also "
+                        f"{'writes' if verb != 'writes' else 'accesses'} it")
+
+    def load(self, program, offsets, mask, other):
+        off, m, active = self._lanes(program, offsets, mask, "load_ptr")
+        c = self._conflict(program, self.writer, active)
+        if c:
+            self._raise(program, c[1], c[0], "reads")
+        r = self.reader[active]
+        self.reader[active] = torch.where(r == NONE, program, torch.where(r == program, r, MANY)).to(torch.int32)
+        vals = torch.full(off.shape, other, dtype=self._flat.dtype)
+        vals[m] = self._flat[active]
+        return Tile(vals.reshape(as_tensor(offsets).shape))
+
+    def store(self, program, offsets, value, mask):
+        off, m, active = self._lanes(program, offsets, mask, "store_ptr")
+        for table, verb in ((self.writer, "writes"), (self.reader, "writes")):
+            c = self._conflict(program, table, active)
+            if c:
+                self._raise(program, c[1], c[0], verb)
+        self.writer[active] = program
+        v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
+        self._flat[active] = v.to(self._flat.dtype)
+
+    def atomic_add(self, program, offsets, value, mask):
+        off, m, active = self._lanes(program, offsets, mask, "atomic_add")
+        c = self._conflict(program, self.writer, active)
+        if c and c[1] != ATOMIC:
+            self._raise(program, c[1], c[0], "atomically updates")
+        old = self._flat[active].clone()
+        v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
+        self._flat.index_add_(0, active, v.to(self._flat.dtype))
+        self.writer[active] = ATOMIC
+        out = torch.zeros(off.shape, dtype=self._flat.dtype)
+        out[m] = old
+        return Tile(out.reshape(as_tensor(offsets).shape))

@@ -1,0 +1,344 @@
+"""Definition-time rules of kernel bodies: every violation is a ``KernelDefinitionError``.
+
+Rules (the ``rule`` tag each error carries):
+- ``in-read-only``: no store through an ``In`` parameter.
+- ``free-index-store``: stores go through an ``Out`` (``z.store(tile)``) or a sub-partition of
+  one (``z.partition(s).store(tile, sub_index)``); never ``z[i] = ...`` or ``z.store(t, index)``.
+- ``param-assignment``: parameters are not assigned to.
+- ``ptr-needs-unsafe`` / ``atomic-needs-unsafe`` / ``unsafe-op``: raw pointers, atomics and
+  pointer operations only in ``@st.kernel(unsafe=True)``.
+- ``call``: only ``safetile.lang`` operations, view methods, ``@st.function`` helpers and
+  ``range min max abs float`` may be called.
+- ``no-out``: a safe kernel declares at least one ``Out`` (its grid is the launch grid).
+- ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
+  ``pass`` (and ``return`` in functions); every name must resolve.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from .source import KernelSource, Scope, assigned_names
+
+IN_METHODS = {"load", "load_scalar"}
+IN_ATTRS = {"shape"}
+OUT_METHODS = {"load", "store", "partition", "tiles"}
+OUT_ATTRS = {"shape", "index"}
+SUB_METHODS = {"store", "load"}
+SUB_ATTRS = {"shape"}
+TILE_METHODS = {"astype"}
+TILE_ATTRS = {"T", "shape"}
+RESERVED_PREFIX = "_st_"
+
+
+@dataclass
+class BodyInfo:
+    """What the checker learned about a body, reused by the code generator."""
+
+    scope: Scope
+    views: dict = field(default_factory=dict)       # local name -> ("sub"|"tile", out param)
+    functions: list = field(default_factory=list)   # @st.function helpers called
+    stores: bool = False
+
+
+class BodyChecker(ast.NodeVisitor):
+    """Walks one kernel or function body and enforces the rules above."""
+
+    def __init__(self, src: KernelSource, params: dict, unsafe: bool, is_function: bool):
+        self.src, self.params, self.unsafe, self.is_function = src, params, unsafe, is_function
+        local_names = assigned_names(src.tree)
+        if is_function:
+            local_names |= {a.arg for a in src.tree.args.args}
+        self.info = BodyInfo(Scope(src.fn, params, local_names))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def fail(self, node, rule, message):
+        raise self.src.error(node, rule, message)
+
+    def kind_of(self, node):
+        """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals, else None."""
+        if isinstance(node, ast.Name):
+            if node.id in self.params:
+                return self.params[node.id].kind
+            if node.id in self.info.views:
+                return self.info.views[node.id][0]
+        return None
+
+    def check(self) -> BodyInfo:
+        tree = self.src.tree
+        for arg in tree.args.args:
+            if arg.arg.startswith(RESERVED_PREFIX):
+                self.fail(arg, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
+        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs:
+            self.fail(tree, "statement", "kernels take plain positional parameters only")
+        self.collect_views(tree)
+        body = tree.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]                                    # docstring
+        for stmt in body:
+            self.visit(stmt)
+        return self.info
+
+    def collect_views(self, tree):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                f = node.value.func
+                if isinstance(f, ast.Attribute) and f.attr == "partition" and \
+                        self.kind_of(f.value) in ("Out", "tile"):
+                    if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+                        self.fail(node, "statement", "bind a sub-partition to one plain name")
+                    self.info.views[node.targets[0].id] = ("sub", self.out_of(f.value))
+            if isinstance(node, ast.For) and isinstance(node.iter, ast.Call):
+                f = node.iter.func
+                if isinstance(f, ast.Attribute) and f.attr == "tiles" and self.kind_of(f.value) == "Out":
+                    if not isinstance(node.target, ast.Name):
+                        self.fail(node, "statement", "write `for t in z.tiles():` with one name")
+                    self.info.views[node.target.id] = ("tile", f.value.id)
+
+    def out_of(self, node) -> str:
+        if node.id in self.params:
+            return node.id
+        return self.info.views[node.id][1]
+
+    # -- statements ------------------------------------------------------------------------------
+    def generic_visit(self, node):
+        if isinstance(node, ast.stmt):
+            self.fail(node, "statement",
+                      f"`{type(node).__name__}` statements are not allowed in a kernel; use "
+                      f"assignments, expressions, `for ... in range(...)`, `if` and `pass`")
+        super().generic_visit(node)
+
+    def visit_Pass(self, node):
+        pass
+
+    def visit_Return(self, node):
+        if not self.is_function:
+            self.fail(node, "statement", "kernels return nothing: their results are Out stores")
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_Expr(self, node):
+        self.visit(node.value)
+
+    def check_target(self, target):
+        if isinstance(target, ast.Name):
+            if target.id in self.params:
+                kind = self.params[target.id].kind
+                self.fail(target, "param-assignment",
+                          f"assignment to parameter '{target.id}' ({kind}): parameters are "
+                          f"owned by the launch; bind a new local name instead")
+            if target.id.startswith(RESERVED_PREFIX):
+                self.fail(target, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
+        elif isinstance(target, ast.Tuple):
+            for elt in target.elts:
+                self.check_target(elt)
+        elif isinstance(target, ast.Subscript):
+            base = target.value
+            name = base.id if isinstance(base, ast.Name) else ast.unparse(base)
+            kind = self.kind_of(base)
+            if kind == "In":
+                self.fail(target, "in-read-only",
+                          f"store into In '{name}': In parameters are shared and read-only")
+            self.fail(target, "free-index-store",
+                      f"indexed store `{ast.unparse(target)} = ...`: a safe kernel cannot choose "
+                      f"where to write; store the owned tile with `z.store(tile)` or a sub-tile "
+                      f"with `z.partition(shape).store(tile, sub_index)`")
+        else:
+            self.fail(target, "statement", f"cannot assign to `{ast.unparse(target)}`")
+
+    def visit_Assign(self, node):
+        for t in node.targets:
+            self.check_target(t)
+        self.visit(node.value)
+
+    def visit_AugAssign(self, node):
+        self.check_target(node.target)
+        self.visit(node.value)
+
+    def visit_AnnAssign(self, node):
+        self.check_target(node.target)
+        if node.value is not None:
+            self.visit(node.value)
+
+    def visit_If(self, node):
+        self.visit(node.test)
+        for s in node.body + node.orelse:
+            self.visit(s)
+
+    def visit_For(self, node):
+        if node.orelse:
+            self.fail(node, "statement", "`for ... else` is not allowed")
+        it = node.iter
+        is_range = isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and \
+            self.info.scope.resolve(it.func) is not None and \
+            self.info.scope.resolve(it.func).kind == "pybuiltin" and it.func.id == "range"
+        is_tiles = isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and \
+            it.func.attr == "tiles" and self.kind_of(it.func.value) == "Out"
+        if not (is_range or is_tiles):
+            self.fail(node, "statement", "loops are `for i in range(...)` or `for t in z.tiles()`")
+        if is_range:
+            if not isinstance(node.target, ast.Name):
+                self.fail(node, "statement", "a range loop binds one plain name")
+            self.check_target(node.target)
+            for a in it.args:
+                self.visit(a)
+            if it.keywords or not 1 <= len(it.args) <= 3:
+                self.fail(node, "statement", "range() takes 1 to 3 positional arguments")
+        for s in node.body:
+            self.visit(s)
+
+    # -- expressions -----------------------------------------------------------------------------
+    def visit_Name(self, node):
+        r = self.info.scope.resolve(node)
+        if r is None:
+            self.fail(node, "name", f"name '{node.id}' is not defined")
+        if r.kind == "forbidden_builtin":
+            self.fail(node, "call", f"Python builtin '{node.id}' is not part of the kernel "
+                                    f"language; see safetile.lang for the tile operations")
+        if r.kind == "other":
+            self.fail(node, "name", f"global '{node.id}' ({type(r.value).__name__}) cannot be used "
+                                    f"in a kernel: only int/float/bool constants, dtypes, "
+                                    f"safetile.lang and @st.function helpers")
+        if r.kind == "param" and self.params[node.id].kind == "Ptr" and not self.unsafe:
+            self.fail(node, "ptr-needs-unsafe", "raw pointers need @st.kernel(unsafe=True)")
+
+    def visit_Attribute(self, node):
+        kind = self.kind_of(node.value)
+        allowed = {"In": IN_ATTRS, "Out": OUT_ATTRS, "tile": OUT_ATTRS, "sub": SUB_ATTRS,
+                   "Ptr": set()}.get(kind)
+        if allowed is not None:
+            if node.attr not in allowed:
+                self.fail(node, "call", f"'{node.value.id}' ({kind}) has no attribute "
+                                        f"'{node.attr}'; it has {sorted(allowed)}")
+            return self.visit(node.value)
+        r = self.info.scope.resolve(node)
+        if r is not None:
+            return self.check_resolved_value(node, r)
+        if isinstance(node.value, ast.Name):
+            base = self.info.scope.resolve(node.value)
+            if base is not None and base.kind == "module":
+                self.fail(node, "name", f"'{ast.unparse(node)}' does not exist")
+        if node.attr not in TILE_ATTRS:
+            self.fail(node, "call", f"tiles have no attribute '{node.attr}' (they have .T, "
+                                    f".shape and .astype(dtype))")
+        self.visit(node.value)
+
+    def check_resolved_value(self, node, r):
+        if r.kind == "other":
+            self.fail(node, "name", f"'{ast.unparse(node)}' cannot be used in a kernel")
+        if r.kind == "builtin" and r.value.unsafe and not self.unsafe:
+            self.fail(node, "atomic-needs-unsafe" if r.value.atomic else "unsafe-op",
+                      f"sl.{r.value.name} writes through a raw pointer: only in "
+                      f"@st.kernel(unsafe=True)")
+
+    def visit_Call(self, node):
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            kind = self.kind_of(f.value)
+            if kind is not None:
+                return self.check_view_call(node, f, kind)
+            r = self.info.scope.resolve(f)
+            if r is None:
+                if f.attr not in TILE_METHODS:
+                    self.fail(node, "call", f"`{ast.unparse(f)}(...)` is not a kernel operation "
+                                            f"(tiles have .astype(dtype); operations are sl.*)")
+                self.visit(f.value)
+            else:
+                self.check_callee(node, f, r)
+        elif isinstance(f, ast.Name):
+            r = self.info.scope.resolve(f)
+            if r is None:
+                self.fail(node, "name", f"name '{f.id}' is not defined")
+            self.check_callee(node, f, r)
+        else:
+            self.fail(node, "call", f"cannot call `{ast.unparse(f)}` in a kernel")
+        for a in node.args:
+            self.visit(a)
+        for k in node.keywords:
+            self.visit(k.value)
+
+    def check_callee(self, node, f, r):
+        name = ast.unparse(f)
+        if r.kind in ("builtin", "load_like", "pybuiltin"):
+            self.check_resolved_value(f, r)
+            if r.kind == "builtin" and r.value.unsafe and node.args:
+                if self.kind_of(node.args[0]) != "Ptr":
+                    self.fail(node, "unsafe-op", f"the first argument of sl.{r.value.name} "
+                                                 f"must be a st.Ptr parameter")
+            return
+        if r.kind == "function":
+            for a in node.args:
+                if self.kind_of(a) is not None:
+                    self.fail(a, "call", f"views ('{a.id}') cannot be passed to @st.function "
+                                         f"helpers; load a tile and pass that")
+            if r.value not in self.info.functions:
+                self.info.functions.append(r.value)
+            return
+        if r.kind == "dtype":
+            self.fail(node, "call", f"dtypes are not callable; use tile.astype({name})")
+        if r.kind == "forbidden_builtin":
+            self.fail(node, "call", f"Python builtin '{name}' is not part of the kernel language")
+        self.fail(node, "call", f"call to '{name}', which is not an @st.function nor a "
+                                f"safetile.lang operation; decorate it with @st.function or "
+                                f"inline it")
+
+    def check_view_call(self, node, f, kind):
+        name, method = f.value.id, f.attr
+        if kind == "Ptr":
+            self.fail(node, "unsafe-op", f"raw pointer '{name}' has no methods; use "
+                                         f"sl.load_ptr / sl.store_ptr")
+        if kind == "In":
+            if method == "store":
+                self.fail(node, "in-read-only",
+                          f"store through In '{name}': In parameters are shared and read-only; "
+                          f"declare the destination as st.Out and store its owned tile")
+            if method not in IN_METHODS:
+                self.fail(node, "call", f"In '{name}' has no method '{method}'")
+        elif kind in ("Out", "tile"):
+            if method not in OUT_METHODS:
+                self.fail(node, "call", f"Out '{name}' has no method '{method}'")
+            if method == "store":
+                self.info.stores = True
+                if len(node.args) != 1 or node.keywords:
+                    self.fail(node, "free-index-store",
+                              f"`{name}.store` takes exactly the tile: the destination is the "
+                              f"owned tile; to write part of it use "
+                              f"`{name}.partition(sub_shape).store(tile, sub_index)`")
+            if method == "load" and (node.args or node.keywords):
+                self.fail(node, "free-index-store", f"`{name}.load()` reads the owned tile and "
+                                                    f"takes no index")
+        elif kind == "sub":
+            if method not in SUB_METHODS:
+                self.fail(node, "call", f"sub-partition '{name}' has no method '{method}'")
+            if method == "store":
+                self.info.stores = True
+                if len(node.args) != 2 or node.keywords:
+                    self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
+                                                        f"sub-index is within the owned slab")
+        for a in node.args:
+            self.visit(a)
+        for k in node.keywords:
+            self.visit(k.value)
+
+
+def check_kernel(src: KernelSource, params: dict, unsafe: bool) -> BodyInfo:
+    """Enforce the body rules of a kernel; returns what codegen needs."""
+    info = BodyChecker(src, params, unsafe, is_function=False).check()
+    outs = [n for n, p in params.items() if p.kind == "Out"]
+    if not unsafe and not outs:
+        raise src.error(src.tree, "no-out",
+                        f"kernel '{src.fn.__name__}' has no st.Out parameter: a safe kernel writes "
+                        f"only its owned tile of an Out partition, and that partition sets the "
+                        f"launch grid")
+    for name, p in params.items():
+        if p.kind == "Ptr" and not unsafe:
+            arg = next(a for a in src.tree.args.args if a.arg == name)
+            raise src.error(arg, "ptr-needs-unsafe",
+                            f"parameter '{name}' is a raw pointer (st.Ptr): only "
+                            f"@st.kernel(unsafe=True) kernels take pointers")
+    return info
+
+
+def check_function(src: KernelSource, unsafe: bool = False) -> BodyInfo:
+    """Enforce the body rules of an @st.function helper (no views: tiles and scalars only)."""
+    return BodyChecker(src, {}, unsafe, is_function=True).check()

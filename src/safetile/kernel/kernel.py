@@ -1,0 +1,126 @@
+"""``@st.kernel``, ``@st.function`` and ``st.unsafe()``: definitions checked at import time."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+
+from ..errors import KernelDefinitionError
+from .checker import check_function, check_kernel
+from .params import parse_annotation
+from .source import KernelSource
+
+_unsafe_depth = threading.local()
+
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma"}
+
+
+@contextlib.contextmanager
+def unsafe():
+    """Marks the call sites where ``unsafe=True`` kernels may be launched."""
+    _unsafe_depth.n = getattr(_unsafe_depth, "n", 0) + 1
+    try:
+        yield
+    finally:
+        _unsafe_depth.n -= 1
+
+
+def in_unsafe_block() -> bool:
+    return getattr(_unsafe_depth, "n", 0) > 0
+
+
+class Function:
+    """An ``@st.function`` helper callable from kernel bodies (and from the CPU executor)."""
+
+    __safetile_function__ = True
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.src = KernelSource(fn)
+        self.info = check_function(self.src)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def function(fn) -> Function:
+    """Declare a helper that kernels may call: the same body rules, tiles and scalars only."""
+    return Function(fn)
+
+
+class Kernel:
+    """A checked tile kernel. Calling it with arguments returns a lazy ``DeviceOp``."""
+
+    def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.unsafe = unsafe
+        self.src = KernelSource(fn)
+        self.params = self._parse_params()
+        self.info = check_kernel(self.src, self.params, unsafe)
+        self.opts = dict(options or {})
+        self._cache: dict = {}          # VariantKey -> compiled variant (shared by .options copies)
+
+    @property
+    def where(self) -> str:
+        return f"{self.src.filename}:{self.src.first_line}"
+
+    def _parse_params(self) -> dict:
+        try:
+            hints = inspect.get_annotations(self.fn, eval_str=True)
+        except Exception as e:                      # an annotation that does not evaluate
+            raise self.src.error(self.src.tree, "annotation",
+                                 f"kernel annotations must evaluate: {e}") from None
+        params = {}
+        for arg in self.src.tree.args.args:
+            if arg.arg not in hints:
+                raise self.src.error(arg, "annotation",
+                                     f"parameter '{arg.arg}' needs an annotation (st.In[dtype], "
+                                     f"st.Out[dtype], st.Const[...], int or float)")
+            try:
+                params[arg.arg] = parse_annotation(hints[arg.arg])
+            except TypeError as e:
+                raise self.src.error(arg, "annotation", f"parameter '{arg.arg}': {e}") from None
+        return params
+
+    def options(self, **opts) -> "Kernel":
+        """A copy of this kernel with launch options (num_warps, num_stages, grid, tma)."""
+        unknown = set(opts) - LAUNCH_OPTIONS
+        if unknown:
+            raise TypeError(f"unknown launch option(s) {sorted(unknown)}; "
+                            f"known: {sorted(LAUNCH_OPTIONS)}")
+        k = object.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.opts = {**self.opts, **opts}
+        return k
+
+    def __call__(self, *args, **kwargs):
+        from .launch import launch
+        return launch(self, args, kwargs)
+
+    def source(self, *args, **kwargs) -> str:
+        """The generated Triton source for these arguments (nothing is moved or run)."""
+        from .launch import variant_for
+        return variant_for(self, args, kwargs).generated.source
+
+    def compile(self, *args, target=None, **kwargs):
+        """Compile for ``target`` (default: sm_90) without a GPU; returns Triton's CompiledKernel."""
+        from .launch import compile_for_target
+        return compile_for_target(self, args, kwargs, target)
+
+    def __repr__(self) -> str:
+        return f"<st.kernel {self.name} at {self.where}{' unsafe' if self.unsafe else ''}>"
+
+
+def kernel(fn=None, *, unsafe: bool = False, **options):
+    """Define a tile kernel; the body is checked now and errors name file, line and rule."""
+    if fn is None:
+        return lambda f: Kernel(f, unsafe=unsafe, options=options)
+    if not callable(fn):
+        raise KernelDefinitionError(f"@st.kernel decorates a function, got {fn!r}")
+    return Kernel(fn, unsafe=unsafe, options=options)

@@ -1,0 +1,235 @@
+"""The typed launcher: checks arguments, moves them into a ``KernelOp``, picks a variant.
+
+Everything is checked before any work is submitted: argument kinds, dtypes, ranks, devices,
+that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import backends as _backend
+from ..codegen.compile import Variant
+from ..codegen.spec import ArgSpec, VariantKey
+from ..dtypes import DType, from_torch
+from ..errors import LaunchError, UnsafeError
+from ..tensor import Partition, Shared, Tensor
+from ..tensor import borrows
+from ..tensor.ownership import LOCK
+from .kernel import in_unsafe_block
+
+TMA_MAX_RANK = 5
+
+
+@dataclass
+class BoundArg:
+    name: str
+    spec: object            # ParamSpec
+    value: object           # the handle or scalar as passed
+    torch: object = None    # the underlying torch tensor for tensor kinds
+    tile: tuple = None      # Out: tile shape
+    order: object = None    # Out: ProgramOrder
+
+
+def _fail(kernel, pname, message) -> LaunchError:
+    return LaunchError(f"kernel '{kernel.name}' ({kernel.where}), parameter '{pname}': {message}")
+
+
+def bind(kernel, args, kwargs) -> list[BoundArg]:
+    """Match arguments to parameters and check each one; moves nothing."""
+    names = list(kernel.params)
+    if len(args) > len(names):
+        raise LaunchError(f"kernel '{kernel.name}' takes {len(names)} arguments, got {len(args)}")
+    values = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in kernel.params:
+            raise LaunchError(f"kernel '{kernel.name}' has no parameter '{k}'")
+        if k in values:
+            raise LaunchError(f"kernel '{kernel.name}': parameter '{k}' given twice")
+        values[k] = v
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise LaunchError(f"kernel '{kernel.name}' is missing argument(s) {missing}")
+    return [_check_arg(kernel, n, kernel.params[n], values[n]) for n in names]
+
+
+def _check_arg(kernel, name, spec, v) -> BoundArg:
+    kind = spec.kind
+    if kind in ("In", "Out", "Ptr"):
+        expected = {"In": (Tensor, Shared), "Out": (Partition,), "Ptr": (Tensor,)}[kind]
+        if not isinstance(v, expected):
+            want = " or ".join(t.__name__ for t in expected)
+            hint = {"Out": " (call tensor.partition(tile_shape) first)",
+                    "In": " (unpartition() it first)" if isinstance(v, Partition) else ""}.get(kind, "")
+            raise _fail(kernel, name, f"{spec.describe()} expects a {want}, got "
+                                      f"{type(v).__name__}{hint}")
+        v._check(f"pass it to kernel '{kernel.name}'")
+        t = v._torch
+        dtype = from_torch(t.dtype)
+        if dtype not in spec.dtypes:
+            raise _fail(kernel, name, f"{spec.describe()} got dtype {dtype!r}; convert it first "
+                                      f"(nothing is converted implicitly)")
+        if spec.rank is not None and t.dim() != spec.rank:
+            raise _fail(kernel, name, f"{spec.describe()} got rank {t.dim()} (shape "
+                                      f"{tuple(t.shape)})")
+        if t.dim() == 0:
+            raise _fail(kernel, name, "0-d tensors are not supported; reshape to (1,)")
+        if kind == "Ptr" and not t.is_contiguous():
+            raise _fail(kernel, name, f"raw pointers index a contiguous buffer, got strides "
+                                      f"{t.stride()}; make it contiguous first")
+        if kind == "Out" and torch._debug_has_internal_overlap(t) != 0:
+            raise _fail(kernel, name, f"the partitioned tensor has overlapping elements (strides "
+                                      f"{t.stride()}): distinct tiles would share memory")
+        if kind == "Out":
+            return BoundArg(name, spec, v, t, v._tile_shape, v._order)
+        return BoundArg(name, spec, v, t)
+    if kind == "Const":
+        ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
+              float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+              bool: lambda x: isinstance(x, bool),
+              DType: lambda x: isinstance(x, DType)}[spec.const_type](v)
+        if not ok:
+            raise _fail(kernel, name, f"{spec.describe()} got {type(v).__name__} {v!r}")
+        if spec.const_type is float:
+            v = float(v)
+        return BoundArg(name, spec, v)
+    if kind == "int":
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise _fail(kernel, name, f"expects an int, got {type(v).__name__} {v!r}")
+        if not -2**63 <= v < 2**63:
+            raise _fail(kernel, name, f"int {v} does not fit in 64 bits")
+        return BoundArg(name, spec, v)
+    if kind == "float":
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise _fail(kernel, name, f"expects a float, got {type(v).__name__} {v!r}")
+        return BoundArg(name, spec, float(v))
+    raise AssertionError(kind)
+
+
+def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
+    """Cross-argument checks: one device, agreeing Out grids, a grid to launch."""
+    tensors = [b for b in bound if b.torch is not None]
+    devices = {b.torch.device for b in tensors}
+    if len(devices) > 1:
+        listing = ", ".join(f"'{b.name}' on {b.torch.device}" for b in tensors)
+        raise LaunchError(f"kernel '{kernel.name}': arguments are on different devices ({listing})")
+    if device_kind == "cuda" and devices and next(iter(devices)).type != "cuda":
+        raise LaunchError(f"kernel '{kernel.name}': the triton backend runs on CUDA tensors, got "
+                          f"{next(iter(devices))}; allocate on the GPU or use "
+                          f"st.backend('interpret')")
+    outs = [b for b in bound if b.spec.kind == "Out"]
+    if outs:
+        first = outs[0].order
+        for b in outs[1:]:
+            o = b.order
+            if (o.grid, o.kind, o.group_size if o.kind == "grouped" else 0, o.persistent) != \
+                    (first.grid, first.kind, first.group_size if first.kind == "grouped" else 0,
+                     first.persistent):
+                raise LaunchError(
+                    f"kernel '{kernel.name}': Out grids disagree: '{outs[0].name}' has grid "
+                    f"{first.grid} ({first.kind}, persistent={first.persistent}) but "
+                    f"'{b.name}' has grid {o.grid} ({o.kind}, persistent={o.persistent}); all "
+                    f"Outs of a launch share one grid")
+        if kernel.opts.get("grid") is not None:
+            raise LaunchError(f"kernel '{kernel.name}': the grid of a kernel with Out parameters "
+                              f"is its Out partition; drop the grid= option")
+    elif kernel.opts.get("grid") is None:
+        raise LaunchError(f"kernel '{kernel.name}' has no Out parameter: give the launch grid "
+                          f"with kernel.options(grid=(n,))")
+
+
+def launch_grid(kernel, bound) -> tuple:
+    outs = [b for b in bound if b.spec.kind == "Out"]
+    if outs:
+        return (outs[0].order.num_programs,)
+    g = kernel.opts["grid"]
+    g = (g,) if isinstance(g, int) else tuple(g)
+    if not 1 <= len(g) <= 3 or any(not isinstance(x, int) or x < 1 for x in g):
+        raise LaunchError(f"kernel '{kernel.name}': grid must be 1 to 3 positive ints, got {g}")
+    return g
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    size = t.element_size()
+    return all((s * size) % 16 == 0 for s in t.stride()[:-1])
+
+
+def variant_key(kernel, bound) -> VariantKey:
+    specs = []
+    for b in bound:
+        kind = b.spec.kind
+        if kind in ("In", "Out", "Ptr"):
+            dtype, rank = from_torch(b.torch.dtype), b.torch.dim()
+            if kind == "Out":
+                o = b.order
+                specs.append(ArgSpec(b.name, kind, dtype, rank, tile=b.tile,
+                                     order=o.kind, group_size=o.group_size if o.kind == "grouped" else 0,
+                                     persistent=o.persistent is not None))
+            else:
+                specs.append(ArgSpec(b.name, kind, dtype, rank, tma=kind == "In" and _tma_ok(b.torch)))
+        elif kind == "Const":
+            specs.append(ArgSpec(b.name, kind, value=b.value))
+        else:
+            specs.append(ArgSpec(b.name, kind))
+    o = kernel.opts
+    return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"))
+
+
+def variant_for(kernel, args, kwargs) -> Variant:
+    bound = bind(kernel, args, kwargs)
+    check_launch(kernel, bound, None)
+    return _variant(kernel, bound)
+
+
+def _variant(kernel, bound) -> Variant:
+    key = variant_key(kernel, bound)
+    v = kernel._cache.get(key)
+    if v is None:
+        v = kernel._cache[key] = Variant(kernel, key)
+    return v
+
+
+def compile_for_target(kernel, args, kwargs, target):
+    bound = bind(kernel, args, kwargs)
+    check_launch(kernel, bound, None)
+    return _variant(kernel, bound).compile_for(bound, target)
+
+
+def launch(kernel, args, kwargs):
+    """Check, move the arguments into a new ``KernelOp`` and return it (nothing runs yet)."""
+    from ..device.kernel_op import KernelOp
+    if kernel.unsafe and not in_unsafe_block():
+        raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch it "
+                          f"inside `with st.unsafe():` to mark the call site")
+    choice = _backend.current()
+    bound = bind(kernel, args, kwargs)
+    check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
+    grid = launch_grid(kernel, bound)
+    reads = [(b.name, b.torch) for b in bound if b.spec.kind == "In"]
+    writes = [(b.name, b.torch) for b in bound if b.spec.kind in ("Out", "Ptr")]
+    holder = f"kernel '{kernel.name}'"
+    with LOCK:
+        for b in bound:
+            if b.torch is not None:
+                b.value._check(f"pass it to kernel '{kernel.name}'")
+        hold = borrows.acquire(holder, reads, writes)
+        moved = []
+        try:
+            for b in bound:
+                if b.torch is not None:
+                    b.value._move(f"kernel '{kernel.name}' ({kernel.where}) as argument '{b.name}'")
+                    moved.append(b.value)
+        except BaseException:
+            for h in moved:
+                h._restore()
+            hold.release()
+            raise
+    return KernelOp(kernel, bound, grid, choice, hold)
+
+
+def num_programs(grid) -> int:
+    return math.prod(grid)

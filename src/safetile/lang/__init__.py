@@ -1,0 +1,24 @@
+"""The in-kernel language, imported as ``sl``: tile types and operations.
+
+Inside an ``@st.kernel`` body, parameters are views:
+- ``st.In`` x: ``x.shape[i]``, ``x.load(index, shape, padding=0)`` (tile-grid index; elements
+  outside the tensor read as ``padding``), ``x.load_scalar(index, padding=0)`` (one element at an
+  element index), and ``sl.load_like(x, z)``.
+- ``st.Out`` z: ``z.shape`` (tile shape), ``z.index`` (tile index), ``z.load()``,
+  ``z.store(tile)``, ``z.partition(sub_shape)`` (stores inside the owned slab:
+  ``.store(tile, sub_index)``), and ``for t in z.tiles():`` (the owned tiles of a persistent
+  partition, one iteration otherwise).
+Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T`` and ``t.shape``.
+"""
+from ..dtypes import bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
+from ..dtypes import bf16, f16, f32, i32, i64  # noqa: F401
+from .ops import (  # noqa: F401
+    BUILTINS, abs, arange, argmax, argmin, atomic_add, bid, broadcast_to, cdiv, cos, exp, exp2,
+    full, load_ptr, log, log2, matmul, max, maximum, min, minimum, mma, num_blocks, permute,
+    reshape, rsqrt, sigmoid, sin, sqrt, store_ptr, sum, tanh, transpose, where, zeros,
+)
+
+
+def load_like(x, z):
+    """The tile of In ``x`` at Out ``z``'s index and shape (padding 0 outside ``x``)."""
+    return x.load(z.index, z.shape)

@@ -1,0 +1,213 @@
+"""Every tile operation of the kernel language, documented in one place.
+
+Each name here is a *builtin*: calling it outside a kernel body raises, because a builtin has
+no meaning of its own. Inside a kernel it means two things, kept in step:
+- the CPU executor (``safetile.interpret``) supplies an implementation with torch tiles;
+- the code generator (``safetile.codegen``) spells it in Triton (``Builtin.triton``).
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Callable
+
+# The implementation table in force while the CPU executor runs a kernel body.
+_IMPL: contextvars.ContextVar[Any] = contextvars.ContextVar("safetile_lang_impl", default=None)
+
+BUILTINS: dict[str, "Builtin"] = {}
+
+
+class Builtin:
+    """A tile operation; the callable users write as ``sl.<name>``."""
+
+    def __init__(self, fn: Callable, triton: str, unsafe: bool, atomic: bool):
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.triton = triton        # Triton spelling, e.g. "tl.exp" or "_st_tanh" (prelude helper)
+        self.unsafe = unsafe        # only inside @st.kernel(unsafe=True)
+        self.atomic = atomic
+
+    def __call__(self, *args, **kwargs):
+        impl = _IMPL.get()
+        if impl is None:
+            raise RuntimeError(
+                f"sl.{self.name}() is a tile operation: call it inside an @st.kernel or "
+                f"@st.function body, not from host code")
+        return getattr(impl, self.name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<safetile builtin sl.{self.name}>"
+
+
+def builtin(triton: str, unsafe: bool = False, atomic: bool = False):
+    def register(fn: Callable) -> Builtin:
+        b = Builtin(fn, triton, unsafe, atomic)
+        BUILTINS[b.name] = b
+        return b
+    return register
+
+
+def use_implementation(impl: Any):
+    """Install ``impl`` (an object with one method per builtin) for the current context."""
+    return _IMPL.set(impl)
+
+
+def reset_implementation(token) -> None:
+    _IMPL.reset(token)
+
+
+# ---- element-wise math (fp16/bf16 are computed in fp32 and rounded, as on the GPU) ----------
+
+@builtin("tl.where")
+def where(cond, a, b):
+    """Element-wise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
+
+@builtin("tl.exp")
+def exp(x):
+    """e**x."""
+
+@builtin("tl.exp2")
+def exp2(x):
+    """2**x."""
+
+@builtin("tl.log")
+def log(x):
+    """Natural logarithm."""
+
+@builtin("tl.log2")
+def log2(x):
+    """Base-2 logarithm."""
+
+@builtin("tl.sqrt")
+def sqrt(x):
+    """Square root."""
+
+@builtin("tl.rsqrt")
+def rsqrt(x):
+    """1 / sqrt(x)."""
+
+@builtin("tl.sin")
+def sin(x):
+    """Sine."""
+
+@builtin("tl.cos")
+def cos(x):
+    """Cosine."""
+
+@builtin("_st_tanh")
+def tanh(x):
+    """Hyperbolic tangent."""
+
+@builtin("tl.sigmoid")
+def sigmoid(x):
+    """1 / (1 + e**-x)."""
+
+@builtin("tl.abs")
+def abs(x):
+    """Absolute value."""
+
+@builtin("tl.maximum")
+def maximum(a, b):
+    """Element-wise maximum."""
+
+@builtin("tl.minimum")
+def minimum(a, b):
+    """Element-wise minimum."""
+
+
+# ---- reductions ----------------------------------------------------------------------------
+
+@builtin("tl.sum")
+def sum(t, axis=None):
+    """Sum along ``axis`` (all axes when None); fp16/bf16 accumulate in fp32."""
+
+@builtin("tl.max")
+def max(t, axis=None):
+    """Maximum along ``axis``."""
+
+@builtin("tl.min")
+def min(t, axis=None):
+    """Minimum along ``axis``."""
+
+@builtin("tl.argmax")
+def argmax(t, axis):
+    """Index of the maximum along ``axis`` (the first one on ties), int32."""
+
+@builtin("tl.argmin")
+def argmin(t, axis):
+    """Index of the minimum along ``axis`` (the first one on ties), int32."""
+
+
+# ---- matrix products -------------------------------------------------------------------------
+
+@builtin("tl.dot")
+def mma(a, b, acc):
+    """``acc + a @ b`` with fp32 accumulation; ``a`` is (M, K), ``b`` (K, N), ``acc`` (M, N).
+
+    fp32 operands use TF32 on the GPU, as Triton's ``tl.dot`` does by default.
+    """
+
+@builtin("tl.dot")
+def matmul(a, b):
+    """``a @ b`` as an fp32 tile (int32 for int8 operands)."""
+
+
+# ---- shape ---------------------------------------------------------------------------------
+
+@builtin("tl.reshape")
+def reshape(t, shape):
+    """Same elements in row-major order, new shape (sizes must be powers of two)."""
+
+@builtin("tl.broadcast_to")
+def broadcast_to(t, shape):
+    """Broadcast ``t`` to ``shape`` (size-1 axes stretch)."""
+
+@builtin("tl.permute")
+def permute(t, dims):
+    """Reorder axes: result axis i is input axis ``dims[i]``."""
+
+@builtin("tl.trans")
+def transpose(t):
+    """Swap the two axes of a 2-D tile (also written ``t.T``)."""
+
+
+# ---- construction and program geometry -------------------------------------------------------
+
+@builtin("tl.arange")
+def arange(n):
+    """``[0, 1, ..., n-1]`` as an int32 tile; ``n`` a compile-time power of two."""
+
+@builtin("tl.full")
+def full(shape, value, dtype):
+    """A tile of ``shape`` filled with ``value``."""
+
+@builtin("tl.zeros")
+def zeros(shape, dtype):
+    """A tile of ``shape`` filled with zeros."""
+
+@builtin("tl.program_id")
+def bid(axis):
+    """This program's index along launch axis ``axis`` (safe launches are 1-D: use 0)."""
+
+@builtin("tl.num_programs")
+def num_blocks(axis):
+    """How many programs the launch has along ``axis``."""
+
+@builtin("tl.cdiv")
+def cdiv(a, b):
+    """Ceiling division of integers."""
+
+
+# ---- unsafe: raw pointers (only in @st.kernel(unsafe=True); offsets are element offsets) -----
+
+@builtin("_st_load_ptr", unsafe=True)
+def load_ptr(p, offsets, mask=None, other=0):
+    """Load ``p[offsets]``; masked-off lanes read ``other``."""
+
+@builtin("_st_store_ptr", unsafe=True)
+def store_ptr(p, offsets, value, mask=None):
+    """Store ``value`` at ``p[offsets]``: the destination is chosen freely, hence unsafe."""
+
+@builtin("_st_atomic_add", unsafe=True, atomic=True)
+def atomic_add(p, offsets, value, mask=None):
+    """Atomically add ``value`` at ``p[offsets]``; returns the old values."""
