@@ -1,0 +1,210 @@
+"""Allocation and interop: ``st.zeros / ones / full / empty / arange / randn``,
+``st.from_torch / from_numpy / from_dlpack``, the default device, and the graph-capture
+allocation guard.
+
+Graph-capture guard: a CUDA graph replays fixed addresses, so nothing may allocate while a
+graph scope records. The device layer wraps its scopes in :func:`forbid_allocation`; while
+any is active on the current thread, every allocating function here raises
+:class:`~safetile.errors.GraphCaptureError`. The guard is thread-local (another thread's
+scope does not affect this one) and nestable.
+
+Ownership and torch references: ``from_torch(t)`` / ``from_dlpack(x)`` wrap memory without
+copying. The returned Tensor owns that memory *as far as safetile can see*: if the caller
+keeps its own torch (or DLPack-producer) reference and reads or writes through it while an
+operation is in flight, safetile cannot notice: such access is outside the guarantee. The
+same holds for aliases handed out by ``Tensor.__dlpack__``. Everything done through
+safetile handles (including zero-copy views) is checked.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import threading
+from typing import Iterator
+
+import torch
+
+from .. import dtypes as _dtypes
+from ..errors import GraphCaptureError
+from .tensor import Tensor, _shape_tuple
+
+__all__ = ["default_device", "zeros", "ones", "full", "empty", "arange", "randn",
+           "from_torch", "from_numpy", "from_dlpack", "forbid_allocation",
+           "allocation_forbidden"]
+
+
+# ---------------------------------------------------------------------------------------
+# devices and dtypes
+# ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def default_device() -> torch.device:
+    """The device used when ``device=None``: ``$SAFETILE_DEVICE`` if set (e.g. ``cpu``,
+    ``cuda:1``), else CUDA when available, else CPU. Cached; ``default_device.cache_clear()``
+    re-reads the environment."""
+    env = os.environ.get("SAFETILE_DEVICE", "").strip()
+    if env:
+        return torch.device(env)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _device(device) -> torch.device:
+    return default_device() if device is None else torch.device(device)
+
+
+def _torch_dtype(dtype, default: _dtypes.DType = _dtypes.float32) -> torch.dtype:
+    """A safetile DType or torch dtype (or None for ``default``) -> torch dtype."""
+    if dtype is None:
+        return default.torch
+    if isinstance(dtype, _dtypes.DType):
+        return dtype.torch
+    if isinstance(dtype, torch.dtype):
+        return _dtypes.from_torch(dtype).torch          # TypeError if unsupported
+    raise TypeError(f"dtype must be a safetile dtype (st.float32, ...) or a torch dtype, "
+                    f"got {dtype!r}")
+
+
+# ---------------------------------------------------------------------------------------
+# the graph-capture guard
+# ---------------------------------------------------------------------------------------
+
+_GUARD = threading.local()
+
+
+def _stack() -> list[str]:
+    s = getattr(_GUARD, "stack", None)
+    if s is None:
+        s = _GUARD.stack = []
+    return s
+
+
+@contextlib.contextmanager
+def forbid_allocation(reason: str) -> Iterator[None]:
+    """While active (on this thread), safetile allocation functions raise
+    ``GraphCaptureError``. ``reason`` names the scope, e.g. ``"st.graph_scope()"``."""
+    stack = _stack()
+    stack.append(reason)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def allocation_forbidden() -> str | None:
+    """The reason of the innermost active :func:`forbid_allocation` scope, or None."""
+    s = getattr(_GUARD, "stack", None)
+    return s[-1] if s else None
+
+
+def _guard(fn: str) -> None:
+    reason = allocation_forbidden()
+    if reason is not None:
+        raise GraphCaptureError(
+            f"st.{fn}() allocates inside {reason}; replay must not depend on allocation "
+            f"addresses: allocate buffers before the scope and partition them inside it")
+
+
+# ---------------------------------------------------------------------------------------
+# allocation
+# ---------------------------------------------------------------------------------------
+
+def empty(shape, dtype=_dtypes.float32, device=None) -> Tensor:
+    """An uninitialized Tensor (contents are arbitrary)."""
+    _guard("empty")
+    return Tensor._wrap(torch.empty(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                    device=_device(device)))
+
+
+def zeros(shape, dtype=_dtypes.float32, device=None) -> Tensor:
+    """A Tensor of zeros (``dtype`` defaults to ``st.float32``)."""
+    _guard("zeros")
+    return Tensor._wrap(torch.zeros(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                    device=_device(device)))
+
+
+def ones(shape, dtype=_dtypes.float32, device=None) -> Tensor:
+    """A Tensor of ones (``dtype`` defaults to ``st.float32``)."""
+    _guard("ones")
+    return Tensor._wrap(torch.ones(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                   device=_device(device)))
+
+
+def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
+    """A Tensor filled with ``value`` (``dtype`` defaults to ``st.float32``)."""
+    _guard("full")
+    return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=_torch_dtype(dtype),
+                                   device=_device(device)))
+
+
+def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+    """``[start, stop)`` in steps of ``step`` (``arange(n)`` is ``0 .. n-1``).
+
+    ``dtype`` defaults to ``st.int64`` when all arguments are ints, else ``st.float32``.
+    """
+    _guard("arange")
+    if stop is None:
+        start, stop = 0, start
+    if dtype is None:
+        all_int = all(isinstance(v, int) and not isinstance(v, bool)
+                      for v in (start, stop, step))
+        dtype = _dtypes.int64 if all_int else _dtypes.float32
+    return Tensor._wrap(torch.arange(start, stop, step, dtype=_torch_dtype(dtype),
+                                     device=_device(device)))
+
+
+def randn(shape, dtype=_dtypes.float32, device=None, seed: int | None = None) -> Tensor:
+    """Standard-normal samples (``dtype`` defaults to ``st.float32``, a float type).
+
+    With ``seed`` the values are reproducible on a given device (a private generator is
+    used; torch's global RNG is left untouched).
+    """
+    _guard("randn")
+    tdt = _torch_dtype(dtype)
+    if not tdt.is_floating_point:
+        raise TypeError(f"randn needs a floating dtype, got {_dtypes.from_torch(tdt)!r}")
+    dev = _device(device)
+    gen = None
+    if seed is not None:
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(seed)
+    return Tensor._wrap(torch.randn(_shape_tuple(shape), dtype=tdt, device=dev,
+                                    generator=gen))
+
+
+# ---------------------------------------------------------------------------------------
+# interop
+# ---------------------------------------------------------------------------------------
+
+def from_torch(t: torch.Tensor) -> Tensor:
+    """Take ownership of a torch tensor, zero-copy (same storage, same strides).
+
+    The caller's own reference to ``t`` (or to any torch view of its storage) still
+    aliases the memory: access through it while safetile operations are in flight is
+    outside safetile's guarantee. Wrapping two torch views of one storage is fine: they are
+    separate handles whose overlap is checked at launch. A tensor that requires grad is
+    detached (zero-copy).
+    """
+    return Tensor._wrap(t)
+
+
+def from_numpy(a, device=None) -> Tensor:
+    """A Tensor holding a *copy* of numpy array ``a`` on ``device`` (default device).
+
+    Copying keeps the caller's array from aliasing safetile-owned memory.
+    """
+    _guard("from_numpy")
+    import numpy as np
+    arr = np.asarray(a)
+    t = torch.from_numpy(np.array(arr, copy=True, order="C"))
+    _dtypes.from_torch(t.dtype)                          # TypeError if unsupported
+    dev = _device(device)
+    return Tensor._wrap(t.to(dev) if dev.type != "cpu" else t)
+
+
+def from_dlpack(x) -> Tensor:
+    """Wrap any DLPack producer (numpy array, CuPy/JAX array, torch tensor) zero-copy.
+
+    As with :func:`from_torch`, the producer's own references still alias the memory.
+    """
+    return Tensor._wrap(torch.from_dlpack(x))

@@ -1,0 +1,125 @@
+"""Ownership states of host handles (Tensor, Partition, Shared).
+
+cuTile Rust gets move semantics from rustc. safetile enforces them at run time: every host
+value is a *handle* in one of three states:
+
+``live``
+    usable; every public method and property works.
+``moved``
+    handed to something else (a Partition, a Shared value, an in-flight operation, torch via
+    ``into_torch``). Any use raises :class:`~safetile.errors.MovedError` naming where it went
+    and what to do to get it back. The receiver may bring the same handle back with
+    :meth:`Handle._restore` (an operation does this when it is synchronized).
+``released``
+    ended for good (``Shared.release()``, ``Shared.try_unwrap()``); never comes back.
+
+Invariants:
+
+* Every state change happens under the one process-wide :data:`LOCK`, so two threads can
+  never both move one handle: exactly one ``_move`` wins, the others raise ``MovedError``.
+* Reading the state (``_check``) takes no lock: reading one attribute is atomic in CPython,
+  and a handle that is live when checked may only become moved by an explicit ``_move``
+  (which *does* lock and re-checks). This keeps ``_check`` cheap on the launch hot path.
+"""
+from __future__ import annotations
+
+import threading
+
+from ..errors import MovedError
+
+__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED"]
+
+#: Guards every ownership state change and the borrow registry (re-entrant: a state change
+#: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
+LOCK = threading.RLock()
+
+LIVE = "live"
+MOVED = "moved"
+RELEASED = "released"
+
+_DEFAULT_HINT = "use the value it hands back (the results of op.sync() or await op)"
+
+
+class Handle:
+    """Base class of host handles with a live / moved / released state.
+
+    Subclasses implement :meth:`_describe` (a short description such as
+    ``Tensor(shape=(1024,), float32)``) and call :meth:`_check` first in every public method
+    and property.
+    """
+
+    # _state: one of LIVE, MOVED, RELEASED.
+    # _moved_to: where the value went ("Partition(...)", "kernel 'add' (f.py:12), argument
+    #            'z'"), None while live.
+    # _hint: what the user should do to get the value back, None while live.
+    __slots__ = ("_state", "_moved_to", "_hint", "__weakref__")
+
+    def __init__(self) -> None:
+        self._state = LIVE
+        self._moved_to: str | None = None
+        self._hint: str | None = None
+
+    # -- to be provided by subclasses -------------------------------------------------------
+    def _describe(self) -> str:
+        """A short description used in messages; must not call ``_check``."""
+        return type(self).__name__
+
+    # -- state queries / changes --------------------------------------------------------------
+    def _is_live(self) -> bool:
+        """True while the handle is usable (no exception, no lock)."""
+        return self._state is LIVE
+
+    def _moved_message(self, action: str) -> str:
+        if self._state is RELEASED:
+            return (f"cannot {action}: {self._describe()} was released by {self._moved_to}; "
+                    f"{self._hint}")
+        return (f"cannot {action}: {self._describe()} was moved into {self._moved_to}; "
+                f"{self._hint}")
+
+    def _check(self, action: str = "use it") -> None:
+        """Raise :class:`MovedError` unless the handle is live.
+
+        ``action`` completes the sentence "cannot ...", e.g. ``"read .shape"``.
+        """
+        if self._state is not LIVE:
+            raise MovedError(self._moved_message(action))
+
+    def _move(self, where: str, hint: str | None = None) -> None:
+        """Atomically check that the handle is live and mark it moved into ``where``.
+
+        ``where`` completes "was moved into ...", e.g. ``"kernel 'add' (examples/01.py:12),
+        argument 'z'"``; ``hint`` says how to get the value back (a default is given).
+        Raises :class:`MovedError` if the handle is not live (e.g. moved twice).
+        """
+        with LOCK:
+            if self._state is not LIVE:
+                raise MovedError(self._moved_message(f"move it into {where}"))
+            self._state = MOVED
+            self._moved_to = where
+            self._hint = hint or _DEFAULT_HINT
+
+    def _restore(self) -> None:
+        """Mark a moved handle live again (the receiver hands it back).
+
+        Restoring a live handle does nothing; a released handle cannot be restored.
+        """
+        with LOCK:
+            if self._state is RELEASED:
+                raise MovedError(self._moved_message("restore it"))
+            self._state = LIVE
+            self._moved_to = None
+            self._hint = None
+
+    def _release(self, by: str, hint: str) -> None:
+        """Mark the handle released for good (caller holds ``LOCK`` and has checked)."""
+        self._state = RELEASED
+        self._moved_to = by
+        self._hint = hint
+
+    def _state_suffix(self) -> str:
+        """``""`` while live, else ``", moved into ..."`` / ``", released"`` (for reprs)."""
+        if self._state is LIVE:
+            return ""
+        if self._state is RELEASED:
+            return f", released by {self._moved_to}"
+        return f", moved into {self._moved_to}"

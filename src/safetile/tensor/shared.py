@@ -1,0 +1,237 @@
+"""``Shared``: a read-only, cloneable handle to a tensor (Rust's ``Arc<Tensor>``).
+
+``t.share()`` consumes ``t``; ``s.clone()`` makes more handles. All handles of one shared
+value point at one :class:`_SharedCore` that holds the (moved) Tensor and counts
+
+* ``handles``: handles not yet released (including those moved into in-flight operations),
+* ``in_flight``: for each handle currently moved into an operation, where it went.
+
+Several operations may read one shared value at the same time (each gets its own clone).
+The value becomes mutable again only through ``try_unwrap()`` / ``try_partition()``, which
+succeed only for the last live handle when no in-flight operation holds the value or any
+bytes of it. A dropped handle releases itself (``__del__``), so forgotten clones don't block.
+
+Invariant: ``core.handles == number of handles whose state is not RELEASED``, maintained
+under ``LOCK`` by ``clone`` (+1), ``release`` / ``__del__`` / ``try_unwrap`` (-1).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import dtypes as _dtypes
+from ..errors import BorrowError
+from . import borrows
+from .ownership import LOCK, RELEASED, Handle
+from .tensor import _to_numpy
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from .partition import Partition
+    from .tensor import Tensor
+
+__all__ = ["Shared"]
+
+
+class _SharedCore:
+    """State common to all handles of one shared value (guarded by ``LOCK``)."""
+
+    __slots__ = ("tensor", "handles", "in_flight")
+
+    def __init__(self, tensor: "Tensor"):
+        self.tensor = tensor                    # moved into this shared value
+        self.handles = 1
+        self.in_flight: dict[int, str] = {}     # id(handle) -> where it went
+
+
+class Shared(Handle):
+    """A read-only handle to a shared tensor; pass it as an ``st.In`` argument.
+
+    Raises :class:`~safetile.errors.MovedError` while this handle is moved into an
+    operation, and after ``release()`` / ``try_unwrap()`` / ``try_partition()``.
+    """
+
+    __slots__ = ("_core",)
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("make a Shared value with tensor.share()")
+
+    @classmethod
+    def _create(cls, tensor: "Tensor") -> "Shared":
+        return cls._new_handle(_SharedCore(tensor))
+
+    @classmethod
+    def _new_handle(cls, core: _SharedCore) -> "Shared":
+        self = object.__new__(cls)
+        Handle.__init__(self)
+        self._core = core
+        return self
+
+    # -- for the launcher -------------------------------------------------------------------
+    @property
+    def _tensor(self) -> "Tensor":
+        """The shared Tensor (moved state; no check)."""
+        return self._core.tensor
+
+    @property
+    def _torch(self) -> "torch.Tensor":
+        """The shared torch tensor (no check)."""
+        return self._core.tensor._torch
+
+    def _move(self, where: str, hint: str | None = None) -> None:
+        """Move this handle into an operation; it stays counted and is marked in flight."""
+        with LOCK:
+            Handle._move(self, where, hint)
+            self._core.in_flight[id(self)] = where
+
+    def _restore(self) -> None:
+        """The operation hands this same handle back."""
+        with LOCK:
+            Handle._restore(self)
+            self._core.in_flight.pop(id(self), None)
+
+    # -- description ----------------------------------------------------------------------
+    def _describe(self) -> str:
+        t = self._core.tensor._torch
+        return f"Shared(shape={tuple(t.shape)}, {_dtypes.from_torch(t.dtype).name})"
+
+    def __repr__(self) -> str:
+        t = self._core.tensor._torch
+        return (f"Shared(shape={tuple(t.shape)}, dtype={_dtypes.from_torch(t.dtype)!r}, "
+                f"device={t.device}, handles={self._core.handles}{self._state_suffix()})")
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape, a tuple of ints."""
+        self._check("read .shape")
+        return tuple(self._core.tensor._torch.shape)
+
+    @property
+    def dtype(self) -> _dtypes.DType:
+        """The safetile element type."""
+        self._check("read .dtype")
+        return _dtypes.from_torch(self._core.tensor._torch.dtype)
+
+    @property
+    def device(self) -> "torch.device":
+        """The torch device holding the data."""
+        self._check("read .device")
+        return self._core.tensor._torch.device
+
+    @property
+    def numel(self) -> int:
+        """The number of elements."""
+        self._check("read .numel")
+        return self._core.tensor._torch.numel()
+
+    @property
+    def ndim(self) -> int:
+        """The rank."""
+        self._check("read .ndim")
+        return self._core.tensor._torch.dim()
+
+    @property
+    def num_handles(self) -> int:
+        """How many handles of this value are not released (this one included)."""
+        self._check("read .num_handles")
+        return self._core.handles
+
+    def to_torch(self) -> "torch.Tensor":
+        """A *copy* of the data as a torch tensor on the same device (for inspection)."""
+        self._check("call .to_torch()")
+        t = self._core.tensor._torch
+        borrows.check_host_read(t, f"read {self._describe()} with to_torch()")
+        return t.clone()
+
+    def numpy(self):
+        """A *copy* of the data as a numpy array (bfloat16 comes back as float32)."""
+        self._check("call .numpy()")
+        borrows.check_host_read(self._core.tensor._torch,
+                                f"read {self._describe()} with numpy()")
+        return _to_numpy(self._core.tensor._torch)
+
+    # -- handles ---------------------------------------------------------------------------
+    def clone(self) -> "Shared":
+        """Another read-only handle to the same value."""
+        with LOCK:
+            self._check("clone it")
+            self._core.handles += 1
+            return Shared._new_handle(self._core)
+
+    def release(self) -> None:
+        """End this handle now (dropping the last reference does the same)."""
+        with LOCK:
+            self._check("release it")
+            self._release("release()", "use another handle of the shared value (clone "
+                                       "before releasing)")
+            self._core.handles -= 1
+
+    def __del__(self):
+        # A dropped handle must not block try_unwrap forever. Never raise from __del__.
+        try:
+            with LOCK:
+                if self._state is not RELEASED:
+                    self._core.in_flight.pop(id(self), None)
+                    self._state = RELEASED
+                    self._core.handles -= 1
+        except Exception:  # pragma: no cover - interpreter shutdown, half-built handle
+            pass
+
+    def _sole_owner_or_raise(self, action: str) -> None:
+        """Raise BorrowError unless this is the only handle and nothing in flight holds the
+        value (caller holds LOCK and has checked this handle is live)."""
+        core = self._core
+        others = core.handles - 1
+        if others > 0:
+            busy = list(core.in_flight.values())
+            idle = others - len(busy)
+            parts = []
+            if idle:
+                parts.append(f"{idle} idle clone{'s' if idle != 1 else ''}")
+            if busy:
+                parts.append(f"{len(busy)} held by in-flight operation"
+                             f"{'s' if len(busy) != 1 else ''}: " + "; ".join(busy))
+            todo = []
+            if busy:
+                todo.append("synchronize those operations (op.sync() or await op)")
+            if idle:
+                todo.append("release the other clones (h.release() or drop them)")
+            raise BorrowError(
+                f"cannot {action} {self._describe()}: {others} other handle"
+                f"{'s are' if others != 1 else ' is'} alive ({', '.join(parts)}); "
+                f"{' and '.join(todo)} first")
+        # Zero-copy views made before share() are separate handles: check the bytes too.
+        borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}")
+
+    def try_unwrap(self) -> "Tensor":
+        """The Tensor back, if this is the last handle and nothing in flight holds it.
+
+        Raises :class:`~safetile.errors.BorrowError` naming the other holders otherwise.
+        Consumes this handle on success.
+        """
+        with LOCK:
+            self._check("call .try_unwrap()")
+            self._sole_owner_or_raise("unwrap")
+            return self._unwrap_locked("try_unwrap()", "use the Tensor try_unwrap() returned")
+
+    def _unwrap_locked(self, by: str, hint: str) -> "Tensor":
+        self._release(by, hint)
+        self._core.handles -= 1
+        tensor = self._core.tensor
+        tensor._restore()
+        return tensor
+
+    def try_partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
+                      persistent: int | None = None) -> "Partition":
+        """Like ``self.try_unwrap().partition(tile_shape, ...)``, atomically; the partition
+        arguments are validated first, so a bad tile shape consumes nothing."""
+        from .partition import _validate
+        with LOCK:
+            self._check("call .try_partition()")
+            _validate(tuple(self._core.tensor._torch.shape), tile_shape, order, group_size,
+                      persistent)
+            self._sole_owner_or_raise("partition")
+            tensor = self._unwrap_locked("try_partition()",
+                                         "use the Partition try_partition() returned")
+            return tensor.partition(tile_shape, order=order, group_size=group_size,
+                                    persistent=persistent)

@@ -1,0 +1,264 @@
+"""``Tensor``: an owned, movable handle to a torch tensor.
+
+A Tensor owns its storage (see ``alloc.from_torch`` for what "owns" means when user code
+keeps its own torch reference). It can be
+
+* moved: into a :class:`~safetile.tensor.partition.Partition` (``partition``), into a
+  :class:`~safetile.tensor.shared.Shared` value (``share``), into an operation (the
+  launcher calls ``_move``), or out to torch (``into_torch``);
+* viewed: ``view``, ``reshape``, ``slice`` and ``t[...]`` return new Tensors over the same
+  bytes without consuming ``t``. Views are separate handles; the borrow registry
+  (``borrows.py``) stops an operation from writing bytes another in-flight operation uses,
+  and stops the host from reading bytes an in-flight operation writes.
+
+The launcher reads the wrapped torch tensor from ``self._torch`` directly.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+
+from .. import dtypes as _dtypes
+from . import borrows
+from .ownership import LOCK, Handle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .partition import Partition
+    from .shared import Shared
+
+__all__ = ["Tensor"]
+
+
+def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
+    """Normalize an int or a sequence of ints to a tuple of ints (TypeError otherwise)."""
+    if isinstance(shape, (int,)) and not isinstance(shape, bool):
+        return (shape,)
+    try:
+        return tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
+
+
+def _to_numpy(t: torch.Tensor):
+    """A host numpy copy of ``t`` (bfloat16, which numpy lacks, is upcast to float32)."""
+    src = t.detach()
+    t = src.float() if src.dtype == torch.bfloat16 else src    # exact upcast, a copy
+    t = t.cpu()                                                 # a copy unless on the host
+    if t is src:
+        t = t.clone()            # never hand out a numpy alias of owned storage
+    return t.numpy()
+
+
+class Tensor(Handle):
+    """A dense n-dimensional array on one device, owned by safetile.
+
+    Create one with ``st.zeros / ones / full / empty / arange / randn``, ``st.from_torch``,
+    ``st.from_numpy`` or ``st.from_dlpack``. Every method and property raises
+    :class:`~safetile.errors.MovedError` once the tensor was moved (partitioned, shared,
+    given to an operation, or turned into a torch tensor with ``into_torch``).
+    """
+
+    __slots__ = ("_torch",)
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("st.Tensor is not constructed directly: use st.zeros/empty/randn/..., "
+                        "st.from_torch(t), st.from_numpy(a) or st.from_dlpack(x)")
+
+    @classmethod
+    def _wrap(cls, t: torch.Tensor) -> "Tensor":
+        """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"only strided (dense) torch tensors can be wrapped, got {t.layout}")
+        _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
+        if t.requires_grad:
+            t = t.detach()                               # zero-copy; safetile has no autograd
+        self = object.__new__(cls)
+        Handle.__init__(self)
+        self._torch = t
+        return self
+
+    # -- description ----------------------------------------------------------------------
+    def _describe(self) -> str:
+        return f"Tensor(shape={tuple(self._torch.shape)}, {_dtypes.from_torch(self._torch.dtype).name})"
+
+    def __repr__(self) -> str:
+        t = self._torch
+        return (f"Tensor(shape={tuple(t.shape)}, dtype={_dtypes.from_torch(t.dtype)!r}, "
+                f"device={t.device}{self._state_suffix()})")
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape, a tuple of ints."""
+        self._check("read .shape")
+        return tuple(self._torch.shape)
+
+    @property
+    def dtype(self) -> _dtypes.DType:
+        """The safetile element type (``st.float32`` ...)."""
+        self._check("read .dtype")
+        return _dtypes.from_torch(self._torch.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        """The torch device holding the data."""
+        self._check("read .device")
+        return self._torch.device
+
+    @property
+    def numel(self) -> int:
+        """The number of elements."""
+        self._check("read .numel")
+        return self._torch.numel()
+
+    @property
+    def ndim(self) -> int:
+        """The rank (number of dimensions)."""
+        self._check("read .ndim")
+        return self._torch.dim()
+
+    def stride(self) -> tuple[int, ...]:
+        """Element strides per dimension (as torch reports them)."""
+        self._check("read .stride()")
+        return tuple(self._torch.stride())
+
+    def is_contiguous(self) -> bool:
+        """Whether the elements are row-major contiguous."""
+        self._check("call .is_contiguous()")
+        return self._torch.is_contiguous()
+
+    # -- host inspection (copies) ---------------------------------------------------------
+    def to_torch(self) -> torch.Tensor:
+        """A *copy* of the data as a torch tensor on the same device (for inspection).
+
+        Raises :class:`~safetile.errors.BorrowError` while an in-flight operation writes
+        any of these bytes (e.g. through a partition of a tensor this one is a view of).
+        """
+        self._check("call .to_torch()")
+        borrows.check_host_read(self._torch, f"read {self._describe()} with to_torch()")
+        return self._torch.clone()
+
+    def numpy(self):
+        """A *copy* of the data as a numpy array on the host.
+
+        numpy has no bfloat16: bfloat16 data is returned as float32 (exactly).
+        """
+        self._check("call .numpy()")
+        borrows.check_host_read(self._torch, f"read {self._describe()} with numpy()")
+        return _to_numpy(self._torch)
+
+    # -- moves -------------------------------------------------------------------------------
+    def into_torch(self) -> torch.Tensor:
+        """Consume the Tensor and return the underlying torch tensor, zero-copy.
+
+        From then on the storage is torch's: safetile no longer checks it.
+        """
+        with LOCK:
+            self._check("call .into_torch()")
+            borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
+            self._move("torch by into_torch()",
+                       hint="use the torch tensor into_torch() returned "
+                            "(st.from_torch(t) wraps it again)")
+        return self._torch
+
+    def partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
+                  persistent: int | None = None) -> "Partition":
+        """Consume the tensor and split it into disjoint tiles of ``tile_shape``.
+
+        Every tile dimension must be a positive power of two; tiles need not divide the
+        tensor (edge tiles are masked). ``order`` (``"row_major"`` or ``"grouped"``),
+        ``group_size`` and ``persistent`` choose the program -> tile map; see
+        :class:`~safetile.tensor.partition.ProgramOrder`. ``p.unpartition()`` gives the
+        tensor back.
+        """
+        from .partition import Partition, _validate       # local: partition imports tensor
+        self._check("call .partition()")
+        tiles, prog_order = _validate(tuple(self._torch.shape), tile_shape, order,
+                                      group_size, persistent)
+        grid = prog_order.grid
+        self._move(f"Partition(grid={grid}, tile_shape={tiles}) by .partition()",
+                   hint="call .unpartition() on that Partition to get the Tensor back")
+        return Partition._create(self, tiles, prog_order)
+
+    def share(self) -> "Shared":
+        """Consume the tensor and return a read-only, cloneable :class:`Shared` handle."""
+        from .shared import Shared
+        self._move("a Shared value by .share()",
+                   hint="use the Shared handle share() returned; its .try_unwrap() gives "
+                        "the Tensor back once no other handle holds it")
+        return Shared._create(self)
+
+    # -- zero-copy views (do not consume) --------------------------------------------------
+    def _derive(self, t: torch.Tensor) -> "Tensor":
+        return Tensor._wrap(t)
+
+    def view(self, *shape) -> "Tensor":
+        """A view with a new shape over the same bytes (``-1`` infers one dim).
+
+        Does not consume the tensor. Raises ``ValueError`` if the layout cannot be viewed
+        with that shape without copying.
+        """
+        self._check("call .view()")
+        shp = _shape_tuple(shape[0] if len(shape) == 1 else shape)
+        try:
+            return self._derive(self._torch.view(shp))
+        except RuntimeError as e:
+            raise ValueError(
+                f"cannot view {self._describe()} (strides {tuple(self._torch.stride())}) as "
+                f"shape {shp} without copying: {e}. Views are zero-copy only; copy explicitly "
+                f"with st.from_torch(t.to_torch().reshape(...))") from None
+
+    def reshape(self, *shape) -> "Tensor":
+        """Like :meth:`view`: zero-copy only (safetile never copies behind your back)."""
+        self._check("call .reshape()")
+        return self.view(*shape)
+
+    def slice(self, dim: int, start: int | None = None, stop: int | None = None,
+              step: int = 1) -> "Tensor":
+        """The elements ``start:stop:step`` along ``dim`` as a zero-copy view (step > 0)."""
+        self._check("call .slice()")
+        nd = self._torch.dim()
+        if not -nd <= dim < nd:
+            raise IndexError(f"dim {dim} out of range for a rank-{nd} tensor")
+        if step is None or step <= 0:
+            raise ValueError(f"slice step must be positive, got {step}")
+        index = (slice(None),) * (dim % nd) + (slice(start, stop, step),)
+        return self._derive(self._torch[index])
+
+    def __getitem__(self, index) -> "Tensor":
+        """Basic indexing (ints, slices with positive step, ``...``) as a zero-copy view."""
+        self._check("index it")
+        items = index if isinstance(index, tuple) else (index,)
+        for it in items:
+            if it is Ellipsis or it is None or isinstance(it, slice):
+                if isinstance(it, slice) and it.step is not None and it.step <= 0:
+                    raise ValueError(f"slice step must be positive, got {it.step}")
+                continue
+            try:
+                operator.index(it)
+            except TypeError:
+                raise TypeError(
+                    f"Tensor indices must be ints, slices or ..., got {type(it).__name__}: "
+                    f"advanced indexing would copy; use to_torch() for that") from None
+        return self._derive(self._torch[index])
+
+    # -- DLPack --------------------------------------------------------------------------
+    def __dlpack__(self, stream=None, **kwargs):
+        """Export zero-copy through DLPack (``torch.from_dlpack(t)``, ``np.from_dlpack``).
+
+        The consumer gets an alias of storage safetile still owns (outside the guarantee,
+        like a torch reference kept after ``st.from_torch``). Raises ``BorrowError`` while
+        an in-flight operation uses these bytes.
+        """
+        self._check("export it through DLPack")
+        borrows.check_host_write(self._torch, f"export {self._describe()} through DLPack")
+        return self._torch.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self):
+        """The DLPack ``(device_type, device_id)`` pair."""
+        self._check("export it through DLPack")
+        return self._torch.__dlpack_device__()

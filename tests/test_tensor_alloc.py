@@ -1,0 +1,194 @@
+"""Allocation, interop (torch, numpy, DLPack) and the graph-capture guard (safetile.tensor.alloc)."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from safetile import dtypes
+from safetile.errors import GraphCaptureError
+from safetile.tensor import (Tensor, allocation_forbidden, arange, default_device, empty,
+                             forbid_allocation, from_dlpack, from_numpy, from_torch, full,
+                             ones, randn, zeros)
+
+
+@pytest.fixture
+def fresh_default_device(monkeypatch):
+    default_device.cache_clear()
+    yield monkeypatch
+    default_device.cache_clear()
+
+
+# -- allocation -------------------------------------------------------------------------------
+
+def test_zeros_ones_full_have_the_requested_values_and_default_to_float32():
+    assert zeros((2, 3), device="cpu").to_torch().eq(0).all()
+    assert ones(4, device="cpu").to_torch().eq(1).all()
+    f = full((3,), 2.5, device="cpu")
+    assert f.to_torch().tolist() == [2.5] * 3
+    assert f.dtype is dtypes.float32
+
+
+def test_empty_has_the_requested_shape_and_dtype():
+    e = empty((5, 7), dtype=dtypes.bfloat16, device="cpu")
+    assert e.shape == (5, 7) and e.dtype is dtypes.bfloat16
+
+
+def test_dtype_accepts_safetile_and_torch_dtypes():
+    assert zeros(2, dtype=dtypes.f16, device="cpu").dtype is dtypes.float16
+    assert zeros(2, dtype=torch.int32, device="cpu").dtype is dtypes.int32
+
+
+def test_unsupported_dtypes_are_rejected():
+    with pytest.raises(TypeError, match="no safetile dtype"):
+        zeros(2, dtype=torch.complex64, device="cpu")
+    with pytest.raises(TypeError, match="dtype must be"):
+        zeros(2, dtype="float32", device="cpu")
+
+
+def test_arange_forms_and_default_dtypes():
+    assert arange(4, device="cpu").to_torch().tolist() == [0, 1, 2, 3]
+    assert arange(2, 8, 3, device="cpu").to_torch().tolist() == [2, 5]
+    assert arange(4, device="cpu").dtype is dtypes.int64
+    assert arange(0, 1, 0.5, device="cpu").dtype is dtypes.float32
+    assert arange(3, dtype=dtypes.f32, device="cpu").dtype is dtypes.float32
+
+
+def test_randn_with_a_seed_is_reproducible_and_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected_global = torch.rand(1)
+    torch.manual_seed(123)
+    a = randn((64,), seed=7, device="cpu").to_torch()
+    b = randn((64,), seed=7, device="cpu").to_torch()
+    assert torch.equal(a, b)
+    assert torch.equal(torch.rand(1), expected_global)
+    assert not torch.equal(a, randn((64,), seed=8, device="cpu").to_torch())
+
+
+def test_randn_rejects_integer_dtypes():
+    with pytest.raises(TypeError, match="floating"):
+        randn(3, dtype=dtypes.int32, device="cpu")
+
+
+def test_default_device_follows_the_environment(fresh_default_device):
+    fresh_default_device.setenv("SAFETILE_DEVICE", "cpu")
+    assert default_device() == torch.device("cpu")
+    assert zeros(2).device == torch.device("cpu")
+
+
+def test_default_device_is_cuda_only_when_available(fresh_default_device):
+    fresh_default_device.delenv("SAFETILE_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert default_device().type == expected
+
+
+# -- interop ----------------------------------------------------------------------------------
+
+def test_from_torch_is_zero_copy():
+    src = torch.arange(12.0).reshape(3, 4)
+    t = from_torch(src)
+    assert isinstance(t, Tensor)
+    assert t._torch.data_ptr() == src.data_ptr()
+    assert t.stride() == (4, 1)
+
+
+def test_from_torch_keeps_a_torch_view_zero_copy_with_its_strides():
+    src = torch.arange(12.0).reshape(3, 4)[:, 1:3]
+    t = from_torch(src)
+    assert t._torch.data_ptr() == src.data_ptr() and not t.is_contiguous()
+
+
+def test_from_torch_detaches_tensors_that_require_grad():
+    src = torch.ones(3, requires_grad=True)
+    t = from_torch(src)
+    assert not t._torch.requires_grad and t._torch.data_ptr() == src.data_ptr()
+
+
+def test_from_torch_rejects_non_tensors_and_sparse_layouts():
+    with pytest.raises(TypeError):
+        from_torch([1, 2, 3])
+    with pytest.raises(TypeError, match="strided"):
+        from_torch(torch.eye(3).to_sparse())
+
+
+def test_from_numpy_copies_the_array():
+    a = np.arange(6, dtype=np.float32)
+    t = from_numpy(a, device="cpu")
+    a[0] = 100
+    assert t.to_torch().tolist() == [0, 1, 2, 3, 4, 5]
+    assert t.dtype is dtypes.float32
+
+
+def test_dlpack_export_to_torch_is_zero_copy():
+    t = arange(8, device="cpu")
+    other = torch.from_dlpack(t)
+    assert other.data_ptr() == t._torch.data_ptr()
+    assert t.shape == (8,)                      # exporting does not consume
+
+
+def test_dlpack_export_to_numpy():
+    t = arange(5, dtype=dtypes.int32, device="cpu")
+    assert np.from_dlpack(t).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_dlpack_device_reports_the_device():
+    from torch.utils.dlpack import DLDeviceType
+    assert zeros(2, device="cpu").__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
+
+
+def test_from_dlpack_imports_numpy_arrays_zero_copy():
+    a = np.arange(6, dtype=np.float32)
+    t = from_dlpack(a)
+    assert t._torch.data_ptr() == a.ctypes.data
+
+
+def test_dlpack_round_trip_keeps_values_and_storage():
+    t = randn((4, 4), seed=0, device="cpu")
+    back = from_dlpack(t)
+    assert back._torch.data_ptr() == t._torch.data_ptr()
+    assert torch.equal(back.to_torch(), t.to_torch())
+
+
+# -- the graph-capture guard -----------------------------------------------------------------
+
+@pytest.mark.parametrize("fn,call", [
+    ("zeros", lambda: zeros(4, device="cpu")),
+    ("ones", lambda: ones(4, device="cpu")),
+    ("full", lambda: full(4, 1.0, device="cpu")),
+    ("empty", lambda: empty(4, device="cpu")),
+    ("arange", lambda: arange(4, device="cpu")),
+    ("randn", lambda: randn(4, device="cpu")),
+    ("from_numpy", lambda: from_numpy(np.zeros(4), device="cpu")),
+])
+def test_allocation_inside_a_graph_scope_raises_graph_capture_error(fn, call):
+    with forbid_allocation("st.graph_scope()"):
+        with pytest.raises(GraphCaptureError) as e:
+            call()
+    assert str(e.value) == (
+        f"st.{fn}() allocates inside st.graph_scope(); replay must not depend on allocation "
+        f"addresses: allocate buffers before the scope and partition them inside it")
+
+
+def test_allocation_guard_nests_and_lifts():
+    assert allocation_forbidden() is None
+    with forbid_allocation("outer"):
+        with forbid_allocation("inner"):
+            assert allocation_forbidden() == "inner"
+        assert allocation_forbidden() == "outer"
+    assert allocation_forbidden() is None
+    assert zeros(1, device="cpu").shape == (1,)
+
+
+def test_allocation_guard_is_thread_local():
+    seen = []
+    with forbid_allocation("st.graph_scope()"):
+        th = threading.Thread(target=lambda: seen.append(zeros(2, device="cpu").shape))
+        th.start()
+        th.join()
+    assert seen == [(2,)]
+
+
+def test_wrapping_existing_memory_is_allowed_inside_a_graph_scope():
+    buf = torch.zeros(4)
+    with forbid_allocation("st.graph_scope()"):
+        assert from_torch(buf).shape == (4,)
