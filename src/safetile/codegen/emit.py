@@ -310,7 +310,9 @@ class Emitter:
                 index = node.args[0] if node.args else _kw(node, "index")
                 shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
                 pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
-                return self.in_load(node, f.value, index, shape, pad, nonneg=False)
+                owned = isinstance(index, ast.Attribute) and index.attr == "index" and \
+                    self.view_kind(index.value) in ("Out", "tile")
+                return self.in_load(node, f.value, index, shape, pad, nonneg=owned)
             if method == "load_scalar":
                 s = self.specs[name]
                 index = node.args[0]
