@@ -1,0 +1,92 @@
+"""Shared benchmark harness: environment facts, timing, correctness gates, JSON results.
+
+Every benchmark runs all its variants in one process, checks each one against a reference
+before timing it, times with CUDA events (median of repeated runs after warm-up), and writes
+one JSON file under ``benchmarks/results/`` (and, when ``$OUT`` is set, a copy there).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+
+def env_info() -> dict:
+    """GPU, library versions and date, recorded with every result."""
+    import triton
+    import safetile
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "safetile": safetile.__version__,
+        "cuda": torch.version.cuda,
+    }
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, sms=p.multi_processor_count,
+                    gpu_memory_gib=round(p.total_memory / 2**30, 1))
+    else:
+        info["gpu"] = None
+    return info
+
+
+def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn()`` in milliseconds, measured with CUDA events."""
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def time_host_us(fn, iters: int, repeats: int = 7) -> float:
+    """Median over ``repeats`` of the wall time per call of ``fn`` (which must synchronize)."""
+    import time
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        samples.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(samples)
+
+
+def check_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) -> float:
+    """Relative error ``|got - want| / |want|`` in float64; raises when above ``rel`` or NaN."""
+    g, w = got.double(), want.double()
+    err = ((g - w).norm() / w.norm().clamp_min(1e-30)).item()
+    if not err <= rel:                       # also catches NaN
+        raise AssertionError(f"{name}: relative error {err:.3e} exceeds {rel:.1e}")
+    return err
+
+
+def write_results(name: str, payload: dict) -> Path:
+    """Write ``{env, **payload}`` to benchmarks/results/<name>.json (and $OUT/<name>.json)."""
+    data = {"benchmark": name, "env": env_info(), **payload}
+    text = json.dumps(data, indent=2, default=str)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(text)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, f"{name}.json").write_text(text)
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """A fixed-width table of ``rows`` (dicts) over ``columns``."""
+    def fmt(v):
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(fmt(r.get(c, "")).ljust(w) for c, w in zip(columns, widths)))
