@@ -239,6 +239,11 @@ class BodyChecker(ast.NodeVisitor):
                 return self.check_view_call(node, f, kind)
             r = self.info.scope.resolve(f)
             if r is None:
+                base = self.info.scope.resolve(f.value) if isinstance(f.value, ast.Name) else None
+                if base is not None and base.kind == "module":
+                    self.fail(node, "call", f"`{ast.unparse(f)}` does not exist in "
+                                            f"{base.value.__name__}; see its docstring for the "
+                                            f"operations it has")
                 if f.attr not in TILE_METHODS:
                     self.fail(node, "call", f"`{ast.unparse(f)}(...)` is not a kernel operation "
                                             f"(tiles have .astype(dtype); operations are sl.*)")

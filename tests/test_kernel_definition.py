@@ -1,0 +1,260 @@
+"""Definition-time rules of @st.kernel: a bad kernel fails when the decorator runs.
+
+Each error is a KernelDefinitionError whose message starts with the file and line of the
+offending code and names the rule it broke. Every bad kernel below marks its offending line
+with a `# <- rule` comment; the test finds that line in this file and checks the message.
+"""
+import inspect
+
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+
+THIS_FILE = inspect.getsourcefile(lambda: None)
+
+
+def plain_helper(t):
+    return t * 2
+
+
+@st.function
+def twice(t):
+    return t * 2
+
+
+def marked_line(marker: str) -> int:
+    """The line of this file that carries the comment ``# <- marker``."""
+    lines = [i for i, text in enumerate(open(THIS_FILE).read().splitlines(), 1)
+             if text.rstrip().endswith(f"# <- {marker}")]
+    assert len(lines) == 1, f"marker {marker!r} must occur once, found {lines}"
+    return lines[0]
+
+
+def assert_definition_error(excinfo, rule: str, marker: str):
+    e = excinfo.value
+    line = marked_line(marker)
+    assert e.rule == rule
+    assert e.filename == THIS_FILE
+    assert e.lineno == line
+    assert str(e).startswith(f"{THIS_FILE}:{line}: [{rule}]")
+
+
+def test_store_through_an_in_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            x.store(z.load())  # <- store-through-in
+    assert_definition_error(ei, "in-read-only", "store-through-in")
+    assert "read-only" in str(ei.value)
+
+
+def test_indexed_assignment_to_an_in_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            x[0] = 1.0  # <- subscript-store-in
+    assert_definition_error(ei, "in-read-only", "subscript-store-in")
+
+
+def test_subscript_store_into_an_out_is_a_free_index_store():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z[0] = sl.load_like(x, z)  # <- subscript-store-out
+    assert_definition_error(ei, "free-index-store", "subscript-store-out")
+    assert "z.partition(shape).store(tile, sub_index)" in str(ei.value)
+
+
+def test_store_with_an_index_is_a_free_index_store():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.load_like(x, z), (0,))  # <- store-with-index
+    assert_definition_error(ei, "free-index-store", "store-with-index")
+
+
+def test_sub_partition_store_needs_its_sub_index():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            sub = z.partition((4,))
+            sub.store(x.load((0,), (4,)))  # <- sub-store-no-index
+    assert_definition_error(ei, "free-index-store", "sub-store-no-index")
+
+
+def test_assignment_to_a_parameter_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32], n: int):
+            n = n + 1  # <- assign-param
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "param-assignment", "assign-param")
+    assert "'n'" in str(ei.value)
+
+
+def test_augmented_assignment_to_a_parameter_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32], n: int):
+            n += 1  # <- augassign-param
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "param-assignment", "augassign-param")
+
+
+def test_unknown_annotation_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32],
+                z: list):  # <- unknown-annotation
+            pass
+    assert_definition_error(ei, "annotation", "unknown-annotation")
+    assert "st.In[dtype]" in str(ei.value)
+
+
+def test_missing_annotation_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32],
+                z):  # <- missing-annotation
+            pass
+    assert_definition_error(ei, "annotation", "missing-annotation")
+
+
+def test_in_without_dtype_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In,  # <- bare-in
+                z: st.Out[st.f32]):
+            pass
+    assert_definition_error(ei, "annotation", "bare-in")
+    assert "st.In[st.f32]" in str(ei.value)
+
+
+def test_ptr_parameter_in_a_safe_kernel_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(p: st.Ptr[st.f32],  # <- ptr-in-safe
+                z: st.Out[st.f32]):
+            pass
+    assert_definition_error(ei, "ptr-needs-unsafe", "ptr-in-safe")
+    assert "unsafe=True" in str(ei.value)
+
+
+def test_atomic_in_a_safe_kernel_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            sl.atomic_add(x, sl.arange(4), 1.0)  # <- atomic-in-safe
+    assert_definition_error(ei, "atomic-needs-unsafe", "atomic-in-safe")
+
+
+def test_store_ptr_in_a_safe_kernel_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            sl.store_ptr(x, sl.arange(4), 1.0)  # <- store-ptr-in-safe
+    assert_definition_error(ei, "unsafe-op", "store-ptr-in-safe")
+
+
+def test_calling_a_plain_python_function_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(plain_helper(sl.load_like(x, z)))  # <- plain-call
+    assert_definition_error(ei, "call", "plain-call")
+    assert "@st.function" in str(ei.value)
+
+
+def test_calling_a_python_builtin_outside_the_language_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            print(x.shape[0])  # <- builtin-call
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "call", "builtin-call")
+
+
+def test_calling_an_st_function_is_accepted():
+    @st.kernel
+    def good(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(twice(sl.load_like(x, z)))
+    assert twice in good.info.functions
+
+
+def test_safe_kernel_without_an_out_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32],  # <- no-out
+                y: st.In[st.f32]):
+            t = x.load((0,), (4,))
+    assert_definition_error(ei, "no-out", "no-out")
+    assert "st.Out" in str(ei.value)
+
+
+def test_while_loop_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            while True:  # <- while
+                pass
+    assert_definition_error(ei, "statement", "while")
+
+
+def test_unknown_name_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.load_like(x, z) * undefined_scale)  # noqa: F821  # <- unknown-name
+    assert_definition_error(ei, "name", "unknown-name")
+
+
+def test_unknown_sl_operation_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.softplus(sl.load_like(x, z)))  # <- unknown-sl-op
+    assert_definition_error(ei, "call", "unknown-sl-op")
+    assert "`sl.softplus` does not exist in safetile.lang" in str(ei.value)
+
+
+def test_st_function_body_is_checked_too():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.function
+        def bad(t):
+            return plain_helper(t)  # <- function-body
+    assert_definition_error(ei, "call", "function-body")
+
+
+def test_a_kernel_defined_in_a_nested_function_reports_its_own_line():
+    def make():
+        @st.kernel
+        def inner(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(plain_helper(sl.load_like(x, z)))  # <- nested-def
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        make()
+    assert_definition_error(ei, "call", "nested-def")
+
+
+@st.kernel(unsafe=True)
+def scatter_ones(p: st.Ptr[st.f32], n: int):
+    offs = sl.arange(8)
+    sl.store_ptr(p, offs, sl.full((8,), 1.0, st.f32), mask=offs < n)
+
+
+def test_unsafe_kernel_launch_outside_unsafe_block_raises_unsafe_error():
+    buf = st.zeros((8,), device="cpu")
+    with pytest.raises(st.UnsafeError, match=r"with st.unsafe\(\)"):
+        scatter_ones.options(grid=(1,))(buf, 5)
+    # nothing was moved: the buffer is still usable
+    assert buf.to_torch().sum().item() == 0
+
+
+def test_unsafe_kernel_runs_inside_unsafe_block():
+    buf = st.zeros((8,), device="cpu")
+    with st.unsafe():
+        op = scatter_ones.options(grid=(1,))(buf, 5)
+    buf, n = op.sync()
+    assert n == 5
+    assert torch.equal(buf.to_torch(), torch.tensor([1.0] * 5 + [0.0] * 3))
