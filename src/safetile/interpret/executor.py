@@ -56,7 +56,7 @@ def run(kernel, bound, grid: tuple, seed: int) -> None:
             for v in out_views:
                 v.tiles_of = tiles
                 v.index = None if persistent else tiles[0]
-        token = use_implementation(Implementation(p, grid, None))
+        token = use_implementation(Implementation(p, grid))
         try:
             kernel.fn(*args)
         finally:

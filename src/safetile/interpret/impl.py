@@ -26,10 +26,9 @@ def _reduce(t: torch.Tensor, axis, fn):
 class Implementation:
     """sl.* for one program of the CPU executor (``program`` and ``num_programs`` for bid)."""
 
-    def __init__(self, program: int, grid: tuple, ptr_check):
+    def __init__(self, program: int, grid: tuple):
         self.program = program
         self.grid = grid
-        self.ptr_check = ptr_check       # callable(p, offsets, mask, kind) from the executor
 
     # element-wise
     def where(self, cond, a, b):
