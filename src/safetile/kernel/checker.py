@@ -27,7 +27,7 @@ OUT_ATTRS = {"shape", "index"}
 SUB_METHODS = {"store", "load"}
 SUB_ATTRS = {"shape"}
 TILE_METHODS = {"astype"}
-TILE_ATTRS = {"T", "shape"}
+TILE_ATTRS = {"T", "shape", "dtype"}
 RESERVED_PREFIX = "_st_"
 
 
@@ -220,7 +220,7 @@ class BodyChecker(ast.NodeVisitor):
                 self.fail(node, "name", f"'{ast.unparse(node)}' does not exist")
         if node.attr not in TILE_ATTRS:
             self.fail(node, "call", f"tiles have no attribute '{node.attr}' (they have .T, "
-                                    f".shape and .astype(dtype))")
+                                    f".shape, .dtype and .astype(dtype))")
         self.visit(node.value)
 
     def check_resolved_value(self, node, r):
