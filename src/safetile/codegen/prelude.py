@@ -101,10 +101,31 @@ def load_scalar(r: int) -> str:
     return (f"\n@triton.jit\n{head}\n    return tl.load(ptr + ({off}), mask={m}, other=pad)\n")
 
 
+# Element-wise functions whose Triton spelling accepts only fp32/fp64 (``tl.exp`` etc.).
+FP32_MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "sigmoid")
+
+
+def fp32_math(fn: str) -> str:
+    """``_st_m_<fn>``: ``tl.<fn>`` on any dtype. fp16/bf16 are computed in fp32 and rounded back
+    (as the CPU executor does), integers give fp32; Triton itself rejects anything but fp32/fp64."""
+    return f'''
+@triton.jit
+def _st_m_{fn}(x):
+    if x.dtype.is_fp16() or x.dtype.is_bf16():
+        return tl.{fn}(x.to(tl.float32)).to(x.dtype)
+    elif x.dtype.is_floating():
+        return tl.{fn}(x)
+    else:
+        return tl.{fn}(x.to(tl.float32))
+'''
+
+
 def helper_source(name: str) -> str:
     """Source of the prelude helper called ``name`` (e.g. ``_st_load2``)."""
     if name in FIXED:
         return FIXED[name]
+    if name.startswith("_st_m_") and name[len("_st_m_"):] in FP32_MATH:
+        return fp32_math(name[len("_st_m_"):])
     for prefix, make in (("_st_substore", lambda r: sub_tile(r, True)),
                          ("_st_subload", lambda r: sub_tile(r, False)),
                          ("_st_scalar", load_scalar), ("_st_load", load_tile),

@@ -1,27 +1,50 @@
 """``DeviceOp``: a lazy unit of device work whose output is the values it hands back.
 
 An op runs inside a ``RunContext`` (a stream and the releases still owed). ``_run`` enqueues
-the work and returns the op's output values; the values' ownership is restored by the
-context's *settle* step, after the work is known to be ordered before any later use: at
-``sync`` (after the stream is synchronized), at completion of ``await``, or before a ``then``
-callback (whose next op runs on the same stream, so it is ordered after this one).
+the work and returns the op's output; the values' ownership is restored by the context's
+*settle* step, after the work is known to be ordered before any later use: at ``sync`` (after
+the stream is synchronized), at completion of ``await``, or before a ``then`` callback (whose
+next op runs on the same stream, so it is ordered after this one).
+
+Output convention: a ``KernelOp``'s output is the tuple of all its arguments; combinators
+produce whatever they say (``map``: what ``f`` returns; ``zip``: a tuple of outputs). When an
+output is handed to a callback it is spread as positional arguments if it is a tuple, else
+passed as the one argument.
+
+Execution is not re-entrant on a thread: while an execution is running (a ``sync``, the
+submission of an ``await``, a graph record or replay), starting another one from inside it,
+typically from a ``then`` or ``map`` callback, raises ``ExecutionError``.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
-import torch
-
 from ..errors import ExecutionError
+from . import streams
 
-_running = threading.local()
+_state = threading.local()
+
+
+def spread(out) -> tuple:
+    """An output as positional arguments for a callback."""
+    return out if type(out) is tuple else (out,)
 
 
 class RunContext:
-    """Where and how one execution runs: a CUDA stream (or None on the CPU backend)."""
+    """Where and how one execution runs.
 
-    def __init__(self, stream=None):
+    ``stream``: the torch CUDA stream (None on a machine without CUDA); ``handle``: its raw
+    ``cudaStream_t`` as an int, what the launcher passes (0 without CUDA); ``recording``: a
+    list while a graph records (ops append their launches instead of executing them).
+    """
+
+    __slots__ = ("stream", "handle", "recording", "_settle")
+
+    def __init__(self, stream=None, recording=None):
         self.stream = stream
+        self.handle = stream.cuda_stream if stream is not None else 0
+        self.recording = recording
         self._settle: list = []
 
     def defer(self, fn) -> None:
@@ -29,25 +52,72 @@ class RunContext:
         self._settle.append(fn)
 
     def settle(self) -> None:
-        pending, self._settle = self._settle, []
-        for fn in pending:
-            fn()
+        """Run every deferred release (in order; all of them, even if one raises)."""
+        error = None
+        while self._settle:
+            pending, self._settle = self._settle, []
+            for fn in pending:
+                try:
+                    fn()
+                except BaseException as e:        # keep releasing; report the first failure
+                    error = error or e
+        if error is not None:
+            raise error
 
 
-def _default_stream(device=None):
-    if torch.cuda.is_available():
-        return torch.cuda.current_stream(device)
-    return None
+@contextlib.contextmanager
+def executing(what: str):
+    """Mark this thread as executing; raise if it already is (execution is not re-entrant)."""
+    if getattr(_state, "busy", None) is not None:
+        inside = _state.busy
+        raise ExecutionError(
+            f"cannot start execution ({what}) inside a running {inside}; return the next op "
+            f"from a `then` callback instead of running it there")
+    _state.busy = "execution"
+    try:
+        yield
+    finally:
+        _state.busy = None
+
+
+@contextlib.contextmanager
+def in_callback(kind: str):
+    """Mark a user callback (``then`` / ``map``) as running, for the re-entrancy message."""
+    outer = getattr(_state, "busy", None)
+    _state.busy = f"`{kind}` callback"
+    try:
+        yield
+    finally:
+        _state.busy = outer
+
+
+def attach_recovered(error: BaseException, values) -> None:
+    """Record on ``error`` the values an op handed back (unless a deeper op already did)."""
+    if getattr(error, "recovered", None) is None:
+        try:
+            error.recovered = values
+        except AttributeError:                    # exceptions without a __dict__
+            pass
 
 
 class DeviceOp:
-    """Lazy device work. ``sync()`` runs it and returns its output values."""
+    """Lazy device work. ``sync()`` runs it and returns its output; ``await op`` too."""
 
     _consumed = False
 
-    def _run(self, ctx: RunContext) -> tuple:
-        """Enqueue the work on ``ctx.stream`` and return the output values."""
+    # -- to be provided by subclasses ------------------------------------------------------
+    def _run(self, ctx: RunContext):
+        """Enqueue the work on ``ctx.stream`` and return the output."""
         raise NotImplementedError
+
+    def _abandon(self) -> None:
+        """This op will never run (an earlier part of an execution failed): hand back what it
+        holds, so that no argument is lost. Does nothing for an op that already ran."""
+
+    def _host_bound(self) -> bool:
+        """True when the work (as far as known before running) runs on the CPU executor,
+        so that ``await`` must run it off the event-loop thread."""
+        return True
 
     def _take(self) -> None:
         """Mark this op as executed; an op runs once (its arguments come back once)."""
@@ -56,24 +126,65 @@ class DeviceOp:
                                  f"Capture it with op.graph() to run work repeatedly")
         self._consumed = True
 
-    def _stream_for(self, stream):
-        return stream if stream is not None else _default_stream()
+    # -- combinators ----------------------------------------------------------------------
+    def then(self, f) -> "DeviceOp":
+        """The op ``f(*outputs)`` returns, run after this one on the same stream.
 
+        This op's values are handed back before ``f`` is called, so ``f`` may pass them on to
+        the next launch. ``f`` must return a ``DeviceOp`` and must not start execution."""
+        from .combinators import ThenOp
+        return ThenOp(self, f)
+
+    def map(self, f) -> "DeviceOp":
+        """An op whose output is ``f(*outputs)`` (a host-side transform; no device work)."""
+        from .combinators import MapOp
+        return MapOp(self, f)
+
+    def first(self) -> "DeviceOp":
+        """An op whose output is the first of this op's output values."""
+        return self.map(lambda *values: values[0])
+
+    def last(self) -> "DeviceOp":
+        """An op whose output is the last of this op's output values."""
+        return self.map(lambda *values: values[-1])
+
+    def shared(self) -> "DeviceOp":
+        """A handle that runs this op at most once, however many consumers run it."""
+        from .combinators import SharedOp
+        return SharedOp(self)
+
+    # -- execution ------------------------------------------------------------------------
     def sync(self, stream=None):
-        """Run and block until done; returns the output values (a tuple, or one value)."""
-        if getattr(_running, "depth", 0):
-            raise ExecutionError("cannot start execution inside a running `then` callback; "
-                                 "return the next op from the callback instead")
-        ctx = RunContext(self._stream_for(stream))
-        _running.depth = 1
-        try:
-            if ctx.stream is not None:
-                with torch.cuda.stream(ctx.stream):
-                    values = self._run(ctx)
-                ctx.stream.synchronize()
-            else:
-                values = self._run(ctx)
-        finally:
-            _running.depth = 0
+        """Run, block until the work is done, and return the output (every value handed back).
+
+        ``stream``: a ``torch.cuda.Stream`` to run on; default: torch's current stream."""
+        with executing("op.sync()"):
+            ctx = RunContext(streams.resolve(stream))
+            try:
+                if stream is None:                  # already torch's current stream
+                    out = self._run(ctx)
+                else:
+                    with streams.using(ctx.stream):
+                        out = self._run(ctx)
+                if ctx.stream is not None:
+                    ctx.stream.synchronize()
+            except BaseException:
+                self._abandon()
+                if ctx.stream is not None:          # let enqueued work finish before handing back
+                    ctx.stream.synchronize()
+                ctx.settle()
+                raise
             ctx.settle()
-        return values
+        return out
+
+    def __await__(self):
+        from .aio import run_async
+        return run_async(self).__await__()
+
+    def graph(self):
+        """Record this op into a graph (a CUDA graph on the GPU) and return the ``Graph``.
+
+        Nothing runs now: ``g.launch()`` replays the recorded launches; ``g.output`` is the
+        output values (valid after a replay has been synchronized)."""
+        from .graph import record_graph
+        return record_graph(self)

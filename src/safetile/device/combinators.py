@@ -1,0 +1,174 @@
+"""Combinators: ``then``, ``map``, ``st.zip`` and ``shared`` (``first``/``last`` are maps).
+
+All of them are lazy: building one runs nothing. They run inside the execution that runs
+them (``sync``, ``await``, a graph record), on that execution's stream, so the work of one
+combinator tree is ordered in the order its parts are listed.
+
+Handing values to callbacks: ``then`` and ``map`` settle the execution (hand every value
+produced so far back to its owner) before calling the user's function, so the function can
+move the values on into the next launch. Work enqueued later on the same stream is ordered
+after the earlier work, which is what makes the early hand-back safe for the chained ops.
+"""
+from __future__ import annotations
+
+import threading
+
+from ..errors import ExecutionError
+from .op import DeviceOp, RunContext, attach_recovered, in_callback, spread
+
+
+def _check_op(value, what: str) -> DeviceOp:
+    if not isinstance(value, DeviceOp):
+        raise ExecutionError(f"{what} must be a DeviceOp, got {type(value).__name__} {value!r}"
+                             f"{' (use op.map(f) for host-side transforms)' if 'then' in what else ''}")
+    return value
+
+
+class ThenOp(DeviceOp):
+    """``prev.then(f)``: run ``prev``, hand its values back, run the op ``f(*values)`` returns."""
+
+    __slots__ = ("prev", "f")
+
+    def __init__(self, prev: DeviceOp, f):
+        if not callable(f):
+            raise TypeError(f"op.then(f) needs a callable, got {f!r}")
+        self.prev, self.f = prev, f
+
+    def __repr__(self) -> str:
+        return f"<ThenOp {self.prev!r} -> {getattr(self.f, '__name__', self.f)!r}>"
+
+    def _run(self, ctx: RunContext):
+        out = self.prev._run(ctx)
+        ctx.settle()              # the next op runs on ctx.stream: ordered after this work
+        try:
+            with in_callback("then"):
+                nxt = self.f(*spread(out))
+            _check_op(nxt, "the value returned by a `then` callback")
+        except BaseException as e:
+            attach_recovered(e, out)
+            raise
+        return nxt._run(ctx)
+
+    def _abandon(self) -> None:
+        self.prev._abandon()
+
+    def _host_bound(self) -> bool:
+        return self.prev._host_bound()
+
+
+class MapOp(DeviceOp):
+    """``op.map(f)``: the output is ``f(*values)``, computed on the host."""
+
+    __slots__ = ("inner", "f")
+
+    def __init__(self, inner: DeviceOp, f):
+        if not callable(f):
+            raise TypeError(f"op.map(f) needs a callable, got {f!r}")
+        self.inner, self.f = inner, f
+
+    def __repr__(self) -> str:
+        return f"<MapOp {self.inner!r} -> {getattr(self.f, '__name__', self.f)!r}>"
+
+    def _run(self, ctx: RunContext):
+        out = self.inner._run(ctx)
+        ctx.settle()
+        try:
+            with in_callback("map"):
+                return self.f(*spread(out))
+        except BaseException as e:
+            attach_recovered(e, out)
+            raise
+
+    def _abandon(self) -> None:
+        self.inner._abandon()
+
+    def _host_bound(self) -> bool:
+        return self.inner._host_bound()
+
+
+class ZipOp(DeviceOp):
+    """``st.zip(a, b, ...)``: runs each op in order; the output is the tuple of outputs."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops):
+        self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
+
+    def __repr__(self) -> str:
+        return f"<ZipOp of {len(self.ops)}>"
+
+    def _run(self, ctx: RunContext):
+        outs = []
+        for i, op in enumerate(self.ops):
+            try:
+                outs.append(op._run(ctx))
+            except BaseException as e:
+                for rest in self.ops[i + 1:]:     # they will not run: hand their values back
+                    rest._abandon()
+                attach_recovered(e, tuple(outs))
+                raise
+        return tuple(outs)
+
+    def _abandon(self) -> None:
+        for op in self.ops:
+            op._abandon()
+
+    def _host_bound(self) -> bool:
+        return any(op._host_bound() for op in self.ops)
+
+
+def zip(*ops) -> DeviceOp:  # noqa: A001 - exported as st.zip
+    """An op running ``ops`` in order whose output is the tuple of their outputs."""
+    return ZipOp(ops)
+
+
+class SharedOp(DeviceOp):
+    """``op.shared()``: every consumer gets the one output of a single run of ``op``.
+
+    The first consumer to run it runs the inner op (in its execution, on its stream). Later
+    consumers get the same output; on a different CUDA stream they first wait on an event
+    recorded after the inner work, so their work is ordered after it. Consumers of one
+    shared op must all run in eager executions, or all inside the same graph recording.
+    """
+
+    def __init__(self, inner: DeviceOp):
+        self.inner = _check_op(inner, "op.shared()'s op")
+        self._lock = threading.Lock()
+        self._done = False
+        self._out = None
+        self._error = None
+        self._event = None
+        self._stream = None
+        self._recording = None
+
+    def __repr__(self) -> str:
+        return f"<SharedOp {self.inner!r}{' ran' if self._done else ''}>"
+
+    def _run(self, ctx: RunContext):
+        with self._lock:
+            if not self._done:
+                self._done = True
+                self._recording = ctx.recording
+                try:
+                    self._out = self.inner._run(ctx)
+                except BaseException as e:
+                    self._error = e
+                    raise
+                if ctx.stream is not None and ctx.recording is None:
+                    import torch
+                    self._event = torch.cuda.Event()
+                    self._event.record(ctx.stream)
+                    self._stream = ctx.stream
+                return self._out
+        if self._error is not None:
+            raise ExecutionError(f"the shared op {self.inner!r} failed when its first consumer "
+                                 f"ran it: {self._error!r}") from self._error
+        if ctx.recording is not self._recording:
+            raise ExecutionError("a shared op was consumed both inside and outside a graph "
+                                 "recording (or in two recordings); consume it in one of them")
+        if self._event is not None and ctx.stream is not None and ctx.stream != self._stream:
+            ctx.stream.wait_event(self._event)
+        return self._out
+
+    def _host_bound(self) -> bool:
+        return not self._done and self.inner._host_bound()

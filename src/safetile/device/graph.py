@@ -1,0 +1,222 @@
+"""Graphs: record ops once, replay their launches many times.
+
+``op.graph()`` and ``with st.graph_scope() as s: s.record(op1); s.record(op2)`` *record*:
+the ops run their host side (``then`` / ``map`` callbacks run once, now) but each kernel
+launch is appended to the recording instead of executing, and every op's values are handed
+back at the end of its record, so borrows end between records (a write in one record and a
+read of the same tensor in the next is fine). Nothing may allocate while recording
+(``GraphCaptureError``): a replay reuses the recorded addresses.
+
+When the scope closes, the recording becomes a ``Graph``:
+
+* on the GPU (``triton`` backend) every recorded launch is compiled and loaded first (so no
+  compilation happens during capture), then captured into a ``torch.cuda.CUDAGraph`` on a
+  side stream; ``g.launch()`` replays it on the execution's stream;
+* on the CPU executor the graph *is* the recorded list, re-executed in order on replay.
+
+``g.launch()`` is a ``DeviceOp`` (sync, await, chain with ``then``). While a replay is in
+flight the graph borrows every storage it touches (whole storages: reads, and writes where
+any launch writes), so host access and other launches are checked as for any op.
+
+``g.update(op)`` re-records from a new op of the same structure (same kernels, variants and
+grids, in the same order) and re-captures: every argument baked into the graph (tensor
+addresses, scalars) is refreshed from the new op, and ``g.output`` becomes its output.
+Re-capturing (not copying into the captured buffers) keeps the new op's own tensors the
+ones that are written, so its handles remain the ones that hold the results.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..errors import GraphCaptureError
+from ..tensor import borrows
+from ..tensor.alloc import forbid_allocation
+from .op import DeviceOp, RunContext, executing
+
+
+class GraphScope:
+    """Records ops for one graph; ``scope.graph`` is the ``Graph`` once the scope closes."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        self.records: list = []          # KernelOps, in launch order
+        self.outputs: list = []          # one output per record() call
+        self.graph: Graph | None = None
+        self._closed = False
+
+    def record(self, op: DeviceOp):
+        """Record ``op`` and return its output (its values are handed back now)."""
+        if self._closed:
+            raise GraphCaptureError(f"{self.reason} is closed; record inside the `with` block")
+        if not isinstance(op, DeviceOp):
+            raise GraphCaptureError(f"record() takes a DeviceOp, got {type(op).__name__}")
+        with executing(f"a record into {self.reason}"):
+            ctx = RunContext(None, recording=self.records)
+            try:
+                out = op._run(ctx)
+            except BaseException:
+                op._abandon()
+                ctx.settle()
+                raise
+            ctx.settle()
+        self.outputs.append(out)
+        return out
+
+
+@contextlib.contextmanager
+def graph_scope(reason: str = "st.graph_scope()"):
+    """Record several ops into one graph: ``with st.graph_scope() as s: s.record(op)``.
+
+    After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
+    output) and ``s.launch()`` replays it."""
+    scope = GraphScope(reason)
+    with forbid_allocation(reason):
+        yield scope
+    scope._closed = True
+    scope.graph = Graph(scope.records, tuple(scope.outputs))
+
+
+def _record(ops, reason: str) -> GraphScope:
+    """Record ``ops`` into a fresh scope (not yet captured)."""
+    scope = GraphScope(reason)
+    with forbid_allocation(reason):
+        for op in ops:
+            scope.record(op)
+    scope._closed = True
+    return scope
+
+
+def record_graph(op: DeviceOp) -> "Graph":
+    """``op.graph()``: a graph of one op whose output is that op's output."""
+    scope = _record((op,), "op.graph()")
+    return Graph(scope.records, scope.outputs[0], single=True)
+
+
+def _launch(scope: GraphScope) -> DeviceOp:
+    if scope.graph is None:
+        raise GraphCaptureError(f"{scope.reason} is still recording; launch after the block")
+    return scope.graph.launch()
+
+
+GraphScope.launch = _launch
+
+
+def _structure(records) -> tuple:
+    """What a replacement recording must match for ``Graph.update``."""
+    out = []
+    for r in records:
+        args = tuple((b.spec.kind, b.torch.dtype, tuple(b.torch.shape), b.tile)
+                     if b.torch is not None else (b.spec.kind, type(b.value))
+                     for b in r.bound)
+        out.append((r.kernel.fn, r.kernel.opts, r.grid, r.backend, args))
+    return tuple(out)
+
+
+class Graph:
+    """Recorded launches replayed by ``launch()``; ``output`` is the recorded output."""
+
+    def __init__(self, records: list, output, single: bool = False):
+        self.output = output
+        self._single = single
+        self._set(records)
+
+    def __repr__(self) -> str:
+        return f"<Graph of {len(self.records)} launches on {self.backend}>"
+
+    def _set(self, records: list) -> None:
+        names = {r.backend.name for r in records}
+        if len(names) > 1:
+            raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
+                                    f"record ops of one backend")
+        self.records = list(records)
+        self.backend = names.pop() if names else "none"
+        self._borrows = self._borrow_plan()
+        self._cuda = None
+        if self.backend == "triton" and self.records:
+            self._capture()
+
+    def _borrow_plan(self):
+        """Whole-storage (read, write) byte views of everything the launches touch."""
+        storages: dict = {}
+        for r in self.records:
+            for b in r.bound:
+                t = b.torch
+                if t is None:
+                    continue
+                s = t.untyped_storage()
+                key = (t.device, s.data_ptr())
+                write = b.spec.kind != "In"
+                if key in storages:
+                    name, view, w = storages[key]
+                    storages[key] = (name, view, w or write)
+                else:
+                    view = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)
+                    storages[key] = (b.name, view, write)
+        reads = [(n, v) for n, v, w in storages.values() if not w]
+        writes = [(n, v) for n, v, w in storages.values() if w]
+        return reads, writes
+
+    def _capture(self) -> None:
+        for r in self.records:
+            r._prepare()                          # compile and load outside the capture
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            handle = side.cuda_stream
+            for r in self.records:
+                r._execute(handle)
+        torch.cuda.current_stream().wait_stream(side)
+        self._cuda = graph
+
+    def _replay(self, ctx: RunContext) -> None:
+        if self._cuda is not None:
+            self._cuda.replay()                   # on torch's current stream: ctx.stream
+        else:
+            for r in self.records:
+                r._execute(ctx.handle)
+
+    def launch(self) -> DeviceOp:
+        """A ``DeviceOp`` that replays the graph; its output is ``self.output``."""
+        return GraphLaunchOp(self)
+
+    def update(self, *ops) -> None:
+        """Re-record from ``ops`` (one per original record) and re-capture; see the module
+        docstring. Raises ``GraphCaptureError`` if the structure differs."""
+        scope = _record(ops, "graph.update()")
+        if _structure(scope.records) != _structure(self.records):
+            raise GraphCaptureError(
+                f"graph.update() needs ops with the structure of the recorded ones (same "
+                f"kernels, argument dtypes and shapes, grids, in order): recorded "
+                f"{[r.kernel.name for r in self.records]}, got "
+                f"{[r.kernel.name for r in scope.records]}")
+        self._set(scope.records)
+        outs = tuple(scope.outputs)
+        self.output = outs[0] if self._single else outs
+
+
+class GraphLaunchOp(DeviceOp):
+    """One replay of a ``Graph``."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+
+    def __repr__(self) -> str:
+        return f"<GraphLaunchOp {self.graph!r}>"
+
+    def _run(self, ctx: RunContext):
+        self._take()
+        g = self.graph
+        if ctx.recording is not None:             # a replay inside a recording: inline it
+            ctx.recording.extend(g.records)
+            return g.output
+        reads, writes = g._borrows
+        hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes)
+        ctx.defer(hold.release)
+        g._replay(ctx)
+        return g.output
+
+    def _host_bound(self) -> bool:
+        return self.graph.backend != "triton"
