@@ -1,0 +1,39 @@
+"""A local name bound once to a tile-shape constant stays a Triton constexpr.
+
+Triton 3.6 makes a plain local alias of a constexpr (``n = _st_z_t0``) a runtime value, so a
+tile shape built from it fails to compile (``arange's arguments must be of type
+tl.constexpr``). Kernels naturally write ``BM = z.shape[0]``; the code generator annotates
+such names ``tl.constexpr``. These tests compile for sm_90 without a GPU.
+"""
+import safetile as st
+import safetile.lang as sl
+
+
+@st.kernel
+def copy_by_alias(x: st.In[st.f32], z: st.Out[st.f32]):
+    n = z.shape[0]
+    z.store(x.load(z.index, (n,)))
+
+
+@st.kernel
+def rebound(x: st.In[st.f32], z: st.Out[st.f32], k: int):
+    n = 4
+    if k > 0:
+        n = k
+    z.store(x.load(z.index, z.shape) * n)
+
+
+def test_alias_of_a_tile_dimension_compiles_for_sm90():
+    x = st.zeros((256,), device="cpu")
+    z = st.empty((256,), device="cpu").partition((64,))
+    assert "n: tl.constexpr = _st_z_t0" in copy_by_alias.source(x, z)
+    compiled = copy_by_alias.compile(x, z)
+    assert "ld.global" in compiled.asm["ptx"]
+
+
+def test_a_name_bound_twice_stays_a_runtime_value():
+    x = st.zeros((256,), device="cpu")
+    z = st.empty((256,), device="cpu").partition((64,))
+    src = rebound.source(x, z, 3)
+    assert "n = 4" in src and "tl.constexpr = 4" not in src
+    rebound.compile(x, z, 3)
