@@ -23,7 +23,7 @@ class Builtin:
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        self.triton = triton        # Triton spelling, e.g. "tl.exp" or "_st_tanh" (prelude helper)
+        self.triton = triton        # Triton spelling, e.g. "tl.where" or "_st_m_exp" (prelude helper)
         self.unsafe = unsafe        # only inside @st.kernel(unsafe=True)
         self.atomic = atomic
 
@@ -62,35 +62,35 @@ def reset_implementation(token) -> None:
 def where(cond, a, b):
     """Element-wise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
 
-@builtin("tl.exp")
+@builtin("_st_m_exp")
 def exp(x):
     """e**x."""
 
-@builtin("tl.exp2")
+@builtin("_st_m_exp2")
 def exp2(x):
     """2**x."""
 
-@builtin("tl.log")
+@builtin("_st_m_log")
 def log(x):
     """Natural logarithm."""
 
-@builtin("tl.log2")
+@builtin("_st_m_log2")
 def log2(x):
     """Base-2 logarithm."""
 
-@builtin("tl.sqrt")
+@builtin("_st_m_sqrt")
 def sqrt(x):
     """Square root."""
 
-@builtin("tl.rsqrt")
+@builtin("_st_m_rsqrt")
 def rsqrt(x):
     """1 / sqrt(x)."""
 
-@builtin("tl.sin")
+@builtin("_st_m_sin")
 def sin(x):
     """Sine."""
 
-@builtin("tl.cos")
+@builtin("_st_m_cos")
 def cos(x):
     """Cosine."""
 
@@ -98,7 +98,7 @@ def cos(x):
 def tanh(x):
     """Hyperbolic tangent."""
 
-@builtin("tl.sigmoid")
+@builtin("_st_m_sigmoid")
 def sigmoid(x):
     """1 / (1 + e**-x)."""
 
