@@ -273,7 +273,7 @@ class BodyChecker(ast.NodeVisitor):
             return
         if r.kind == "function":
             for a in node.args:
-                if self.kind_of(a) is not None:
+                if self.kind_of(a) in ("In", "Out", "Ptr", "sub", "tile"):     # scalars may pass
                     self.fail(a, "call", f"views ('{a.id}') cannot be passed to @st.function "
                                          f"helpers; load a tile and pass that")
             if r.value not in self.info.functions:

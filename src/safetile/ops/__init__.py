@@ -1,0 +1,31 @@
+"""The kernel library, written in the safe language (no ``unsafe`` anywhere but the twins).
+
+Convention, shared by every op:
+
+- ``ops.name(inputs..., out=None, ...) -> DeviceOp``. Nothing runs until the op is synced,
+  awaited, chained or recorded. The op's output is its result tensor, or a tuple of them for
+  ops with several results (``add_rmsnorm`` gives ``(residual_sum, normed)``)::
+
+      z = ops.add(x, y).sync()
+      s, h = ops.add_rmsnorm(x, residual, weight, eps).sync()
+
+- Inputs are ``Tensor`` or ``Shared`` handles; they are held (read-only) while the op is in
+  flight and usable again afterwards. No dtype is converted implicitly.
+- Outputs the caller does not pass are allocated. Passing ``out=`` (and ``workspace=`` where
+  an op needs scratch) makes an op allocate nothing, so it can be recorded in a graph scope
+  and replayed: grout's decode step preallocates every buffer. A given ``out`` must have the
+  result's exact shape and dtype; the op partitions a fresh *view* of it, so the caller's
+  handle stays valid and holds the result after the op. Outputs never alias inputs (safe
+  ops cannot write what they read): in-place updates alternate between two buffers.
+- Math on fp16/bf16 inputs runs in fp32 and is rounded to the input dtype where the Hugging
+  Face Qwen3 reference rounds, so results match it.
+
+``host`` holds the shared host-side helpers; ``unsafe_twins`` (not imported here) exists only
+to measure the cost of safety.
+"""
+from .argmax import ArgmaxWorkspace, argmax, argmax_workspace  # noqa: F401
+from .elementwise import add, mul, silu_mul  # noqa: F401
+from .embedding import embedding  # noqa: F401
+from .norm import add_rmsnorm, rmsnorm  # noqa: F401
+from .rope import inv_freq_table, rope  # noqa: F401
+from .softmax import softmax  # noqa: F401

@@ -1,0 +1,105 @@
+"""Vocabulary argmax in two stages, the greedy-sampling step of decode.
+
+Stage 1: each program owns one entry of two small outputs and writes the max and the global
+index of the max of its block of ``B`` logits. Stage 2: one program reduces those partials and
+stores the token id. Both stages pick the first maximum (``tl.argmax`` breaks ties to the
+left), and blocks are in index order, so ties go to the lowest index, as ``torch.argmax``.
+NaN logits are not treated specially (torch would return a NaN's index).
+
+The partials live in a :class:`ArgmaxWorkspace` the caller may allocate once (decode graphs
+must not allocate); the token id stays on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import safetile as st
+import safetile.lang as sl
+
+from ..dtypes import DType
+from ..tensor import Tensor, alloc
+from . import host
+
+BLOCK = 1024                  # logits per stage-1 program (about 150 programs for Qwen3)
+MAX_BLOCKS = 16384            # partials one stage-2 program reduces
+
+
+@st.kernel
+def argmax_partial_kernel(x: st.In[st.floats, 1], values: st.Out[st.f32, 1],
+                          indices: st.Out[st.i32 | st.i64, 1], B: st.Const[int]):
+    """values[b], indices[b] = max and (global) first argmax of x[b*B : (b+1)*B]."""
+    b = values.index[0]
+    t = x.load((b,), (B,), padding=float("-inf")).astype(st.f32)
+    values.store(sl.max(t, 0))
+    indices.store(sl.argmax(t, 0) + b * B)
+
+
+@st.kernel
+def argmax_final_kernel(values: st.In[st.f32, 1], indices: st.In[st.i32 | st.i64, 1],
+                        out: st.Out[st.i32 | st.i64, 1], NB: st.Const[int]):
+    """out[0] = indices[first argmax of values] (NB: the partial count rounded up to 2^k)."""
+    v = values.load((0,), (NB,), padding=float("-inf"))
+    out.store(indices.load_scalar((sl.argmax(v, 0),)))
+
+
+_PARTIAL = host.Configured(argmax_partial_kernel)
+_FINAL = host.Configured(argmax_final_kernel)
+
+
+@dataclass
+class ArgmaxWorkspace:
+    """Stage-1 partials for logits of ``n`` entries: one (max, index) pair per block."""
+
+    values: Tensor
+    indices: Tensor
+    block: int
+
+    @property
+    def blocks(self) -> int:
+        return self.values.shape[0]
+
+
+def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
+                     block: int = BLOCK) -> ArgmaxWorkspace:
+    """Allocate the partials :func:`argmax` needs for ``n`` logits (do it outside graphs)."""
+    blocks = -(-n // block)
+    if blocks > MAX_BLOCKS:
+        raise ValueError(f"argmax over {n} entries in blocks of {block} needs {blocks} partials "
+                         f"(at most {MAX_BLOCKS}); use a larger block")
+    return ArgmaxWorkspace(alloc.empty((blocks,), dtype=st.f32, device=device),
+                           alloc.empty((blocks,), dtype=dtype, device=device), block)
+
+
+def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DType = st.i64,
+           block: int = BLOCK):
+    """The index of the largest entry of ``x`` (shape (n,) or (1, n); fp32, fp16 or bf16).
+
+    Returns a ``DeviceOp`` whose output is a (1,) tensor of ``dtype`` (int32 or int64;
+    ``out``'s dtype when given) on x's device. Pass ``out`` and ``workspace``
+    (:func:`argmax_workspace`) to allocate nothing, e.g. inside a graph scope."""
+    host.check_value("ops.argmax: x", x)
+    if x.ndim == 2 and x.shape[0] == 1 and isinstance(x, Tensor):
+        x = x.view(-1)
+    if x.ndim != 1:
+        raise ValueError(f"ops.argmax: x must be (n,) or (1, n), got shape {x.shape}")
+    n = x.shape[0]
+    if out is not None:
+        dtype = out.dtype
+    if dtype not in (st.i32, st.i64):
+        raise TypeError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
+    if workspace is None:
+        workspace = argmax_workspace(n, dtype, x.device, block)
+    if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype:
+        raise ValueError(f"ops.argmax: the workspace holds {workspace.blocks} "
+                         f"{workspace.indices.dtype!r} partials of {workspace.block}; "
+                         f"{n} logits need {-(-n // workspace.block)} of {dtype!r}")
+    z = host.output("ops.argmax: out", out, (1,), dtype, x.device)
+    ws = workspace
+    stage1 = _PARTIAL(host.warps_for(ws.block))(
+        x, ws.values.view(-1).partition((1,)), ws.indices.view(-1).partition((1,)), ws.block)
+    nb = host.next_pow2(ws.blocks)
+
+    def stage2(*_):
+        return _FINAL(host.warps_for(nb))(
+            ws.values, ws.indices, host.owned_view(z, (1,)).partition((1,)), nb)
+    return host.returning(stage1.then(stage2), z)

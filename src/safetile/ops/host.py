@@ -1,0 +1,136 @@
+"""Host-side plumbing shared by the library ops: argument checks, layouts, outputs, options.
+
+Every op follows one convention (see ``safetile.ops``): it checks its arguments, allocates the
+outputs it was not given, partitions *views* of the outputs (so the caller's own handles stay
+valid and come back usable after the op), and returns a lazy ``DeviceOp`` whose output is the
+op's result tensors. Nothing here launches work.
+"""
+from __future__ import annotations
+
+from ..dtypes import DType
+from ..tensor import Shared, Tensor
+from ..tensor import alloc
+
+# Elements of one program's tile for memory-bound kernels: large enough to amortize the
+# per-program prologue, small enough to keep many programs in flight on every SM.
+BLOCK = 4096
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def warps_for(elements: int) -> int:
+    """num_warps for a program that streams ``elements`` values: about 16 per thread."""
+    w = elements // (16 * 32)
+    return max(4, min(16, next_pow2(w)))
+
+
+def check_value(name: str, v) -> None:
+    """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
+    if not isinstance(v, (Tensor, Shared)):
+        raise TypeError(f"{name}: expected a safetile Tensor or Shared, got {type(v).__name__}"
+                        f" (wrap torch tensors with st.from_torch)")
+
+
+def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
+    """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{name}: expected a safetile Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype is not dtype:
+        raise ValueError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
+                         f"shape {tuple(out.shape)} and dtype {out.dtype!r}")
+    if out.device != device:
+        raise ValueError(f"{name}: on {out.device}, but the inputs are on {device}")
+
+
+def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
+    """``out`` checked, or a new tensor (which raises GraphCaptureError inside a graph scope)."""
+    if out is None:
+        return alloc.empty(tuple(shape), dtype=dtype, device=device)
+    check_out(name, out, shape, dtype, device)
+    return out
+
+
+def same_dtype(what: str, *values) -> DType:
+    """The common dtype of ``values``; nothing converts implicitly."""
+    dtypes = {v.dtype for v in values}
+    if len(dtypes) != 1:
+        raise TypeError(f"{what}: inputs have different dtypes {sorted(map(repr, dtypes))}; "
+                        f"convert explicitly first")
+    return next(iter(dtypes))
+
+
+def owned_view(out: Tensor, shape: tuple) -> Tensor:
+    """A fresh view of ``out`` with ``shape``, to be partitioned (consumed) by an op launch."""
+    return out.view(tuple(shape))
+
+
+def as_rows(name: str, v):
+    """``v`` as a 2-D (rows, last dim) view: 1-D becomes one row, N-D flattens leading dims.
+
+    Shared handles cannot be reshaped, so they must already be 2-D."""
+    if v.ndim == 2:
+        return v
+    if isinstance(v, Shared):
+        raise ValueError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
+    if v.ndim == 1:
+        return v.view(1, v.shape[0])
+    return v.view(-1, v.shape[-1])
+
+
+def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tensor]:
+    """Views of ``inputs`` and ``out`` (all of one shape) in a layout element-wise kernels tile.
+
+    When every input is a contiguous Tensor (or 1-D) the layout is flat 1-D, the fastest; else
+    it is 2-D (rows, last dim), which also covers strided views such as the two halves of a
+    fused projection. The output view is always a fresh view, so partitioning it leaves the
+    caller's handle intact."""
+    shape = tuple(out.shape)
+    for i, v in enumerate(inputs):
+        if tuple(v.shape) != shape:
+            raise ValueError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
+                             f"(no broadcasting)")
+    if all(v.ndim == 1 or (isinstance(v, Tensor) and v.is_contiguous()) for v in inputs):
+        return [v if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
+    if len(shape) != 2 and not all(isinstance(v, Tensor) and v.ndim >= 2 for v in inputs):
+        raise ValueError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
+    views = []
+    for v in inputs:
+        if v.ndim == 2:
+            views.append(v)
+        else:
+            try:
+                views.append(v.view(-1, shape[-1]))
+            except ValueError:
+                raise ValueError(f"{name}: an input of shape {shape} with strides "
+                                 f"{v.stride()} cannot be viewed as rows") from None
+    return views, out.view(-1, shape[-1]) if len(shape) != 1 else out.view(-1)
+
+
+def elementwise_tile(shape: tuple, block: int) -> tuple:
+    """Tile shape of about ``block`` elements for a 1-D or 2-D element-wise layout."""
+    if len(shape) == 1:
+        return (block,)
+    cols = min(next_pow2(shape[1]), block)
+    return (max(1, block // cols), cols)
+
+
+def returning(op, value):
+    """``op`` with output ``value`` (a tensor or a tuple of tensors) instead of its arguments."""
+    return op.map(lambda *_: value)
+
+
+class Configured:
+    """Per-num_warps copies of a kernel, made once (``kernel.options`` copies the kernel)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self._by_warps: dict = {}
+
+    def __call__(self, num_warps: int):
+        k = self._by_warps.get(num_warps)
+        if k is None:
+            k = self._by_warps[num_warps] = self.kernel.options(num_warps=num_warps)
+        return k

@@ -1,0 +1,137 @@
+"""sync and await on the CPU executor: await runs off the loop thread; errors come back."""
+import asyncio
+import time
+
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import ExecutionError, OutOfBoundsError
+
+
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@st.kernel
+def spin(x: st.In[st.f32], z: st.Out[st.f32], n: int):
+    acc = sl.load_like(x, z)
+    for i in range(n):
+        acc = acc * 0.5 + 1.0
+    z.store(acc)
+
+
+@st.kernel(unsafe=True, grid=(1,))
+def poke(p: st.Ptr[st.f32], at: int):
+    sl.store_ptr(p, sl.arange(4) + at, sl.zeros((4,), st.f32))
+
+
+def vec(*values):
+    return st.from_torch(torch.tensor(values, dtype=torch.float32))
+
+
+def out(n=4):
+    return st.empty((n,)).partition((2,))
+
+
+def test_await_returns_the_recovered_values():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+
+    async def main():
+        return await add(x, y, out())
+
+    rx, ry, z = asyncio.run(main())
+    assert rx is x and ry is y
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_await_does_not_block_the_event_loop():
+    ticks = []
+
+    async def ticker(stop):
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.002)
+
+    async def main():
+        stop = asyncio.Event()
+        task = asyncio.create_task(ticker(stop))
+        await asyncio.sleep(0)
+        t0 = time.perf_counter()
+        values = await spin(st.ones((64,)), st.empty((64,)).partition((1,)), 400)
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        await task
+        return values, elapsed, t0
+
+    (_, z, _), elapsed, t0 = asyncio.run(main())
+    during = [t for t in ticks if t0 < t < t0 + elapsed]
+    assert elapsed > 0.05                       # the kernel is long enough to matter
+    assert len(during) >= 5, f"only {len(during)} ticks during {elapsed:.3f} s"
+    assert torch.allclose(z.unpartition().to_torch(), torch.full((64,), 2.0), atol=1e-3)
+
+
+def test_many_ops_awaited_concurrently_all_complete():
+    async def one(i):
+        _, _, z = await add(vec(i, i, i, i), vec(1, 1, 1, 1), out())
+        return z.unpartition().to_torch()[0].item()
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(20)))
+
+    assert asyncio.run(main()) == [i + 1 for i in range(20)]
+
+
+def test_an_error_inside_an_awaited_op_reaches_the_awaiter_with_the_values_recovered():
+    t = st.zeros((4,))
+    with st.unsafe():
+        op = poke(t, 10)
+
+    async def main():
+        await op
+
+    with pytest.raises(OutOfBoundsError, match="outside 'p'") as info:
+        asyncio.run(main())
+    assert info.value.recovered == (t, 10)
+    assert t.to_torch().tolist() == [0, 0, 0, 0]          # ownership restored
+
+
+def test_an_error_inside_a_synced_op_restores_ownership():
+    t = st.zeros((4,))
+    with st.unsafe():
+        op = poke(t, 10)
+    with pytest.raises(OutOfBoundsError):
+        op.sync()
+    t.partition((2,))                                     # live again: can be moved
+
+
+def test_an_error_in_a_then_chain_hands_back_the_earlier_values_too():
+    x, y, z = vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()
+    t = st.zeros((4,))
+
+    def bad(x, y, z):
+        with st.unsafe():
+            return poke(t, 10)
+
+    with pytest.raises(OutOfBoundsError):
+        add(x, y, z).then(bad).sync()
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+    assert t.to_torch().tolist() == [0, 0, 0, 0]
+
+
+def test_execution_inside_a_then_callback_raises_under_await_too():
+    other = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out())
+
+    async def main():
+        await add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()).then(lambda *v: other.sync())
+
+    with pytest.raises(ExecutionError, match="`then` callback"):
+        asyncio.run(main())
+
+
+def test_sync_accepts_an_explicit_stream_argument():
+    # Without CUDA there are no streams: stream=None is the default policy.
+    _, _, z = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out()).sync(stream=None)
+    assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]

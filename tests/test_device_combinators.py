@@ -1,0 +1,180 @@
+"""DeviceOp combinators on the CPU executor: then, map, st.zip, first, last, shared."""
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import ExecutionError, MovedError
+
+
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@st.kernel
+def scale(x: st.In[st.f32], z: st.Out[st.f32], k: float):
+    z.store(sl.load_like(x, z) * k)
+
+
+def vec(*values):
+    return st.from_torch(torch.tensor(values, dtype=torch.float32))
+
+
+def out(n=4):
+    return st.empty((n,)).partition((2,))
+
+
+def test_sync_returns_every_argument_in_parameter_order_scalars_included():
+    x, z = vec(1, 2, 3, 4), out()
+    rx, rz, rk = scale(x, z, 3.0).sync()
+    assert rx is x and rz is z and rk == 3.0
+    assert rz.unpartition().to_torch().tolist() == [3, 6, 9, 12]
+
+
+def test_building_an_op_runs_nothing_until_it_is_synced():
+    calls = []
+    op = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()).map(lambda *v: calls.append(v) or v)
+    assert isinstance(op, st.DeviceOp) and calls == []
+    _, _, z = op.sync()
+    assert len(calls) == 1
+    assert z.unpartition().to_torch().tolist() == [2, 2, 2, 2]
+
+
+def test_then_passes_the_values_positionally_and_returns_the_next_ops_output():
+    seen = []
+
+    def next_op(x, y, z):
+        seen.append((x, y, z))
+        return scale(z.unpartition(), out(), 10.0)
+
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    op = add(x, y, out()).then(next_op)
+    s, r, k = op.sync()
+    assert seen[0][0] is x and seen[0][1] is y
+    assert r.unpartition().to_torch().tolist() == [20, 30, 40, 50]
+    assert k == 10.0
+
+
+def test_then_hands_values_back_before_the_callback_runs():
+    def check_live(x, y, z):
+        assert x.shape == (4,)          # a moved handle would raise MovedError here
+        return add(x, y, z.unpartition().partition((2,)))
+
+    x, y, z = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(check_live).sync()
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_then_callbacks_chain_in_order():
+    x = vec(1, 1, 1, 1)
+    op = scale(x, out(), 2.0)
+    for _ in range(3):
+        op = op.then(lambda x, z, k: scale(z.unpartition(), out(), 2.0))
+    _, z, _ = op.sync()
+    assert z.unpartition().to_torch().tolist() == [16, 16, 16, 16]
+
+
+def test_then_callback_must_return_an_op_and_the_values_are_recovered():
+    x, y, z = vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()
+    with pytest.raises(ExecutionError, match="DeviceOp") as info:
+        add(x, y, z).then(lambda x, y, z: 42).sync()
+    assert info.value.recovered == (x, y, z)
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_map_is_a_host_transform_of_the_values():
+    total = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(
+        lambda x, y, z: float(z.unpartition().to_torch().sum())).sync()
+    assert total == 14.0
+
+
+def test_first_and_last_select_an_output_value():
+    x = vec(1, 2, 3, 4)
+    assert add(x, vec(0, 0, 0, 0), out()).first().sync() is x
+    z = scale(vec(1, 2, 3, 4), out(), 1.0).map(lambda x, z, k: (z, k)).last().sync()
+    assert z == 1.0
+
+
+def test_zip_output_is_the_tuple_of_each_ops_output():
+    a = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out())
+    b = scale(vec(1, 2, 3, 4), out(), 2.0).last()
+    (ax, ay, az), bk = st.zip(a, b).sync()
+    assert az.unpartition().to_torch().tolist() == [2, 2, 2, 2]
+    assert bk == 2.0
+
+
+def test_zip_rejects_non_ops():
+    with pytest.raises(ExecutionError, match="st.zip argument 1"):
+        st.zip(add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()), 3)
+
+
+def test_shared_runs_once_however_many_consumers():
+    runs = []
+
+    def count(*values):
+        runs.append(1)
+        return values
+
+    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(count).shared()
+    left, right = st.zip(s.map(lambda x, y, z: z), s.map(lambda x, y, z: x)).sync()
+    assert len(runs) == 1
+    assert left.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_shared_consumers_can_run_in_separate_executions():
+    runs = []
+    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(
+        lambda *v: runs.append(1) or v).shared()
+    z1 = s.last().sync()
+    z2 = s.last().sync()
+    assert z1 is z2 and len(runs) == 1
+
+
+def test_an_op_runs_only_once():
+    op = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out())
+    op.sync()
+    with pytest.raises(ExecutionError, match="already run"):
+        op.sync()
+
+
+def test_moved_arguments_are_unusable_until_the_op_hands_them_back():
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    with pytest.raises(MovedError, match="kernel 'add'"):
+        x.to_torch()
+    op.sync()
+    assert x.to_torch().tolist() == [1, 2, 3, 4]
+
+
+def test_starting_execution_inside_a_then_callback_raises_and_nothing_is_lost():
+    inner_x = vec(5, 5, 5, 5)
+    inner = scale(inner_x, out(), 1.0)
+    x, y, z = vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()
+    with pytest.raises(ExecutionError, match="`then` callback"):
+        add(x, y, z).then(lambda *v: inner.sync()).sync()
+    assert x.to_torch().tolist() == [1, 2, 3, 4]          # handed back
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_starting_execution_inside_a_map_callback_raises():
+    other = scale(vec(1, 1, 1, 1), out(), 1.0)
+    with pytest.raises(ExecutionError, match="`map` callback"):
+        add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()).map(lambda *v: other.sync()).sync()
+
+
+def test_a_failed_zip_hands_back_the_arguments_of_ops_that_never_ran():
+    later_x = vec(7, 7, 7, 7)
+    later = scale(later_x, out(), 1.0)
+    failing = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()).then(lambda *v: None)
+    with pytest.raises(ExecutionError):
+        st.zip(failing, later).sync()
+    assert later_x.to_torch().tolist() == [7, 7, 7, 7]
+
+
+def test_then_map_need_callables():
+    op = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out())
+    with pytest.raises(TypeError):
+        op.then(3)
+    with pytest.raises(TypeError):
+        op.map(None)
+    op.sync()

@@ -1,0 +1,135 @@
+"""Graphs on the CPU executor: op.graph(), st.graph_scope(), replay, update, capture rules."""
+import asyncio
+
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import ExecutionError, GraphCaptureError
+
+
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@st.kernel
+def inc(z: st.Out[st.f32]):
+    z.store(z.load() + 1.0)
+
+
+def vec(*values):
+    return st.from_torch(torch.tensor(values, dtype=torch.float32))
+
+
+def test_recording_runs_nothing_and_each_replay_runs_the_launches():
+    z = st.zeros((4,)).partition((2,))
+    g = inc(z).graph()
+    t = g.output[0].unpartition()              # the same storage the graph writes
+    assert t.to_torch().tolist() == [0, 0, 0, 0]
+    for _ in range(3):
+        g.launch().sync()
+    assert t.to_torch().tolist() == [3, 3, 3, 3]
+
+
+def test_graph_output_is_the_recorded_ops_output():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    g = add(x, y, st.empty((4,)).partition((2,))).graph()
+    rx, ry, z = g.launch().sync()
+    assert (rx, ry, z) == g.output and rx is x
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_a_replay_can_be_awaited_and_chained_with_then():
+    z = st.zeros((4,)).partition((2,))
+    g = inc(z).graph()
+    g.launch().then(lambda z: g.launch()).sync()
+
+    async def main():
+        return await g.launch()
+
+    (z,) = asyncio.run(main())
+    assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
+
+
+def test_borrows_end_between_records_so_a_write_then_a_read_works():
+    x = vec(1, 2, 3, 4)
+    z = st.zeros((4,))
+    w = st.empty((4,))
+    with st.graph_scope() as s:
+        (zp,) = s.record(inc(z.partition((2,))))
+        z = zp.unpartition()
+        _, z, wp = s.record(add(x, z, w.partition((2,))))
+    s.launch().sync()
+    assert wp.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+    assert len(s.graph.records) == 2 and len(s.graph.output) == 2
+
+
+def test_allocating_inside_a_graph_scope_raises():
+    with st.graph_scope():
+        with pytest.raises(GraphCaptureError, match="allocates inside st.graph_scope"):
+            st.zeros((4,))
+
+
+def test_recording_an_op_that_allocates_raises_and_hands_the_values_back():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    op = add(x, y, st.empty((4,)).partition((2,))).then(
+        lambda x, y, z: add(x, y, st.empty((4,)).partition((2,))))
+    with pytest.raises(GraphCaptureError):
+        op.graph()
+    assert x.to_torch().tolist() == [1, 2, 3, 4]
+
+
+def test_starting_execution_inside_a_then_callback_while_recording_raises():
+    other = inc(st.zeros((4,)).partition((2,)))
+    z = st.zeros((4,))
+    with pytest.raises(ExecutionError, match="`then` callback"):
+        with st.graph_scope() as s:
+            s.record(inc(z.partition((2,))).then(lambda z: other.sync()))
+
+
+def test_update_rebinds_the_inputs_baked_into_the_graph():
+    y = vec(1, 1, 1, 1)
+    g = add(vec(1, 2, 3, 4), y, st.empty((4,)).partition((2,))).graph()
+    _, y, z = g.launch().sync()
+    g.update(add(vec(10, 20, 30, 40), y, z.unpartition().partition((2,))))
+    _, _, z = g.launch().sync()
+    assert z.unpartition().to_torch().tolist() == [11, 21, 31, 41]
+
+
+def test_update_with_a_different_structure_raises():
+    g = inc(st.zeros((4,)).partition((2,))).graph()
+    with pytest.raises(GraphCaptureError, match="structure"):
+        g.update(inc(st.zeros((8,)).partition((2,))))
+
+
+def test_a_replay_inside_a_recording_inlines_the_graphs_launches():
+    z = st.zeros((4,)).partition((2,))
+    inner = inc(z).graph()
+    with st.graph_scope() as s:
+        s.record(inner.launch())
+        s.record(inner.launch())
+    s.launch().sync()
+    assert len(s.graph.records) == 2
+    assert inner.output[0].unpartition().to_torch().tolist() == [2, 2, 2, 2]
+
+
+def test_a_replay_runs_once_per_launch_op():
+    g = inc(st.zeros((4,)).partition((2,))).graph()
+    op = g.launch()
+    op.sync()
+    with pytest.raises(ExecutionError, match="already run"):
+        op.sync()
+
+
+def test_an_empty_scope_gives_a_graph_that_does_nothing():
+    with st.graph_scope() as s:
+        pass
+    assert s.launch().sync() == ()
+
+
+def test_launching_before_the_scope_closes_raises():
+    with st.graph_scope() as s:
+        with pytest.raises(GraphCaptureError, match="still recording"):
+            s.launch()
