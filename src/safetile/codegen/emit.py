@@ -313,6 +313,15 @@ class Emitter:
                 owned = isinstance(index, ast.Attribute) and index.attr == "index" and \
                     self.view_kind(index.value) in ("Out", "tile")
                 return self.in_load(node, f.value, index, shape, pad, nonneg=owned)
+            if method == "load_at":
+                s = self.specs[name]
+                offset = node.args[0] if node.args else _kw(node, "offset")
+                shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
+                pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
+                e = ", ".join(self.parts(offset, s.rank))
+                shp = ", ".join(self.parts(shape, s.rank))
+                helper = self.use(f"_st_loadat{s.rank}")
+                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad)})"
             if method == "load_scalar":
                 s = self.specs[name]
                 index = node.args[0]

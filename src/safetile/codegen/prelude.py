@@ -94,6 +94,19 @@ def sub_tile(r: int, store: bool) -> str:
     return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
 
 
+def load_at(r: int) -> str:
+    """A box of shape ``(t0, ...)`` starting at element ``(e0, ...)``: masked on every side."""
+    head = (f"def _st_loadat{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('e', r)}, "
+            f"{_cargs('t', r)}, pad: tl.constexpr):")
+    body = []
+    for k in range(r):
+        body.append(f"    o{k} = e{k} + tl.arange(0, t{k})")
+    body.append("    off = " + " + ".join(f"o{k}{_bcast(k, r)} * s{k}" for k in range(r)))
+    body.append("    m = " + " & ".join(f"((o{k} >= 0) & (o{k} < n{k})){_bcast(k, r)}" for k in range(r)))
+    body.append("    return tl.load(ptr + off, mask=m, other=pad)")
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
 def load_scalar(r: int) -> str:
     head = f"def _st_scalar{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('e', r)}, pad: tl.constexpr):"
     m = " & ".join(f"(e{k} >= 0) & (e{k} < n{k})" for k in range(r))
@@ -128,7 +141,8 @@ def helper_source(name: str) -> str:
         return fp32_math(name[len("_st_m_"):])
     for prefix, make in (("_st_substore", lambda r: sub_tile(r, True)),
                          ("_st_subload", lambda r: sub_tile(r, False)),
-                         ("_st_scalar", load_scalar), ("_st_load", load_tile),
+                         ("_st_scalar", load_scalar), ("_st_loadat", load_at),
+                         ("_st_load", load_tile),
                          ("_st_store", store_tile)):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return make(int(name[len(prefix):]))

@@ -20,7 +20,7 @@ class ArgSpec:
     group_size: int = 0                # Out: grouped order
     persistent: bool = False           # Out: programs iterate over several tiles
     value: Any = None                  # Const: the value
-    tma: bool = False                  # In: tensor-descriptor loads allowed (layout fits TMA)
+    tma: bool = False                  # In loads / Out stores: the layout fits a tensor descriptor
 
 
 @dataclass(frozen=True)
@@ -31,3 +31,7 @@ class VariantKey:
     tma: bool = True
     num_warps: Optional[int] = None
     num_stages: Optional[int] = None
+    flatten: bool = False              # persistent tiles loop: tl.range(..., flatten=True)
+    warp_specialize: bool = False      # persistent tiles loop: tl.range(..., warp_specialize=True)
+    loop_stages: Optional[int] = None  # innermost range loops: tl.range(..., num_stages=n)
+    tma_store: bool = False            # the owned tile's single store through a descriptor

@@ -55,6 +55,13 @@ class InView:
         index = _ints(index, r, f"load of '{self.name}': index")
         return Tile(_read_box(self._t, [i * s for i, s in zip(index, shape)], shape, padding))
 
+    def load_at(self, offset, shape, padding=0):
+        """The box of ``shape`` starting at element ``offset`` (any ints, negative too)."""
+        r = self._t.dim()
+        shape = _ints(shape, r, f"load_at of '{self.name}': shape")
+        offset = _ints(offset, r, f"load_at of '{self.name}': offset")
+        return Tile(_read_box(self._t, list(offset), shape, padding))
+
     def load_scalar(self, index, padding=0):
         e = _ints(index, self._t.dim(), f"load_scalar of '{self.name}': index")
         if all(0 <= i < n for i, n in zip(e, self.shape)):

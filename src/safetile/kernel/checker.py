@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .source import KernelSource, Scope, assigned_names
 
-IN_METHODS = {"load", "load_scalar"}
+IN_METHODS = {"load", "load_at", "load_scalar"}
 IN_ATTRS = {"shape"}
 OUT_METHODS = {"load", "store", "partition", "tiles"}
 OUT_ATTRS = {"shape", "index"}

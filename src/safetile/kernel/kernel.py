@@ -12,7 +12,8 @@ from .source import KernelSource
 
 _unsafe_depth = threading.local()
 
-LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma"}
+LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
+                  "loop_stages", "tma_store"}
 
 
 @contextlib.contextmanager
@@ -89,7 +90,19 @@ class Kernel:
         return params
 
     def options(self, **opts) -> "Kernel":
-        """A copy of this kernel with launch options (num_warps, num_stages, grid, tma)."""
+        """A copy of this kernel with launch options.
+
+        ``num_warps``, ``num_stages``, ``grid``, ``tma`` (tensor-descriptor loads and stores
+        where the layout allows), and two hints for the persistent ``for t in z.tiles():``
+        loop, which change scheduling but never the tile -> program map: ``flatten`` (fuse it
+        with the inner loop so the next tile's loads overlap this tile's epilogue) and
+        ``warp_specialize`` (Triton's producer/consumer warp groups); and ``loop_stages=n``,
+        which software-pipelines every innermost ``for ... in range(...)`` loop ``n`` deep,
+        all its loads included (``num_stages`` pipelines only loads that feed ``sl.mma``).
+        ``tma_store=True`` writes an Out's owned tile through a tensor descriptor when the
+        kernel stores it once and never reads it back (it costs a shared-memory staging
+        buffer of one tile, hence opt-in).
+        """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:
             raise TypeError(f"unknown launch option(s) {sorted(unknown)}; "

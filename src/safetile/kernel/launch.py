@@ -168,7 +168,7 @@ def variant_key(kernel, bound) -> VariantKey:
                 o = b.order
                 specs.append(ArgSpec(b.name, kind, dtype, rank, tile=b.tile,
                                      order=o.kind, group_size=o.group_size if o.kind == "grouped" else 0,
-                                     persistent=o.persistent is not None))
+                                     persistent=o.persistent is not None, tma=_tma_ok(b.torch)))
             else:
                 specs.append(ArgSpec(b.name, kind, dtype, rank, tma=kind == "In" and _tma_ok(b.torch)))
         elif kind == "Const":
@@ -176,7 +176,9 @@ def variant_key(kernel, bound) -> VariantKey:
         else:
             specs.append(ArgSpec(b.name, kind))
     o = kernel.opts
-    return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"))
+    return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"),
+                      bool(o.get("flatten", False)), bool(o.get("warp_specialize", False)),
+                      o.get("loop_stages"), bool(o.get("tma_store", False)))
 
 
 def variant_for(kernel, args, kwargs) -> Variant:

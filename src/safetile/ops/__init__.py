@@ -24,8 +24,14 @@ Convention, shared by every op:
 to measure the cost of safety.
 """
 from .argmax import ArgmaxWorkspace, argmax, argmax_workspace  # noqa: F401
+from .decode_attention import (DecodeWorkspace, decode_attention,  # noqa: F401
+                               decode_attention_merge, decode_attention_split)
+from .flash_attention import flash_attention  # noqa: F401
+from .kv_cache import kv_append, kv_append_many  # noqa: F401
 from .elementwise import add, mul, silu_mul  # noqa: F401
 from .embedding import embedding  # noqa: F401
+from .gemv import GemvConfig, gemv  # noqa: F401
+from .matmul import MatmulConfig, linear, matmul  # noqa: F401
 from .norm import add_rmsnorm, rmsnorm  # noqa: F401
 from .rope import inv_freq_table, rope  # noqa: F401
 from .softmax import softmax  # noqa: F401

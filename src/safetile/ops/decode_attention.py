@@ -1,0 +1,179 @@
+"""Split-KV decode attention: one query token per head against a long KV cache.
+
+Layout:
+- ``q``: (Hq, D), one token; ``k_cache``, ``v_cache``: (Hkv, max_seq, D); ``out``: (Hq, D).
+- ``length``: a device int32 tensor of shape (1,); the first ``length + length_offset``
+  positions of the cache are attended. Nothing about the length is known on the host, so one
+  captured CUDA graph serves every decode step (grout passes its position tensor with
+  ``length_offset=1``: the token just appended at ``pos`` attends positions ``0..pos``).
+
+Decode reads the whole cache once, so it is bandwidth-bound, and it has one query row per
+head, too little work for one program per head. Two kernels:
+
+1. ``decode_split_kernel``: program (kv head, split) owns one tile of the fp32 partial output
+   (Hkv, splits, GP, D) and one of the log-sum-exps (Hkv, splits, GP, 1). It takes every q head
+   of its group at once (a (GP, D) tile, GP = the group size padded to a power of two >= 16 for
+   the tensor cores), so each KV block is read once per group, not once per q head. The
+   splits divide the valid length evenly at run time, in whole key blocks; a split past the
+   end stores an empty result (output 0, log-sum-exp -inf).
+2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
+   partial rows weighted by ``exp2(lse_s - max lse)``.
+"""
+from __future__ import annotations
+
+import math
+
+import safetile as st
+import safetile.lang as sl
+
+from . import host
+from .flash_attention import LOG2E, check_gqa, online_softmax_step
+
+# Rows of the group tile: tl.dot needs at least 16 rows.
+MIN_GROUP_ROWS = 16
+
+
+@st.kernel
+def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
+                        length: st.In[st.i32, 1], o: st.Out[st.f32, 4], lse: st.Out[st.f32, 4],
+                        qk_scale: float, BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int]):
+    """Partial attention of one kv head's q group over one split of the valid cache."""
+    kvh, split, _, _ = o.index
+    group = q.shape[0] // k.shape[0]
+    # The launch has one program per (kv head, split): the split count is the grid's.
+    num_splits = sl.num_blocks(0) // k.shape[0]
+    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    chunk = sl.cdiv(sl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    stop = min(start + chunk, n)
+    # Rows past the group read the next heads' queries (or zeros past the last head): finite
+    # values whose results the merge never reads.
+    qt = q.load_at((kvh * group, 0), (o.shape[2], o.shape[3]))
+    m_i = sl.full((o.shape[2],), float("-inf"), st.f32)
+    l_i = sl.zeros((o.shape[2],), st.f32)
+    acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
+    for j in range(start // BLOCK_N, sl.cdiv(stop, BLOCK_N)):
+        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        cols = j * BLOCK_N + sl.arange(BLOCK_N)
+        valid = cols < stop
+        s = sl.where(valid[None, :], sl.matmul(qt, kt.T) * qk_scale, float("-inf"))
+        # Cache rows past the length may hold anything (even NaN): 0 * NaN would poison P @ V.
+        vt = sl.where(valid[:, None], vt, 0.0)
+        m_i, l_i, acc = online_softmax_step(s, vt, m_i, l_i, acc)
+    has = l_i > 0.0
+    l_safe = sl.where(has, l_i, 1.0)
+    o.store(sl.reshape(acc / l_safe[:, None], (1, 1, o.shape[2], o.shape[3])))
+    lse.store(sl.reshape(sl.where(has, m_i + sl.log2(l_safe), float("-inf")),
+                         (1, 1, o.shape[2], 1)))
+
+
+@st.kernel
+def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Out[st.floats, 2],
+                        GROUP: st.Const[int], SPLITS: st.Const[int]):
+    """out[h] = sum_s w_s po[g, s, r] / sum_s w_s, w_s = exp2(lse_s - max lse), h = g*GROUP + r."""
+    h, _ = out.index
+    kvh = h // GROUP
+    r = h % GROUP
+    # Splits past the launch's count read lse = -inf: weight 0.
+    lse = sl.reshape(plse.load((kvh, 0, r, 0), (1, SPLITS, 1, 1), padding=float("-inf")),
+                     (SPLITS,))
+    parts = sl.reshape(po.load((kvh, 0, r, 0), (1, SPLITS, 1, out.shape[1])),
+                       (SPLITS, out.shape[1]))
+    w = sl.exp2(lse - sl.max(lse, 0))
+    out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.sum(w, 0), (1, out.shape[1])))
+
+
+def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
+    """Splits per kv head: about 512 programs in all (a few per SM of an H100/H200, enough
+    loads in flight to stream the cache at full bandwidth), never more than the cache has
+    key blocks."""
+    want = host.next_pow2(max(1, 512 // n_kv_heads))
+    return max(1, min(want, -(-max_seq // block_n)))
+
+
+class DecodeWorkspace:
+    """The fp32 partial outputs and log-sum-exps of the split kernel.
+
+    Allocate it once, outside any graph scope, and pass it to every decode step: the ops
+    partition views of it, so the same buffers serve each captured step."""
+
+    def __init__(self, n_kv_heads: int, group: int, head_dim: int, num_splits: int,
+                 device=None):
+        self.group, self.num_splits = group, num_splits
+        self.rows = max(MIN_GROUP_ROWS, host.next_pow2(group))
+        self.partial = st.empty((n_kv_heads, num_splits, self.rows, head_dim), dtype=st.f32,
+                                device=device)
+        self.lse = st.empty((n_kv_heads, num_splits, self.rows, 1), dtype=st.f32, device=device)
+
+    @classmethod
+    def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int = 64):
+        """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
+        hkv, max_seq, d = k_cache.shape
+        splits = num_splits or default_splits(hkv, max_seq, block_n)
+        return cls(hkv, q.shape[0] // hkv, d, splits, device=q.device)
+
+
+_SPLIT: dict = {}
+
+
+def _split_kernel(num_warps: int, num_stages: int):
+    key = (num_warps, num_stages)
+    if key not in _SPLIT:
+        _SPLIT[key] = decode_split_kernel.options(num_warps=num_warps, num_stages=num_stages)
+    return _SPLIT[key]
+
+
+def _check_length(length) -> None:
+    host.check_value("ops.decode_attention: length", length)
+    if length.dtype is not st.i32 or tuple(length.shape) != (1,):
+        raise ValueError(f"ops.decode_attention: length must be an int32 tensor of shape (1,), "
+                         f"got {length.dtype!r} {tuple(length.shape)}")
+
+
+def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspace, *,
+                           scale: float | None = None, length_offset: int = 0,
+                           block_n: int = 64, num_warps: int = 4, num_stages: int = 3):
+    """The split kernel alone: fills ``workspace``; the op's output is the workspace."""
+    hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
+    _check_length(length)
+    ws = workspace
+    if (tuple(ws.partial.shape) != (hkv, ws.num_splits, ws.rows, d) or ws.group != hq // hkv):
+        raise ValueError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
+                         f"group {ws.group}) does not fit q {q.shape} and the cache "
+                         f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
+    pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
+    op = _split_kernel(num_warps, num_stages)(q, k_cache, v_cache, length, po, pl,
+                                              scale * LOG2E, block_n, length_offset)
+    return host.returning(op, ws)
+
+
+def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int = 4):
+    """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D)."""
+    ws = workspace
+    hq, d = out.shape
+    op = decode_merge_kernel.options(num_warps=num_warps)(
+        ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
+        ws.group, host.next_pow2(ws.num_splits))
+    return host.returning(op, out)
+
+
+def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
+                     scale: float | None = None, length_offset: int = 0, block_n: int = 64,
+                     num_splits: int | None = None, num_warps: int = 4, num_stages: int = 3):
+    """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
+    positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
+
+    ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
+    :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
+    given; pass both inside graph scopes. Returns a ``DeviceOp`` whose output is ``out``.
+    """
+    hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
+    z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
+    ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
+    split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
+                                   length_offset=length_offset, block_n=block_n,
+                                   num_warps=num_warps, num_stages=num_stages)
+    return split.then(lambda ws: decode_attention_merge(ws, z))

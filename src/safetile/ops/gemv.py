@@ -1,0 +1,88 @@
+"""Matrix-vector product ``y = W x`` for batch-1 decode: bandwidth-bound, fp32 accumulation.
+
+``W`` is an ``(N, K)`` weight (nn.Linear layout), ``x`` a ``(K,)`` vector. Each program owns
+``BN`` consecutive outputs and streams its ``BN`` rows of ``W`` in ``(BN, BK)`` blocks (wide,
+coalesced loads; tensor-descriptor loads where the layout allows), multiplying by the matching
+slice of ``x`` into a ``(BN, BK)`` fp32 accumulator that is reduced across ``K`` once at the
+end. The work is all in streaming ``W`` once: the time floor is ``N * K * 2`` bytes over
+the memory bandwidth, so the config keeps enough programs resident on every SM (small ``BN``
+for small ``N``) and enough bytes in flight per program (``BK`` and pipeline stages).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import safetile as st
+import safetile.lang as sl
+
+from . import host
+
+IN_DTYPES = st.bf16 | st.f16 | st.f32
+OUT_DTYPES = st.bf16 | st.f16 | st.f32
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Rows per program ``bn``, K block ``bk``, warps, and the K loop's pipeline depth."""
+
+    bn: int
+    bk: int
+    num_warps: int
+    num_stages: int
+    tma: bool = True
+
+
+def choose_config(n: int, k: int, sms: int = 132) -> GemvConfig:
+    """Rows per program so that the launch has several programs per SM: with every program
+    resident at once, the HBM stream is shared evenly and no wave is left half empty."""
+    bn = 16
+    while bn > 4 and n // bn < 3 * sms:
+        bn //= 2
+    return GemvConfig(bn, 256, 4, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(BK: int):
+    """The gemv kernel for K block ``BK`` (a compile-time constant of the body)."""
+
+    @st.kernel
+    def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1]):
+        """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32."""
+        i = y.index[0]
+        acc = sl.zeros((y.shape[0], BK), st.f32)
+        for k in range(sl.cdiv(w.shape[1], BK)):
+            wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
+            xt = x.load((k,), (BK,)).astype(st.f32)
+            acc += wt * xt[None, :]
+        y.store(sl.sum(acc, 1))
+
+    return gemv_rows
+
+
+def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) -> st.DeviceOp:
+    """``W @ x`` for a weight ``w`` ``(N, K)`` and a vector ``x`` ``(K,)`` (or ``(1, K)``).
+
+    Returns a ``DeviceOp`` whose output is ``y`` of shape ``(N,)`` (``(1, N)`` for a row
+    ``x``), in ``out_dtype`` (default: ``w``'s dtype); ``out`` writes a preallocated result.
+    """
+    host.check_value("ops.gemv: w", w)
+    host.check_value("ops.gemv: x", x)
+    if w.ndim != 2:
+        raise ValueError(f"ops.gemv: w must be an (N, K) matrix, got shape {w.shape}")
+    n, k = w.shape
+    row = x.ndim == 2
+    if tuple(x.shape) not in ((k,), (1, k)):
+        raise ValueError(f"ops.gemv: x must have shape ({k},) or (1, {k}) for w {w.shape}, got "
+                         f"{x.shape}")
+    host.same_dtype("ops.gemv", w, x)
+    if row:
+        if not hasattr(x, "view"):
+            raise ValueError("ops.gemv: a Shared x must be 1-D (K,)")
+        x = x.view(k)
+    out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
+    y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
+    cfg = config or choose_config(n, k)
+    kern = _kernel(cfg.bk).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
+                                   tma=cfg.tma)
+    return host.returning(kern(w, x, y.view(n).partition((cfg.bn,))), y)

@@ -1,0 +1,112 @@
+"""KV-cache appends at a device-resident position.
+
+Layout: the caches are (Hkv, max_seq, D); the position ``pos`` is a device int32 tensor of shape
+(1,), so a captured decode graph appends each step's token where the device says, with no
+host round trip.
+
+- ``kv_append`` (one token, decode): ``k_new``, ``v_new`` are (Hkv, D). Program ``h`` owns kv
+  head ``h``'s whole slab of each cache (a (1, max_seq rounded up to a power of two, D) tile)
+  and writes the one row ``pos`` through a sub-partition of that slab: a store at a
+  data-dependent sub-index, which can never leave the slab (bounds are enforced: out of range
+  it is masked off on the GPU and an error on the CPU executor). Only Hkv programs run and only
+  the new row's bytes are written.
+- ``kv_append_many`` (S tokens, prefill): ``k_new``, ``v_new`` are (Hkv, S, D), written at
+  positions ``pos .. pos+S-1``. Program (h, b) owns a (1, BLOCK_S, D) block of the cache.
+  Blocks the new rows do not touch do nothing; blocks wholly inside store the new rows
+  (gathered at an element offset, since ``pos`` need not be block-aligned); the at most two
+  blocks at the ends keep their old rows outside the range (a read of the owned block, then a
+  store, ordered by the token chain).
+"""
+from __future__ import annotations
+
+import safetile as st
+import safetile.lang as sl
+
+from . import host
+
+
+@st.kernel
+def kv_append_kernel(k_new: st.In[st.floats, 2], v_new: st.In[st.floats, 2],
+                     pos: st.In[st.i32, 1], k_cache: st.Out[st.floats, 3],
+                     v_cache: st.Out[st.floats, 3]):
+    """k_cache[h, pos] = k_new[h]; v_cache[h, pos] = v_new[h] (each program one kv head)."""
+    h, _, _ = k_cache.index
+    p = pos.load_scalar((0,))
+    k_rows = k_cache.partition((1, 1, k_cache.shape[2]))
+    v_rows = v_cache.partition((1, 1, v_cache.shape[2]))
+    k_rows.store(sl.reshape(k_new.load((h, 0), (1, k_cache.shape[2])), (1, 1, k_cache.shape[2])),
+                 (0, p, 0))
+    v_rows.store(sl.reshape(v_new.load((h, 0), (1, v_cache.shape[2])), (1, 1, v_cache.shape[2])),
+                 (0, p, 0))
+
+
+@st.kernel
+def kv_append_many_kernel(k_new: st.In[st.floats, 3], v_new: st.In[st.floats, 3],
+                          pos: st.In[st.i32, 1], k_cache: st.Out[st.floats, 3],
+                          v_cache: st.Out[st.floats, 3]):
+    """k_cache[h, pos + i] = k_new[h, i] for i < S (likewise v), one cache block per program."""
+    h, b, _ = k_cache.index
+    p = pos.load_scalar((0,))
+    n = k_new.shape[1]
+    lo = b * k_cache.shape[1]
+    hi = lo + k_cache.shape[1]
+    if (lo < p + n) & (hi > p):
+        kt = k_new.load_at((h, lo - p, 0), (1, k_cache.shape[1], k_cache.shape[2]))
+        vt = v_new.load_at((h, lo - p, 0), (1, k_cache.shape[1], k_cache.shape[2]))
+        if (lo >= p) & (hi <= p + n):
+            k_cache.store(kt)
+            v_cache.store(vt)
+        else:
+            rows = lo + sl.arange(k_cache.shape[1])
+            inside = ((rows >= p) & (rows < p + n))[None, :, None]
+            k_cache.store(sl.where(inside, kt, k_cache.load()))
+            v_cache.store(sl.where(inside, vt, v_cache.load()))
+
+
+def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
+    for what, x in (("k_new", k_new), ("v_new", v_new), ("pos", pos), ("k_cache", k_cache),
+                    ("v_cache", v_cache)):
+        host.check_value(f"{name}: {what}", x)
+    host.same_dtype(name, k_new, v_new, k_cache, v_cache)
+    if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
+        raise ValueError(f"{name}: pos must be an int32 tensor of shape (1,), got "
+                         f"{pos.dtype!r} {tuple(pos.shape)}")
+    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ValueError(f"{name}: caches must both be (Hkv, max_seq, D), got "
+                         f"{k_cache.shape} and {v_cache.shape}")
+    hkv, _, d = k_cache.shape
+    if k_new.ndim != rank or tuple(k_new.shape) != tuple(v_new.shape) or \
+            k_new.shape[0] != hkv or k_new.shape[-1] != d:
+        want = "(Hkv, D)" if rank == 2 else "(Hkv, S, D)"
+        raise ValueError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
+                         f"got {k_new.shape} and {v_new.shape}")
+    if d & (d - 1):
+        raise ValueError(f"{name}: head_dim {d} must be a power of two")
+
+
+def kv_append(k_new, v_new, pos, k_cache, v_cache):
+    """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
+
+    Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A position outside the
+    cache writes nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
+    _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
+    hkv, max_seq, d = k_cache.shape
+    slab = (1, host.next_pow2(max_seq), d)
+    op = kv_append_kernel(k_new, v_new, pos,
+                          host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
+                          host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab))
+    return host.returning(op, (k_cache, v_cache))
+
+
+def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
+    """Write ``k_new``, ``v_new`` (Hkv, S, D) at rows ``pos[0] .. pos[0]+S-1`` of the caches.
+
+    Rows past the end of the cache are dropped. Returns a ``DeviceOp`` whose output is
+    ``(k_cache, v_cache)``."""
+    _check("ops.kv_append_many", k_new, v_new, pos, k_cache, v_cache, 3)
+    hkv, max_seq, d = k_cache.shape
+    tile = (1, block_s, d)
+    op = kv_append_many_kernel(k_new, v_new, pos,
+                               host.owned_view(k_cache, tuple(k_cache.shape)).partition(tile),
+                               host.owned_view(v_cache, tuple(v_cache.shape)).partition(tile))
+    return host.returning(op, (k_cache, v_cache))

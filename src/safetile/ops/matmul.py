@@ -1,0 +1,229 @@
+"""Matrix products ``C = A @ B`` in the safe language: fp32 accumulation, bf16/fp16/fp32 out.
+
+``B`` comes either as a ``(K, N)`` matrix or as a weight ``(N, K)`` like ``nn.Linear`` keeps it
+(``weight=True``: ``y = x @ W^T``, the case every transformer projection is).
+
+How the kernels are built, and why:
+- **Persistent, grouped.** ``C`` is partitioned into ``(BM, BN)`` tiles in grouped order
+  (``group_size`` tile-rows walked column by column, so neighbouring programs reuse rows of
+  ``A`` and columns of ``B`` from L2) and launched with one program per SM, each iterating
+  ``for t in c.tiles():`` over the tiles it owns.
+- **TMA.** Loads with static block shapes of TMA-eligible tensors compile to tensor-descriptor
+  loads, and the single store of the owned tile to a descriptor store, which drops the
+  elements of edge tiles that fall outside ``C``.
+- **Split-K for skinny products.** When ``M`` is small the ``C`` tiles are too few to occupy
+  the GPU while the weights still have to be streamed. Then ``K`` is split into ``S`` ranges:
+  program ``(s, i, j)`` owns tile ``(s * gm + i, j)`` of an fp32 workspace of ``S`` stacked,
+  row-padded copies of ``C``, and a second safe kernel sums the ``S`` partial tiles into ``C``.
+  Both launches write only their own tiles; no atomics.
+
+Host API: :func:`matmul` and :func:`linear` (``out=`` writes a preallocated result and then
+allocates nothing, so the op can be recorded into a CUDA graph); :func:`choose_config` is
+the tile-config table.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from . import host
+
+IN_DTYPES = st.bf16 | st.f16 | st.f32
+OUT_DTYPES = st.bf16 | st.f16 | st.f32
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One tiling of a product: tile ``(bm, bn)``, K step ``bk``, and launch options.
+
+    ``split_k > 1`` splits K into that many ranges (a partial product and a reduction).
+    ``flatten`` / ``warp_specialize`` are scheduling hints for the persistent tiles loop.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    num_warps: int
+    num_stages: int
+    group_size: int = 8
+    split_k: int = 1
+    flatten: bool = False
+    warp_specialize: bool = False
+
+
+def num_sms(device=None) -> int:
+    """Streaming multiprocessors of the CUDA device (132 on an H200; also without a GPU)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device or 0).multi_processor_count
+    return 132
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
+                  sms: int | None = None) -> MatmulConfig:
+    """The tile config for an ``(M, K) @ (K, N)`` product (the table; see module docstring).
+
+    - large ``M``: 128x256 tiles, 8 warps (two consumer warpgroups), 3 stages;
+    - medium ``M``: 128x128 tiles, 8 warps, 4 stages;
+    - skinny ``M`` (<= 64): 64-row tiles (the smallest wgmma M), and split-K whenever the
+      ``C`` tiles alone would leave most SMs without work.
+    fp32 inputs halve ``bk`` (same bytes per stage); an fp32 output gets 128-wide tiles so
+    that the epilogue buffer fits in shared memory beside the pipeline stages.
+    """
+    sms = sms or num_sms()
+    wide = in_dtype is st.f32
+    bk = 32 if wide else 64
+    if m <= 64:
+        cfg = MatmulConfig(64, 128, bk, 4, 5)
+    elif m <= 256:
+        cfg = MatmulConfig(128, 128, bk, 8, 4)
+    elif m * n >= 4 * sms * 128 * 256:
+        cfg = MatmulConfig(128, 256, bk, 8, 3)
+    else:
+        cfg = MatmulConfig(128, 128, bk, 8, 4)
+    if out_dtype is st.f32 or wide:
+        cfg = replace(cfg, bn=min(cfg.bn, 128))
+    tiles = _cdiv(m, cfg.bm) * _cdiv(n, cfg.bn)
+    nk = _cdiv(k, cfg.bk)
+    if tiles * 2 <= sms and nk >= 8:
+        split = min(_cdiv(sms, tiles), nk // 4)
+        if split > 1:
+            cfg = replace(cfg, split_k=split)
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(BK: int, TRANS_B: bool):
+    """The product kernels for K step ``BK`` and B layout (``TRANS_B``: B is ``(N, K)``).
+
+    Both are compile-time constants of the body (closure values), so each pair of values is
+    its own kernel with its own compiled variants.
+    """
+
+    @st.kernel
+    def matmul_tiles(a: st.In[IN_DTYPES, 2], b: st.In[IN_DTYPES, 2], c: st.Out[OUT_DTYPES, 2]):
+        """c = a @ b (or a @ b.T when TRANS_B), one owned (BM, BN) tile at a time."""
+        for t in c.tiles():
+            i, j = c.index
+            acc = sl.zeros(c.shape, st.f32)
+            for k in range(sl.cdiv(a.shape[1], BK)):
+                if TRANS_B:
+                    bt = b.load((j, k), (c.shape[1], BK)).T
+                else:
+                    bt = b.load((k, j), (BK, c.shape[1]))
+                acc = sl.mma(a.load((i, k), (c.shape[0], BK)), bt, acc)
+            c.store(acc)
+
+    @st.kernel
+    def matmul_partial(a: st.In[IN_DTYPES, 2], b: st.In[IN_DTYPES, 2], p: st.Out[st.f32, 2],
+                       kb: int):
+        """Split-K partials: tile (s * gm + i, j) of p holds a[i] @ b[:, j] over K-steps
+        [s * kb, (s + 1) * kb) (gm = tile-rows of C, so each split is a row-padded copy)."""
+        for t in p.tiles():
+            si, j = p.index
+            gm = sl.cdiv(a.shape[0], p.shape[0])
+            s = si // gm
+            i = si - s * gm
+            acc = sl.zeros(p.shape, st.f32)
+            for k in range(s * kb, min(s * kb + kb, sl.cdiv(a.shape[1], BK))):
+                if TRANS_B:
+                    bt = b.load((j, k), (p.shape[1], BK)).T
+                else:
+                    bt = b.load((k, j), (BK, p.shape[1]))
+                acc = sl.mma(a.load((i, k), (p.shape[0], BK)), bt, acc)
+            p.store(acc)
+
+    return matmul_tiles, matmul_partial
+
+
+@st.kernel
+def splitk_reduce(p: st.In[st.f32, 2], c: st.Out[OUT_DTYPES, 2], splits: int, rows: int):
+    """c = the sum over s < splits of p's tile (s * rows + i, j): the split-K reduction."""
+    i, j = c.index
+    acc = sl.zeros(c.shape, st.f32)
+    for s in range(splits):
+        acc += p.load((s * rows + i, j), c.shape)
+    c.store(acc)
+
+
+# ---- host API ----------------------------------------------------------------------------------
+
+def _dims(a, b, weight: bool) -> tuple[int, int, int]:
+    host.check_value("ops.matmul: a", a)
+    host.check_value("ops.matmul: b", b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"ops.matmul: a and b must be matrices, got shapes {a.shape} and "
+                         f"{b.shape}")
+    (m, k), (r, s) = a.shape, b.shape
+    n, kb = (r, s) if weight else (s, r)
+    if kb != k:
+        what = f"weight {b.shape} (N, K)" if weight else f"b {b.shape} (K, N)"
+        raise ValueError(f"ops.matmul: a {a.shape} (M, K) and {what} disagree on K")
+    host.same_dtype("ops.matmul", a, b)
+    return m, n, k
+
+
+def workspace_shape(m: int, n: int, cfg: MatmulConfig) -> tuple[int, int]:
+    """Shape of the fp32 split-K workspace for an ``(M, N)`` result under ``cfg``."""
+    return (cfg.split_k * _cdiv(m, cfg.bm) * cfg.bm, n)
+
+
+def _configured(kern, cfg: MatmulConfig):
+    return kern.options(num_warps=cfg.num_warps, num_stages=cfg.num_stages, tma_store=True,
+                        flatten=cfg.flatten, warp_specialize=cfg.warp_specialize)
+
+
+def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
+           config: MatmulConfig | None = None, workspace=None) -> st.DeviceOp:
+    """``a @ b``, or ``a @ b.T`` when ``weight`` (``b`` an ``(N, K)`` weight, as nn.Linear).
+
+    ``a``, ``b``: bf16, fp16 or fp32 matrices (Tensor or Shared) of one dtype, accumulated in
+    fp32; the result has ``out_dtype`` (default: the inputs' dtype). Returns a ``DeviceOp``
+    whose output is the result tensor (``out`` when given).
+
+    Preallocated use (``out`` given) allocates nothing, so it can be recorded in a graph. A
+    split-K config also needs a float32 ``workspace`` of :func:`workspace_shape`; given
+    ``out`` but no workspace, the product runs unsplit rather than allocate one.
+    ``config`` overrides :func:`choose_config`.
+    """
+    m, n, k = _dims(a, b, weight)
+    device = a.device
+    if out is not None and out_dtype is None:
+        out_dtype = out.dtype
+    out_dtype = out_dtype or a.dtype
+    sms = num_sms(device if device.type == "cuda" else None)
+    cfg = config or choose_config(m, n, k, a.dtype, out_dtype, sms)
+    if cfg.split_k > 1 and workspace is None and out is not None:
+        cfg = replace(cfg, split_k=1)
+    c = host.output("ops.matmul: out", out, (m, n), out_dtype, device)
+    tiles, partial = _kernels(cfg.bk, weight)
+    if cfg.split_k == 1:
+        cv = c.view(m, n).partition((cfg.bm, cfg.bn), order="grouped",
+                                    group_size=cfg.group_size, persistent=sms)
+        return host.returning(_configured(tiles, cfg)(a, b, cv), c)
+    want = workspace_shape(m, n, cfg)
+    ws = host.output("ops.matmul: workspace", workspace, want, st.f32, device)
+    kb = _cdiv(_cdiv(k, cfg.bk), cfg.split_k)
+    pv = ws.view(*want).partition((cfg.bm, cfg.bn), order="grouped", group_size=cfg.group_size,
+                                  persistent=sms)
+    gm = _cdiv(m, cfg.bm)
+
+    def reduce(_a, _b, p, _kb):
+        cv = c.view(m, n).partition((cfg.bm, cfg.bn))
+        return splitk_reduce(p.unpartition(), cv, cfg.split_k, gm)
+
+    return host.returning(_configured(partial, cfg)(a, b, pv, kb).then(reduce), c)
+
+
+def linear(x, w, out=None, *, out_dtype=None, config: MatmulConfig | None = None,
+           workspace=None) -> st.DeviceOp:
+    """``x @ w.T`` for an ``nn.Linear``-style weight ``w`` of shape ``(N, K)``."""
+    return matmul(x, w, out, weight=True, out_dtype=out_dtype, config=config,
+                  workspace=workspace)
