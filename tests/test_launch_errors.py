@@ -1,0 +1,130 @@
+"""The launcher checks every argument before anything runs, and converts nothing implicitly.
+
+Each mismatch raises LaunchError naming the kernel and the parameter; the arguments are not
+moved, so the caller can fix the call and try again with the same handles.
+"""
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+
+
+@st.kernel
+def scale(x: st.In[st.f32, 2], z: st.Out[st.f32, 2], factor: float, reps: int):
+    t = sl.load_like(x, z)
+    for k in range(reps):
+        t = t * factor
+    z.store(t)
+
+
+@st.kernel
+def pair(x: st.In[st.f32], z: st.Out[st.f32], w: st.Out[st.f32]):
+    z.store(sl.load_like(x, z))
+    w.store(sl.load_like(x, w))
+
+
+@st.kernel
+def typed_const(x: st.In[st.f32], z: st.Out[st.f32], BLOCK: st.Const[int]):
+    z.store(sl.load_like(x, z))
+
+
+@pytest.fixture(autouse=True)
+def cpu_executor():
+    with st.backend("interpret"):
+        yield
+
+
+def x2(dtype=st.f32, shape=(8, 8)):
+    return st.zeros(shape, dtype=dtype, device="cpu")
+
+
+def z2(dtype=st.f32, shape=(8, 8), tile=(4, 4)):
+    return st.empty(shape, dtype=dtype, device="cpu").partition(tile)
+
+
+def test_dtype_mismatch_is_not_converted():
+    x = x2(st.bf16)
+    with pytest.raises(st.LaunchError, match=r"kernel 'scale'.*parameter 'x'.*dtype st\.bfloat16"):
+        scale(x, z2(), 2.0, 1)
+    assert x.to_torch().dtype == torch.bfloat16        # not moved, not converted
+
+
+def test_out_dtype_mismatch():
+    with pytest.raises(st.LaunchError, match=r"parameter 'z'.*dtype"):
+        scale(x2(), z2(st.f16), 2.0, 1)
+
+
+def test_rank_mismatch():
+    with pytest.raises(st.LaunchError, match=r"parameter 'x'.*rank 1"):
+        scale(st.zeros((8,), device="cpu"), z2(), 2.0, 1)
+
+
+def test_tensor_where_a_partition_is_needed():
+    with pytest.raises(st.LaunchError, match=r"parameter 'z'.*expects a Partition, got Tensor"):
+        scale(x2(), x2(), 2.0, 1)
+
+
+def test_partition_where_an_in_is_needed():
+    with pytest.raises(st.LaunchError, match=r"parameter 'x'.*unpartition\(\)"):
+        scale(z2(), z2(), 2.0, 1)
+
+
+def test_int_where_a_float_scalar_is_accepted_but_a_string_is_not():
+    _, z, factor, _ = scale(x2(), z2(), 2, 1).sync()
+    assert factor == 2.0 and isinstance(factor, float)
+    with pytest.raises(st.LaunchError, match=r"parameter 'factor'.*expects a float, got str"):
+        scale(x2(), z2(), "2", 1)
+
+
+def test_float_where_an_int_scalar_is_needed():
+    with pytest.raises(st.LaunchError, match=r"parameter 'reps'.*expects an int, got float"):
+        scale(x2(), z2(), 2.0, 1.0)
+
+
+def test_bool_is_not_an_int():
+    with pytest.raises(st.LaunchError, match=r"parameter 'reps'.*expects an int, got bool"):
+        scale(x2(), z2(), 2.0, True)
+
+
+def test_const_of_the_wrong_type():
+    with pytest.raises(st.LaunchError, match=r"parameter 'BLOCK'.*st.Const\[int\] got float"):
+        typed_const(st.zeros((8,), device="cpu"),
+                    st.empty((8,), device="cpu").partition((4,)), 4.0)
+
+
+def test_out_grids_must_agree():
+    x = st.zeros((8,), device="cpu")
+    z = st.empty((8,), device="cpu").partition((4,))
+    w = st.empty((8,), device="cpu").partition((2,))
+    with pytest.raises(st.LaunchError, match=r"Out grids disagree.*'z' has grid \(2,\).*'w' has grid \(4,\)"):
+        pair(x, z, w)
+
+
+def test_missing_and_extra_arguments():
+    with pytest.raises(st.LaunchError, match=r"missing argument\(s\) \['reps'\]"):
+        scale(x2(), z2(), 2.0)
+    with pytest.raises(st.LaunchError, match=r"takes 4 arguments, got 5"):
+        scale(x2(), z2(), 2.0, 1, 0)
+    with pytest.raises(st.LaunchError, match=r"no parameter 'bogus'"):
+        scale(x2(), z2(), 2.0, 1, bogus=3)
+
+
+def test_arguments_on_different_devices():
+    x = st.from_torch(torch.empty((8, 8), device="meta"))
+    with pytest.raises(st.LaunchError, match=r"different devices.*'x' on meta.*'z' on cpu"):
+        scale(x, z2(), 2.0, 1)
+
+
+def test_triton_backend_rejects_cpu_tensors():
+    with st.backend("triton"):
+        with pytest.raises(st.LaunchError, match=r"triton backend runs on CUDA tensors"):
+            scale(x2(), z2(), 2.0, 1)
+
+
+def test_a_failed_launch_moves_nothing():
+    x, z = x2(), z2()
+    with pytest.raises(st.LaunchError):
+        scale(x, z, 2.0, "one")
+    x, z, _, _ = scale(x, z, 2.0, 1).sync()             # the same handles launch fine
+    assert torch.equal(z.unpartition().to_torch(), torch.zeros(8, 8))
