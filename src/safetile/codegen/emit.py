@@ -18,6 +18,7 @@ from .prelude import HEADER, helper_source
 from .spec import VariantKey
 
 TMA_MIN_INNER_BYTES = 16
+TMA_MAX_BOX = 256          # a tensor-map box has at most 256 elements along each axis
 
 
 @dataclass
@@ -54,6 +55,45 @@ class Emitter:
         self.tmp = 0
         self.accesses: list = []               # (out name, "load"|"store") in the statement
         self.in_tile_loop = False
+        self.tma_outs = self.tma_store_outs()
+
+    def tma_store_outs(self) -> set:
+        """Outs whose owned tile is written by a tensor-descriptor (TMA) store.
+
+        A TMA store writes the whole box and drops elements outside the tensor, so edge
+        tiles stay inside the partition, as the masked store does. It is asynchronous and its
+        completion is not ordered by a CTA barrier, so it is used only where no token chain
+        can need that order: the kernel stores the Out in exactly one statement and never
+        reads it back (no ``z.load()``, no sub-partition views).
+        """
+        if not (self.key.tma and self.key.tma_store):
+            return set()
+        stores, other = {}, set()
+        for node in ast.walk(self.src.tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            base = node.func.value
+            kind = self.view_kind(base)
+            if kind not in ("Out", "tile", "sub"):
+                continue
+            out = self.out_name(base)
+            if node.func.attr == "tiles":
+                continue
+            if kind == "sub" or node.func.attr != "store":
+                other.add(out)
+            else:
+                stores[out] = stores.get(out, 0) + 1
+        for name, view in self.info.views.items():
+            if view[0] == "sub":
+                other.add(view[1])
+        ok = set()
+        for o in self.outs:
+            t = o.tile
+            if (o.tma and stores.get(o.name) == 1 and o.name not in other and len(t) >= 2
+                    and t[-1] * o.dtype.itemsize >= TMA_MIN_INNER_BYTES
+                    and all(d <= TMA_MAX_BOX for d in t)):
+                ok.add(o.name)
+        return ok
 
     # -- errors ------------------------------------------------------------------------------
     def fail(self, node, message):
@@ -391,7 +431,7 @@ class Emitter:
         idx = self.parts(index, s.rank)
         if (self.key.tma and s.tma and s.rank >= 2 and block is not None and pad_s in ("0", "0.0")
                 and block[-1] * s.dtype.itemsize >= TMA_MIN_INNER_BYTES
-                and all(b & (b - 1) == 0 for b in block)):
+                and all(b & (b - 1) == 0 and b <= TMA_MAX_BOX for b in block)):
             d = self.descs.setdefault((x.id, block), f"_st_{x.id}_d{len(self.descs)}")
             coords = ", ".join(f"({i}) * {b}" for i, b in zip(idx, block))
             return f"{d}.load([{coords}])"
@@ -501,6 +541,11 @@ class Emitter:
         if kind == "sub":
             helper = self.use(f"_st_substore{r}")
             lines.append(f"{ind}{helper}({self.sub_args(f.value.id, out, r, call.args[1])}, {value})")
+        elif out.name in self.tma_outs:
+            d = self.descs.setdefault((out.name, tuple(out.tile)), f"_st_{out.name}_d{len(self.descs)}")
+            helper = self.use(f"_st_dstore{r}")
+            lines.append(f"{ind}{helper}({d}, {', '.join(self.idx(k) for k in range(r))}, "
+                         f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, {value})")
         else:
             helper = self.use(f"_st_store{r}")
             lines.append(f"{ind}{helper}({self.tensor_args(out.name, r)}, "
@@ -509,6 +554,12 @@ class Emitter:
         return lines, state
 
     def if_stmt(self, node, state, ind):
+        taken = self.static(node.test)
+        if isinstance(taken, int):
+            # A compile-time condition (a literal, Const or closure constant): only the taken
+            # branch is emitted, so the other branch's loads make no descriptors or helpers.
+            branch = node.body if taken else node.orelse
+            return self.block(branch, state, ind) if branch else ([], state)
         self.accesses = []
         test = self.expr(node.test)
         need, state = self.barrier_check(state, self.accesses)
@@ -529,7 +580,12 @@ class Emitter:
         _, end = self.block(node.body, state, ind + "    ")        # first pass: loop-carried state
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
-        return [f"{ind}for {node.target.id} in range({args}):"] + body, _join(state, end)
+        innermost = not any(isinstance(n, ast.For) for s in node.body for n in ast.walk(s))
+        if self.key.loop_stages and innermost:
+            loop = f"tl.range({args}, num_stages={int(self.key.loop_stages)})"
+        else:
+            loop = f"range({args})"
+        return [f"{ind}for {node.target.id} in {loop}:"] + body, _join(state, end)
 
     def tiles_loop(self, node, state, ind):
         if not self.persistent:
@@ -541,7 +597,10 @@ class Emitter:
         coords = self.coords("_st_t", ind + "    ")
         body, end = self.block(node.body, {}, ind + "    ")
         self.in_tile_loop = False
-        head = f"{ind}for _st_t in range(tl.program_id(0), _st_ntiles, tl.num_programs(0)):"
+        hints = "".join(f", {h}=True" for h in ("flatten", "warp_specialize") if getattr(self.key, h))
+        loop = f"tl.range(tl.program_id(0), _st_ntiles, tl.num_programs(0){hints})" if hints else \
+            "range(tl.program_id(0), _st_ntiles, tl.num_programs(0))"
+        head = f"{ind}for _st_t in {loop}:"
         return [head] + coords + body, _join(state, end)
 
     # -- program -> tile -----------------------------------------------------------------------

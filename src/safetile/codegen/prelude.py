@@ -83,6 +83,15 @@ def store_tile(r: int) -> str:
     return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
 
 
+def desc_store_tile(r: int) -> str:
+    """Store the owned tile through a tensor descriptor (TMA); out-of-bounds elements drop."""
+    head = f"def _st_dstore{r}(desc, {_args('i', r)}, {_cargs('t', r)}, value):"
+    coords = ", ".join(f"i{k} * t{k}" for k in range(r))
+    shape = ", ".join(f"t{k}" for k in range(r))
+    body = [f"    desc.store([{coords}], tl.broadcast_to(value, ({shape},)).to(desc.dtype))"]
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
 def sub_tile(r: int, store: bool) -> str:
     name = f"_st_substore{r}" if store else f"_st_subload{r}"
     extra = "value" if store else "pad: tl.constexpr"
@@ -143,6 +152,7 @@ def helper_source(name: str) -> str:
                          ("_st_subload", lambda r: sub_tile(r, False)),
                          ("_st_scalar", load_scalar), ("_st_loadat", load_at),
                          ("_st_load", load_tile),
+                         ("_st_dstore", desc_store_tile),
                          ("_st_store", store_tile)):
         if name.startswith(prefix) and name[len(prefix):].isdigit():
             return make(int(name[len(prefix):]))
