@@ -80,6 +80,8 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     host.check_value("ops.argmax: x", x)
     if x.ndim == 2 and x.shape[0] == 1 and isinstance(x, Tensor):
         x = x.view(-1)
+    else:
+        x = host.borrow(x)
     if x.ndim != 1:
         raise ValueError(f"ops.argmax: x must be (n,) or (1, n), got shape {x.shape}")
     n = x.shape[0]
@@ -101,5 +103,6 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
 
     def stage2(*_):
         return _FINAL(host.warps_for(nb))(
-            ws.values, ws.indices, host.owned_view(z, (1,)).partition((1,)), nb)
+            host.borrow(ws.values), host.borrow(ws.indices),
+            host.owned_view(z, (1,)).partition((1,)), nb)
     return host.returning(stage1.then(stage2), z)

@@ -67,12 +67,19 @@ def owned_view(out: Tensor, shape: tuple) -> Tensor:
     return out.view(tuple(shape))
 
 
+def borrow(v):
+    """What an op passes to its kernel for input ``v``: a fresh view of a Tensor (so the
+    caller's handle is never consumed and one tensor may feed several inputs), or the Shared
+    handle itself (held while the op is in flight, usable again after)."""
+    return v.view(v.shape) if isinstance(v, Tensor) else v
+
+
 def as_rows(name: str, v):
     """``v`` as a 2-D (rows, last dim) view: 1-D becomes one row, N-D flattens leading dims.
 
     Shared handles cannot be reshaped, so they must already be 2-D."""
     if v.ndim == 2:
-        return v
+        return borrow(v)
     if isinstance(v, Shared):
         raise ValueError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
     if v.ndim == 1:
@@ -93,13 +100,13 @@ def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tenso
             raise ValueError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
                              f"(no broadcasting)")
     if all(v.ndim == 1 or (isinstance(v, Tensor) and v.is_contiguous()) for v in inputs):
-        return [v if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
+        return [borrow(v) if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
     if len(shape) != 2 and not all(isinstance(v, Tensor) and v.ndim >= 2 for v in inputs):
         raise ValueError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
     views = []
     for v in inputs:
         if v.ndim == 2:
-            views.append(v)
+            views.append(borrow(v))
         else:
             try:
                 views.append(v.view(-1, shape[-1]))
