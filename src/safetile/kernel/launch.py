@@ -79,7 +79,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         if kind == "Ptr" and not t.is_contiguous():
             raise _fail(kernel, name, f"raw pointers index a contiguous buffer, got strides "
                                       f"{t.stride()}; make it contiguous first")
-        if kind == "Out" and torch._debug_has_internal_overlap(t) != 0:
+        if kind == "Out" and borrows.self_overlapping(t):
             raise _fail(kernel, name, f"the partitioned tensor has overlapping elements (strides "
                                       f"{t.stride()}): distinct tiles would share memory")
         if kind == "Out":

@@ -139,6 +139,24 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _overlap(_Extent(a), _Extent(b))
 
 
+def self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two different indices of ``t`` may address the same element.
+
+    Exact for every layout whose dims, taken by increasing stride, each step past the span of
+    the smaller ones: all views made by slicing, transposing or reshaping a dense tensor.
+    Any other layout (stride 0 from ``expand``, interleaved strides) counts as overlapping.
+    Unlike ``torch._debug_has_internal_overlap``, a strided slice of a larger buffer does not.
+    """
+    if t.is_contiguous() or t.numel() == 0:
+        return False
+    span = 0
+    for stride, size in sorted((abs(st), sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
 # ---------------------------------------------------------------------------------------
 # the registry
 # ---------------------------------------------------------------------------------------

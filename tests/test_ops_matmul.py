@@ -1,0 +1,152 @@
+"""ops.matmul / ops.linear / ops.gemv / the unsafe matmul twin on the CPU executor, vs torch.
+
+Small tiles keep these fast; shapes are chosen not to divide the tiles, so edge tiles
+(masked loads and stores) are always exercised.
+"""
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+from safetile.ops.gemv import GemvConfig
+from safetile.ops.matmul import MatmulConfig, choose_config, workspace_shape
+from safetile.ops.unsafe_matmul import matmul_unsafe
+
+SMALL = MatmulConfig(32, 32, 16, 4, 2, group_size=2)
+TOL = {st.bf16: 1e-2, st.f16: 2e-3, st.f32: 1e-5}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def operands(m, n, k, dtype, weight, seed=0):
+    a = st.randn((m, k), dtype=dtype, seed=seed)
+    b = st.randn((n, k) if weight else (k, n), dtype=dtype, seed=seed + 1)
+    bt = b.to_torch().double()
+    return a, b, a.to_torch().double() @ (bt.T if weight else bt)
+
+
+@pytest.mark.parametrize("dtype", [st.bf16, st.f16, st.f32])
+def test_matmul_kn_matches_torch_on_edge_shapes(dtype):
+    a, b, want = operands(70, 45, 50, dtype, weight=False)
+    c = ops.matmul(a, b, config=SMALL).sync()
+    assert c.shape == (70, 45) and c.dtype is dtype
+    assert rel_err(c.to_torch(), want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [st.bf16, st.f16])
+def test_linear_takes_nn_linear_weights(dtype):
+    a, w, want = operands(37, 66, 40, dtype, weight=True)
+    c = ops.linear(a, w, config=SMALL).sync()
+    assert c.shape == (37, 66)
+    assert rel_err(c.to_torch(), want) < TOL[dtype]
+
+
+def test_matmul_fp32_output_from_bf16_inputs():
+    a, w, want = operands(33, 40, 48, st.bf16, weight=True)
+    c = ops.matmul(a, w, weight=True, out_dtype=st.f32, config=SMALL).sync()
+    assert c.dtype is st.f32
+    assert rel_err(c.to_torch(), want) < 1e-5      # bf16 products, exact in fp32 sums
+
+
+def test_default_config_matches_torch():
+    a, w, want = operands(20, 24, 30, st.bf16, weight=True)
+    assert rel_err(ops.linear(a, w).sync().to_torch(), want) < 1e-2
+
+
+@pytest.mark.parametrize("weight", [False, True])
+def test_split_k_sums_partials_over_uneven_k_ranges(weight):
+    # 300 / 16 = 19 K-steps over 3 splits: ranges of 7, 7 and 5 steps.
+    a, b, want = operands(20, 40, 300, st.bf16, weight=weight)
+    cfg = MatmulConfig(16, 32, 16, 4, 2, split_k=3)
+    c = ops.matmul(a, b, weight=weight, config=cfg).sync()
+    assert rel_err(c.to_torch(), want) < 1e-2
+
+
+def test_preallocated_output_is_written_and_returned():
+    a, w, want = operands(24, 40, 32, st.f16, weight=True)
+    out = st.full((24, 40), float("nan"), dtype=st.f16)
+    c = ops.linear(a, w, out, config=SMALL).sync()
+    assert c is out
+    assert rel_err(out.to_torch(), want) < 2e-3
+
+
+def test_preallocated_split_k_uses_the_given_workspace():
+    a, w, want = operands(20, 40, 300, st.bf16, weight=True)
+    cfg = MatmulConfig(16, 32, 16, 4, 2, split_k=3)
+    out = st.empty((20, 40), dtype=st.bf16)
+    ws = st.full(workspace_shape(20, 40, cfg), float("nan"), dtype=st.f32)
+    ops.linear(a, w, out, config=cfg, workspace=ws).sync()
+    assert rel_err(out.to_torch(), want) < 1e-2
+    assert not torch.isnan(ws.to_torch()[:20]).any()          # split 0, real rows written
+
+
+def test_inputs_come_back_usable():
+    a, w, _ = operands(16, 16, 16, st.bf16, weight=True)
+    ops.linear(a, w, config=SMALL).sync()
+    ops.linear(a, w, config=SMALL).sync()                     # no MovedError
+
+
+def test_dtype_mismatch_is_refused():
+    a = st.randn((8, 8), dtype=st.bf16)
+    b = st.randn((8, 8), dtype=st.f16)
+    with pytest.raises(TypeError, match="different dtypes"):
+        ops.matmul(a, b)
+
+
+def test_inner_dimension_mismatch_is_refused():
+    a = st.randn((8, 16), dtype=st.bf16)
+    w = st.randn((8, 12), dtype=st.bf16)
+    with pytest.raises(ValueError, match="disagree on K"):
+        ops.linear(a, w)
+
+
+def test_config_table_uses_wide_tiles_for_large_products():
+    cfg = choose_config(8192, 8192, 8192, sms=132)
+    assert (cfg.bm, cfg.bn, cfg.bk, cfg.split_k) == (128, 256, 64, 1)
+
+
+def test_config_table_splits_k_when_tiles_cannot_fill_the_gpu():
+    cfg = choose_config(16, 2560, 9728, sms=132)
+    assert cfg.bm == 64 and cfg.split_k > 1
+    tiles = -(-2560 // cfg.bn)
+    assert tiles * cfg.split_k >= 132 // 2
+
+
+@pytest.mark.parametrize("dtype", [st.bf16, st.f16, st.f32])
+def test_gemv_matches_torch_on_edge_shapes(dtype):
+    w = st.randn((100, 300), dtype=dtype, seed=3)
+    x = st.randn((300,), dtype=dtype, seed=4)
+    want = w.to_torch().double() @ x.to_torch().double()
+    y = ops.gemv(w, x, config=GemvConfig(16, 64, 4, 2)).sync()
+    assert y.shape == (100,)
+    assert rel_err(y.to_torch(), want) < TOL[dtype]
+
+
+def test_gemv_of_a_row_vector_returns_a_row():
+    w = st.randn((48, 80), dtype=st.bf16, seed=5)
+    x = st.randn((1, 80), dtype=st.bf16, seed=6)
+    want = x.to_torch().double() @ w.to_torch().double().T
+    y = ops.gemv(w, x, config=GemvConfig(8, 32, 4, 2)).sync()
+    assert y.shape == (1, 48)
+    assert rel_err(y.to_torch(), want) < 1e-2
+
+
+def test_gemv_rejects_a_vector_of_the_wrong_length():
+    with pytest.raises(ValueError, match="x must have shape"):
+        ops.gemv(st.randn((8, 16), dtype=st.bf16), st.randn((12,), dtype=st.bf16))
+
+
+@pytest.mark.parametrize("weight", [False, True])
+def test_unsafe_twin_matches_the_safe_op(weight):
+    a, b, want = operands(70, 45, 50, st.bf16, weight=weight)
+    with st.unsafe():
+        c = matmul_unsafe(a, b, weight=weight, config=SMALL).sync()
+    assert rel_err(c.to_torch(), want) < 1e-2
+
+
+def test_unsafe_twin_needs_an_unsafe_block():
+    a, w, _ = operands(16, 16, 16, st.bf16, weight=True)
+    with pytest.raises(st.UnsafeError):
+        matmul_unsafe(a, w, weight=True, config=SMALL)

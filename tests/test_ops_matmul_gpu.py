@@ -1,0 +1,62 @@
+"""ops.matmul / linear / gemv and the unsafe twin on the GPU, vs torch (cuBLAS)."""
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+from safetile.ops.matmul import MatmulConfig, choose_config
+from safetile.ops.unsafe_matmul import matmul_unsafe
+
+pytestmark = pytest.mark.gpu
+
+
+def rel_err(got, want) -> float:
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+@pytest.mark.parametrize("m,n,k", [(8192 // 8, 1000, 777), (300, 6144, 2560), (16, 2560, 9728),
+                                   (1, 1000, 520), (4097, 257, 136)])
+@pytest.mark.parametrize("dtype", [st.bf16, st.f16])
+def test_linear_matches_torch(m, n, k, dtype):
+    a = st.randn((m, k), dtype=dtype, seed=1)
+    w = st.randn((n, k), dtype=dtype, seed=2)
+    want = torch.nn.functional.linear(a.to_torch().float(), w.to_torch().float())
+    c = ops.linear(a, w).sync()
+    assert rel_err(c.to_torch(), want) < 1e-2
+
+
+@pytest.mark.parametrize("weight", [False, True])
+def test_matmul_layouts_and_fp32_output(weight):
+    a = st.randn((1000, 1200), dtype=st.bf16, seed=3)
+    b = st.randn((700, 1200) if weight else (1200, 700), dtype=st.bf16, seed=4)
+    bt = b.to_torch().float()
+    want = a.to_torch().float() @ (bt.T if weight else bt)
+    c = ops.matmul(a, b, weight=weight, out_dtype=st.f32).sync()
+    assert rel_err(c.to_torch(), want) < 1e-5
+
+
+def test_split_k_matches_unsplit():
+    a = st.randn((64, 2560), dtype=st.bf16, seed=5)
+    w = st.randn((512, 2560), dtype=st.bf16, seed=6)
+    cfg = choose_config(64, 512, 2560)
+    assert cfg.split_k > 1
+    split = ops.linear(a, w, config=cfg).sync().to_torch().float()
+    whole = ops.linear(a, w, config=MatmulConfig(64, 128, 64, 4, 4)).sync().to_torch().float()
+    assert rel_err(split, whole) < 1e-2
+
+
+@pytest.mark.parametrize("n,k", [(6144, 2560), (2560, 9728), (1000, 777)])
+def test_gemv_matches_torch(n, k):
+    w = st.randn((n, k), dtype=st.bf16, seed=7)
+    x = st.randn((k,), dtype=st.bf16, seed=8)
+    want = w.to_torch().float() @ x.to_torch().float()
+    assert rel_err(ops.gemv(w, x).sync().to_torch(), want) < 1e-2
+
+
+def test_unsafe_twin_matches_safe():
+    a = st.randn((1000, 512), dtype=st.bf16, seed=9)
+    w = st.randn((900, 512), dtype=st.bf16, seed=10)
+    safe = ops.linear(a, w).sync().to_torch().float()
+    with st.unsafe():
+        raw = matmul_unsafe(a, w, weight=True).sync().to_torch().float()
+    assert rel_err(raw, safe) < 1e-3
