@@ -178,3 +178,11 @@ def test_then_map_need_callables():
     with pytest.raises(TypeError):
         op.map(None)
     op.sync()
+
+
+def test_a_chain_of_thousands_of_thens_runs_without_exhausting_the_stack():
+    chain = scale(vec(1, 1, 1, 1), out(), 1.0)
+    for _ in range(1500):           # deeper than Python's recursion limit
+        chain = chain.then(lambda x, z, k: scale(x, z, k))
+    _, z, _ = chain.sync()
+    assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]

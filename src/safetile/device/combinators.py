@@ -38,16 +38,23 @@ class ThenOp(DeviceOp):
         return f"<ThenOp {self.prev!r} -> {getattr(self.f, '__name__', self.f)!r}>"
 
     def _run(self, ctx: RunContext):
-        out = self.prev._run(ctx)
-        ctx.settle()              # the next op runs on ctx.stream: ordered after this work
-        try:
-            with in_callback("then"):
-                nxt = self.f(*spread(out))
-            _check_op(nxt, "the value returned by a `then` callback")
-        except BaseException as e:
-            attach_recovered(e, out)
-            raise
-        return nxt._run(ctx)
+        # Iterative, not recursive: a chain of thousands of `then`s must not exhaust the stack.
+        callbacks, op = [], self
+        while type(op) is ThenOp:
+            callbacks.append(op.f)
+            op = op.prev
+        out = op._run(ctx)
+        for f in reversed(callbacks):
+            ctx.settle()          # the next op runs on ctx.stream: ordered after this work
+            try:
+                with in_callback("then"):
+                    nxt = f(*spread(out))
+                _check_op(nxt, "the value returned by a `then` callback")
+            except BaseException as e:
+                attach_recovered(e, out)
+                raise
+            out = nxt._run(ctx)
+        return out
 
     def _abandon(self) -> None:
         self.prev._abandon()
