@@ -128,3 +128,18 @@ def test_a_failed_launch_moves_nothing():
         scale(x, z, 2.0, "one")
     x, z, _, _ = scale(x, z, 2.0, 1).sync()             # the same handles launch fine
     assert torch.equal(z.unpartition().to_torch(), torch.zeros(8, 8))
+
+
+def test_an_out_may_be_a_strided_slice_of_a_larger_buffer():
+    buffer = st.from_torch(torch.full((12, 16), 7.0))
+    inner = buffer.slice(0, 0, 8).slice(1, 0, 8)             # strides (16, 1): not contiguous
+    x, z, _, _ = scale(st.ones((8, 8), device="cpu"), inner.partition((4, 4)), 3.0, 1).sync()
+    expected = torch.full((12, 16), 7.0)
+    expected[:8, :8] = 3.0
+    assert torch.equal(buffer.to_torch(), expected)
+
+
+def test_an_out_whose_elements_overlap_is_rejected():
+    repeated = st.from_torch(torch.zeros(1, 8).expand(8, 8))  # stride 0: rows share memory
+    with pytest.raises(st.LaunchError, match=r"parameter 'z'.*overlapping elements"):
+        scale(x2(), repeated.partition((4, 4)), 2.0, 1)
