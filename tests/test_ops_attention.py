@@ -234,3 +234,18 @@ def test_prefill_append_then_decode_equals_attention_of_the_last_token():
     out = decode_attention(st.from_torch(q), kh, vh, pos, length_offset=1, block_n=8,
                            num_splits=3).sync()
     assert rel_err(out.to_torch(), decode_reference(q, k, v, s + 1)) < REL[st.f32]
+
+
+def test_a_recorded_decode_step_follows_the_device_length_on_replay():
+    # Record once (as grout captures its decode step), then only the device scalar changes.
+    q, k, v = rand((4, 16), st.f32, 12), rand((2, 40, 16), st.f32, 13), rand((2, 40, 16), st.f32, 14)
+    qh, kh, vh = st.from_torch(q), st.from_torch(k.clone()), st.from_torch(v.clone())
+    pos_t = torch.tensor([3], dtype=torch.int32)
+    pos = st.from_torch(pos_t)
+    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=3, block_n=8)
+    out = st.empty((4, 16), device="cpu")
+    g = decode_attention(qh, kh, vh, pos, out, ws, length_offset=1, block_n=8).graph()
+    for p in (3, 17, 39):
+        pos_t.fill_(p)
+        got = g.launch().sync()
+        assert rel_err(got.to_torch(), decode_reference(q, k, v, p + 1)) < REL[st.f32]

@@ -1,0 +1,213 @@
+"""Attention on the GPU: safetile's ops against torch's scaled_dot_product_attention.
+
+Shapes are Qwen3-4B's attention (32 q heads, 8 kv heads, head_dim 128, bf16, batch 1):
+- prefill: causal attention over S = 1k and 8k tokens, in TFLOP/s (causal FLOPs:
+  2 products x 2 FLOP x S^2/2 x D x Hq) and as a ratio to SDPA (is_causal, enable_gqa);
+- decode: one query token against a KV cache holding 1k / 8k / 32k tokens (the length read
+  from a device tensor), in microseconds and achieved bandwidth (bytes = the K and V rows
+  read + q + out), as a fraction of the H200's 4.26 TB/s copy bandwidth. SDPA gets q of
+  length 1.
+
+Every variant is checked against an fp32 SDPA reference before it is timed. Both sides are
+timed as CUDA-graph replays (safetile: ``op.graph()``, the form grout's decode step runs in;
+torch: ``torch.cuda.graph``), so host launch costs do not hide the kernels' time; median of
+repeated replays. A few launch configurations of each safetile op are timed and the best is
+reported (all are in the JSON). Writes benchmarks/results/attention.json (+ attention.png).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+import safetile as st  # noqa: E402
+from safetile.ops import (DecodeWorkspace, decode_attention,  # noqa: E402
+                          decode_attention_split, flash_attention)
+
+HQ, HKV, D = 32, 8, 128
+COPY_TBPS = 4.26
+PREFILL_LENGTHS = (1024, 8192)
+DECODE_LENGTHS = (1024, 8192, 32768)
+# (block_m, block_n, num_warps, num_stages)
+PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
+# (num_splits, block_n, num_stages)
+DECODE_CONFIGS = [(16, 64, 3), (32, 64, 3), (64, 64, 3), (128, 64, 3), (32, 128, 2),
+                  (64, 128, 2), (32, 64, 4)]
+
+
+def graph_time_ms(graph_replay) -> float:
+    return harness.time_ms(graph_replay, warmup_ms=20, rep_ms=60)
+
+
+def torch_graph(fn):
+    """Capture ``fn`` (already warmed up) into a CUDA graph; returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def st_graph(op):
+    """Record ``op`` into a safetile graph; returns the raw CUDA-graph replay and the graph."""
+    g = op.graph()
+    return g._cuda.replay, g
+
+
+def randn(shape, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+
+
+def bench_prefill(s: int) -> dict:
+    q, k, v = randn((HQ, s, D), 1), randn((HKV, s, D), 2), randn((HKV, s, D), 3)
+    ref = F.scaled_dot_product_attention(q[None].float(), k[None].float(), v[None].float(),
+                                         is_causal=True, enable_gqa=True)[0]
+    flops = 4.0 * s * s / 2 * D * HQ
+    row = {"case": f"prefill {s}", "tokens": s}
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
+                                              enable_gqa=True)
+    harness.check_close(f"sdpa prefill {s}", sdpa()[0], ref, 2e-2)
+    t_sdpa = graph_time_ms(torch_graph(sdpa))
+
+    qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)
+    out = st.empty((HQ, s, D), dtype=st.bf16)
+    configs = []
+    for bm, bn, w, stg in PREFILL_CONFIGS:
+        kw = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=stg)
+        try:
+            got = flash_attention(qh, kh, vh, out, **kw).sync()
+            err = harness.check_close(f"safetile prefill {s} {kw}", got.to_torch(), ref, 2e-2)
+            replay, _ = st_graph(flash_attention(qh, kh, vh, out, **kw))
+            t = graph_time_ms(replay)
+            configs.append({**kw, "ms": t, "tflops": flops / t / 1e9, "rel_err": err})
+        except Exception as e:                  # a config that does not fit is reported
+            configs.append({**kw, "error": f"{type(e).__name__}: {e}"[:300]})
+    best = min((c for c in configs if "ms" in c), key=lambda c: c["ms"])
+    row.update(safetile_ms=best["ms"], sdpa_ms=t_sdpa, safetile_tflops=best["tflops"],
+               sdpa_tflops=flops / t_sdpa / 1e9, ratio=t_sdpa / best["ms"],
+               best_config={k: best[k] for k in ("block_m", "block_n", "num_warps", "num_stages")},
+               configs=configs)
+    return row
+
+
+def bench_decode(n: int) -> dict:
+    max_seq = n
+    q = randn((HQ, D), 4)
+    k, v = randn((HKV, max_seq, D), 5), randn((HKV, max_seq, D), 6)
+    ref = F.scaled_dot_product_attention(q[None, :, None].float(), k[None].float(),
+                                         v[None].float(), enable_gqa=True)[0, :, 0]
+    nbytes = 2 * HKV * n * D * 2 + 2 * HQ * D * 2
+    row = {"case": f"decode {n}", "context": n, "bytes": nbytes}
+
+    q4 = q[None, :, None]
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q4, k[None], v[None], enable_gqa=True)
+    harness.check_close(f"sdpa decode {n}", sdpa()[0, :, 0], ref, 2e-2)
+    t_sdpa = graph_time_ms(torch_graph(sdpa))
+
+    qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)
+    length = st.from_torch(torch.tensor([n], dtype=torch.int32, device=q.device))
+    out = st.empty((HQ, D), dtype=st.bf16)
+    configs = []
+    for splits, bn, stg in DECODE_CONFIGS:
+        kw = dict(block_n=bn, num_stages=stg)
+        try:
+            ws = DecodeWorkspace.for_cache(qh, kh, num_splits=splits, block_n=bn)
+            got = decode_attention(qh, kh, vh, length, out, ws, **kw).sync()
+            err = harness.check_close(f"safetile decode {n} {splits} {kw}", got.to_torch(),
+                                      ref, 2e-2)
+            replay, _ = st_graph(decode_attention(qh, kh, vh, length, out, ws, **kw))
+            t = graph_time_ms(replay)
+            tbps = nbytes / t / 1e9
+            configs.append({"num_splits": ws.num_splits, **kw, "us": t * 1e3, "tbps": tbps,
+                            "fraction_of_copy": tbps / COPY_TBPS, "rel_err": err})
+        except Exception as e:
+            configs.append({"num_splits": splits, **kw, "error": f"{type(e).__name__}: {e}"[:300]})
+    best = min((c for c in configs if "us" in c), key=lambda c: c["us"])
+    # Diagnosis: the split kernel alone at the best configuration (the rest is the merge
+    # and the gap between the two launches).
+    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=best["num_splits"], block_n=best["block_n"])
+    replay, _ = st_graph(decode_attention_split(qh, kh, vh, length, ws, block_n=best["block_n"],
+                                                num_stages=best["num_stages"]))
+    best["split_kernel_us"] = graph_time_ms(replay) * 1e3
+    sdpa_tbps = nbytes / t_sdpa / 1e9
+    row.update(safetile_us=best["us"], sdpa_us=t_sdpa * 1e3, safetile_tbps=best["tbps"],
+               sdpa_tbps=sdpa_tbps, fraction_of_copy=best["fraction_of_copy"],
+               sdpa_fraction_of_copy=sdpa_tbps / COPY_TBPS, ratio=t_sdpa * 1e3 / best["us"],
+               split_kernel_us=best["split_kernel_us"],
+               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages")},
+               configs=configs)
+    return row
+
+
+def plot(prefill: list, decode: list, path: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = range(len(prefill))
+    a.bar([x - 0.2 for x in xs], [r["safetile_tflops"] for r in prefill], 0.4, label="safetile")
+    a.bar([x + 0.2 for x in xs], [r["sdpa_tflops"] for r in prefill], 0.4, label="torch SDPA")
+    a.set_xticks(list(xs), [f"S={r['tokens']}" for r in prefill])
+    a.set_ylabel("TFLOP/s")
+    a.set_title("causal prefill, 32q/8kv heads, D=128, bf16")
+    a.legend()
+    xs = range(len(decode))
+    b.bar([x - 0.2 for x in xs], [r["safetile_tbps"] for r in decode], 0.4, label="safetile")
+    b.bar([x + 0.2 for x in xs], [r["sdpa_tbps"] for r in decode], 0.4, label="torch SDPA")
+    b.axhline(COPY_TBPS, color="gray", ls="--", label="copy 4.26 TB/s")
+    b.axhline(0.7 * COPY_TBPS, color="gray", ls=":", label="70% target")
+    b.set_xticks(list(xs), [f"ctx={r['context']}" for r in decode])
+    b.set_ylabel("TB/s")
+    b.set_title("decode (1 token), KV bytes read / time")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    out = os.environ.get("OUT")
+    if out:
+        fig.savefig(Path(out) / path.name, dpi=110)
+    return path
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench_attention: needs a CUDA GPU; nothing measured")
+        return 0
+    st.set_backend("triton")
+    prefill = [bench_prefill(s) for s in PREFILL_LENGTHS]
+    decode = [bench_decode(n) for n in DECODE_LENGTHS]
+    path = harness.write_results("attention", {
+        "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"},
+        "copy_tbps": COPY_TBPS, "prefill": prefill, "decode": decode})
+    png = plot(prefill, decode, harness.RESULTS / "attention.png")
+    print(f"results: {path}" + (f", plot: {png}" if png else ""))
+    harness.print_table(
+        [{"case": r["case"], "safetile": f"{r['safetile_tflops']:.0f} TFLOP/s",
+          "sdpa": f"{r['sdpa_tflops']:.0f} TFLOP/s", "ratio": r["ratio"]} for r in prefill] +
+        [{"case": r["case"], "safetile": f"{r['safetile_us']:.1f} us {r['safetile_tbps']:.2f} TB/s",
+          "sdpa": f"{r['sdpa_us']:.1f} us {r['sdpa_tbps']:.2f} TB/s", "ratio": r["ratio"],
+          "of copy": f"{100 * r['fraction_of_copy']:.0f}%"} for r in decode],
+        ["case", "safetile", "sdpa", "ratio", "of copy"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
