@@ -31,14 +31,14 @@ def rope_kernel(x: st.In[st.floats, 3], positions: st.In[st.i32 | st.i64, 1],
                 inv_freq: st.In[st.f32, 1], z: st.Out[st.floats, 3]):
     """z = x * cos + rotate_half(x) * sin at the angles positions[s] * inv_freq."""
     i, j, k = z.index
-    half = (z.shape[0], z.shape[1], z.shape[2] // 2)
-    x1 = x.load((i, j, 0), half)                       # the halves: tile-grid index 0 and 1
-    x2 = x.load((i, j, 1), half)
+    # The two halves of head_dim are tiles 0 and 1 of a (seq, heads, head_dim / 2) grid.
+    x1 = x.load((i, j, 0), (z.shape[0], z.shape[1], z.shape[2] // 2))
+    x2 = x.load((i, j, 1), (z.shape[0], z.shape[1], z.shape[2] // 2))
     pos = positions.load((i,), (z.shape[0],)).astype(st.f32)
     angle = pos[:, None, None] * inv_freq.load((0,), (z.shape[2] // 2,))[None, None, :]
     c = sl.cos(angle).astype(x1.dtype)                 # HF rounds cos/sin to x's dtype
     s = sl.sin(angle).astype(x1.dtype)
-    halves = z.partition(half)
+    halves = z.partition((z.shape[0], z.shape[1], z.shape[2] // 2))
     halves.store(x1 * c - x2 * s, (0, 0, 0))
     halves.store(x2 * c + x1 * s, (0, 0, 1))
 
