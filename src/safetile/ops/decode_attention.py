@@ -150,11 +150,13 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     return host.returning(op, ws)
 
 
-def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int = 4):
+def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None):
     """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D)."""
     ws = workspace
     hq, d = out.shape
-    op = decode_merge_kernel.options(num_warps=num_warps)(
+    # Each program holds all splits of one row in registers: more splits, more warps.
+    warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
+    op = decode_merge_kernel.options(num_warps=warps)(
         ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
         ws.group, host.next_pow2(ws.num_splits))
     return host.returning(op, out)
