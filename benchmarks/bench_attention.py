@@ -38,8 +38,8 @@ DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # (num_splits, block_n, num_stages)
-DECODE_CONFIGS = [(16, 64, 3), (32, 64, 3), (64, 64, 3), (128, 64, 3), (32, 128, 2),
-                  (64, 128, 2), (32, 64, 4)]
+DECODE_CONFIGS = [(8, 64, 3), (16, 64, 3), (32, 64, 3), (64, 64, 3), (16, 32, 4),
+                  (16, 64, 4), (32, 128, 2)]
 
 
 def graph_time_ms(graph_replay) -> float:

@@ -85,10 +85,12 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
 
 
 def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
-    """Splits per kv head: about 512 programs in all (a few per SM of an H100/H200, enough
-    loads in flight to stream the cache at full bandwidth), never more than the cache has
-    key blocks."""
-    want = host.next_pow2(max(1, 512 // n_kv_heads))
+    """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
+    than the cache has key blocks. On the H200 (benchmarks/results/attention.json) 16 splits
+    of 8 kv heads beat 32, 64 and 128 at every context from 1k to 32k: more, shorter
+    programs pay the per-program prologue (device length, q, pipeline fill) more often and
+    make the merge read more partials."""
+    want = host.next_pow2(max(1, 128 // n_kv_heads))
     return max(1, min(want, -(-max_seq // block_n)))
 
 
