@@ -66,36 +66,74 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# A tile program's share of HBM bandwidth when every SM streams (H200: ~4.0 TB/s sustained
+# over 132 SMs), and the fixed cost of the split-K reduction launch (inside a graph).
+_SM_BYTES_PER_S = 4.0e12 / 132
+_REDUCE_FIXED_S = 3e-6
+# Shared memory a program may use (H200: 227 KiB per block, less a margin for barriers).
+_SMEM_BYTES = 220 * 1024
+
+
+def _stages(bm: int, bn: int, bk: int, in_bytes: int, out_bytes: int, most: int = 6) -> int:
+    """Pipeline depth that fits: the operand stages plus the TMA-store staging tile."""
+    return min(most, (_SMEM_BYTES - bm * bn * out_bytes) // ((bm + bn) * bk * in_bytes))
+
+
+def _waves(units: int, sms: int) -> int:
+    return -(-units // sms)
+
+
+def _skinny(m: int, n: int, k: int, bk: int, in_bytes: int, out_bytes: int,
+            sms: int) -> MatmulConfig:
+    """Memory-bound products (M <= 256: fewer flops per weight byte than the H200's ~206
+    FLOP/B balance point): pick the tile width and split-K factor that stream the weights
+    in the fewest full waves, by a bytes model: each program streams its (BM + BN) x K-range
+    operands (plus its fp32 partial tile when split) at one SM's share of HBM bandwidth, and
+    the reduction reads the partials once more."""
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
+    nk = _cdiv(k, bk)
+    best = None
+    for bn in (64, 128, 256):
+        units = _cdiv(m, bm) * _cdiv(n, bn)
+        for split in range(1, min(16, max(1, nk // 4)) + 1):
+            if _stages(bm, bn, bk, in_bytes, 4 if split > 1 else out_bytes) < 3:
+                continue
+            kps = _cdiv(nk, split)
+            unit_bytes = kps * bk * (bm + bn) * 2 + (bm * bn * 4 if split > 1 else 0)
+            t = _waves(units * split, sms) * unit_bytes / _SM_BYTES_PER_S
+            if split > 1:
+                t += split * _cdiv(m, bm) * bm * n * 4 / (_SM_BYTES_PER_S * sms) + _REDUCE_FIXED_S
+            if best is None or t < best[0] * 0.98:
+                best = (t, bn, split)
+    _, bn, split = best
+    stages = _stages(bm, bn, bk, in_bytes, 4 if split > 1 else out_bytes)
+    return MatmulConfig(bm, bn, bk, 8 if bm == 128 else 4, stages, split_k=split)
+
+
 def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
                   sms: int | None = None) -> MatmulConfig:
-    """The tile config for an ``(M, K) @ (K, N)`` product (the table; see module docstring).
+    """The tile config for an ``(M, K) @ (K, N)`` product.
 
-    - large ``M``: 128x256 tiles, 8 warps (two consumer warpgroups), 3 stages;
-    - medium ``M``: 128x128 tiles, 8 warps, 4 stages;
-    - skinny ``M`` (<= 64): 64-row tiles (the smallest wgmma M), and split-K whenever the
-      ``C`` tiles alone would leave most SMs without work.
-    fp32 inputs halve ``bk`` (same bytes per stage); an fp32 output gets 128-wide tiles so
+    - ``M <= 256`` is bound by streaming the weights: :func:`_skinny` picks the tile width
+      and split-K factor by a bytes-per-wave model (16/32/64-row tiles for tiny M);
+    - otherwise 128x256 tiles, 8 warps, 3 stages, warp-specialized (the fastest at 8192^3
+      on the H200), unless the tile count wastes a partial last wave that 128x128 tiles
+      (about 8% slower per flop) fill better.
+    fp32 inputs halve ``bk`` (same bytes per stage); an fp32 output keeps tiles 128 wide so
     that the epilogue buffer fits in shared memory beside the pipeline stages.
     """
     sms = sms or num_sms()
     wide = in_dtype is st.f32
     bk = 32 if wide else 64
-    if m <= 64:
-        cfg = MatmulConfig(64, 128, bk, 4, 5)
-    elif m <= 256:
-        cfg = MatmulConfig(128, 128, bk, 8, 4)
-    elif m * n >= 4 * sms * 128 * 256:
-        cfg = MatmulConfig(128, 256, bk, 8, 3)
+    if m <= 256:
+        return _skinny(m, n, k, bk, in_dtype.itemsize, out_dtype.itemsize, sms)
     else:
-        cfg = MatmulConfig(128, 128, bk, 8, 4)
-    if out_dtype is st.f32 or wide:
-        cfg = replace(cfg, bn=min(cfg.bn, 128))
-    tiles = _cdiv(m, cfg.bm) * _cdiv(n, cfg.bn)
-    nk = _cdiv(k, cfg.bk)
-    if tiles * 2 <= sms and nk >= 8:
-        split = min(_cdiv(sms, tiles), nk // 4)
-        if split > 1:
-            cfg = replace(cfg, split_k=split)
+        big = _waves(_cdiv(m, 128) * _cdiv(n, 256), sms) * 2.0
+        small = _waves(_cdiv(m, 128) * _cdiv(n, 128), sms) * 1.08
+        cfg = MatmulConfig(128, 256, bk, 8, 3, warp_specialize=True) if big <= small \
+            else MatmulConfig(128, 128, bk, 8, 4)
+    if (out_dtype is st.f32 or wide) and cfg.bn > 128:
+        cfg = replace(cfg, bn=128, num_stages=4)
     return cfg
 
 
