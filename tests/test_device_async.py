@@ -1,5 +1,6 @@
 """sync and await on the CPU executor: await runs off the loop thread; errors come back."""
 import asyncio
+import gc
 import time
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 from safetile.errors import ExecutionError, OutOfBoundsError
+from safetile.tensor import active_holds
 
 
 @st.kernel
@@ -26,6 +28,13 @@ def spin(x: st.In[st.f32], z: st.Out[st.f32], n: int):
 @st.kernel(unsafe=True, grid=(1,))
 def poke(p: st.Ptr[st.f32], at: int):
     sl.store_ptr(p, sl.arange(4) + at, sl.zeros((4,), st.f32))
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_holds():
+    yield
+    gc.collect()
+    assert active_holds() == [], "a test leaked a borrow hold"
 
 
 def vec(*values):

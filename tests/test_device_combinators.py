@@ -1,10 +1,13 @@
 """DeviceOp combinators on the CPU executor: then, map, st.zip, first, last, shared."""
+import gc
+
 import pytest
 import torch
 
 import safetile as st
 import safetile.lang as sl
 from safetile.errors import ExecutionError, MovedError
+from safetile.tensor import active_holds
 
 
 @st.kernel
@@ -15,6 +18,13 @@ def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
 @st.kernel
 def scale(x: st.In[st.f32], z: st.Out[st.f32], k: float):
     z.store(sl.load_like(x, z) * k)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_holds():
+    yield
+    gc.collect()
+    assert active_holds() == [], "a test leaked a borrow hold"
 
 
 def vec(*values):
@@ -186,3 +196,12 @@ def test_a_chain_of_thousands_of_thens_runs_without_exhausting_the_stack():
         chain = chain.then(lambda x, z, k: scale(x, z, k))
     _, z, _ = chain.sync()
     assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_an_op_dropped_without_running_hands_its_arguments_back():
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    del op
+    gc.collect()
+    assert x.to_torch().tolist() == [1, 2, 3, 4]
+    assert active_holds() == []

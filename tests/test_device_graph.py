@@ -1,5 +1,6 @@
 """Graphs on the CPU executor: op.graph(), st.graph_scope(), replay, update, capture rules."""
 import asyncio
+import gc
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 from safetile.errors import ExecutionError, GraphCaptureError
+from safetile.tensor import active_holds
 
 
 @st.kernel
@@ -17,6 +19,13 @@ def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
 @st.kernel
 def inc(z: st.Out[st.f32]):
     z.store(z.load() + 1.0)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_holds():
+    yield
+    gc.collect()
+    assert active_holds() == [], "a test leaked a borrow hold"
 
 
 def vec(*values):

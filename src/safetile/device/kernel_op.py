@@ -70,5 +70,12 @@ class KernelOp(DeviceOp):
             self._consumed = True
             self._release()
 
+    def __del__(self):
+        # An op dropped without running (built, then never synced or awaited) hands its
+        # arguments back, so that neither the handles nor the storage borrows leak.
+        if not getattr(self, "_consumed", True):
+            self._consumed = True
+            self._release()
+
     def _host_bound(self) -> bool:
         return self.backend.name == "interpret"
