@@ -174,6 +174,11 @@ def test_decode_kernel_source_does_not_depend_on_the_length():
     src = source(5)
     assert src == source(4000)
     assert "_st_scalar1(_st_length_ptr" in src      # the loop bound comes from the device
+    # Whole blocks stream unmasked; only the partial last block is masked.
+    body = src.split("def decode_split_kernel(")[1]
+    loop, tail = body.split("    for j in range(")[1].split("    if ", 1)
+    assert "tl.where" not in loop
+    assert "tl.where(valid[None, :]" in tail and "tl.where(valid[:, None], vt" in tail
 
 
 def test_decode_kernels_compile_for_sm90_with_tma_loads():

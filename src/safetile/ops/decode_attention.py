@@ -52,11 +52,17 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     m_i = sl.full((o.shape[2],), float("-inf"), st.f32)
     l_i = sl.zeros((o.shape[2],), st.f32)
     acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
-    for j in range(start // BLOCK_N, sl.cdiv(stop, BLOCK_N)):
+    # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
+    for j in range(start // BLOCK_N, stop // BLOCK_N):
         kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
         vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-        cols = j * BLOCK_N + sl.arange(BLOCK_N)
-        valid = cols < stop
+        m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i, acc)
+    # Only the split holding the end of the valid length has a partial last block.
+    if (stop > start) & (stop % BLOCK_N != 0):
+        j = stop // BLOCK_N
+        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        valid = j * BLOCK_N + sl.arange(BLOCK_N) < stop
         s = sl.where(valid[None, :], sl.matmul(qt, kt.T) * qk_scale, float("-inf"))
         # Cache rows past the length may hold anything (even NaN): 0 * NaN would poison P @ V.
         vt = sl.where(valid[:, None], vt, 0.0)
