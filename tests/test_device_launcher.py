@@ -1,0 +1,105 @@
+"""The lean launch path: variant cache, argument plan and Triton specialization keys."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import safetile as st
+import safetile.lang as sl
+from safetile.device import launcher
+from safetile.kernel.launch import _variant, bind, launch
+
+
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@st.kernel
+def mm(a: st.In[st.floats, 2], z: st.Out[st.floats, 2], n: int, BK: st.Const[int]):
+    z.store(a.load(z.index, z.shape))
+
+
+def _triton_spec(v):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+    return native_specialize_impl(BaseBackend, v, False, True, True)
+
+
+@settings(deadline=None, max_examples=300)
+@given(hs.one_of(hs.integers(-2**63, 2**63 - 1), hs.sampled_from([0, 1, 16, -16, 2**31 - 16,
+                                                                  2**31, -2**31, -2**31 - 16])))
+def test_int_key_separates_exactly_what_triton_specializes_on(v):
+    ty, attr = _triton_spec(v)
+    key = launcher._int_spec(v)
+    assert (key == 1) == (ty == "constexpr")
+    if ty != "constexpr":
+        assert (key in (2, 6)) == (attr == "D")
+        assert (key >= 4) == (ty == "i64")
+
+
+def test_pointer_key_separates_16_byte_alignment():
+    base = torch.zeros(64)
+    x, y = st.from_torch(base[:32]), st.from_torch(base[1:33])
+    out = st.empty((32,)).partition((16,))
+    L = launcher.VariantLauncher(_variant(add, bind(add, (x, y, out), {})), bind(add, (x, y, out), {}))
+    _, aligned = L.args(bind(add, (x, x, out), {}))
+    _, shifted = L.args(bind(add, (x, y, out), {}))
+    assert aligned != shifted
+
+
+def test_argument_plan_builds_what_the_variant_expects():
+    a = st.randn((8, 12))
+    z = st.empty((8, 12)).partition((4, 4))
+    bound = bind(mm, (a, z, 17, 32), {})
+    v = _variant(mm, bound)
+    args, _ = launcher.VariantLauncher(v, bound).args(bound)
+    expected = v.launch_args(bound)
+    assert len(args) == len(expected)
+    for got, want in zip(args, expected):
+        if isinstance(want, torch.Tensor):
+            assert got is want
+        elif type(want).__name__ == "TensorDescriptor":
+            assert type(got) is type(want) and got.block_shape == want.block_shape
+        else:
+            assert got == want
+
+
+@pytest.mark.parametrize("shape,tile,dtype", [((16,), (4,), st.f32), ((8, 12), (4, 4), st.f32),
+                                              ((8, 12), (4, 4), st.bf16)])
+def test_the_variant_cache_returns_the_variant_the_launcher_would_build(shape, tile, dtype):
+    a = st.randn(shape, dtype=dtype)
+    z = st.empty(shape, dtype=dtype).partition(tile)
+    args = (a, z, 5, 16) if len(shape) == 2 else (a, a, z)
+    k = mm if len(shape) == 2 else add
+    bound = bind(k, args, {})
+    assert launcher.variant_for(k, bound) is _variant(k, bound)
+
+
+def test_kernel_options_copies_get_their_own_variants():
+    a = st.randn((8, 12))
+    z = st.empty((8, 12)).partition((4, 4))
+    bound = bind(mm, (a, z, 5, 16), {})
+    assert launcher.variant_for(mm.options(num_warps=8), bound) is not launcher.variant_for(mm, bound)
+
+
+def test_a_repeat_launch_with_other_handles_is_checked_again():
+    x, y = st.ones((8,)), st.ones((8,))
+    z = st.empty((8,)).partition((4,))
+    x, y, z = launch(add, (x, y, z), {}).sync()
+    with pytest.raises(st.LaunchError, match="dtype"):
+        launch(add, (x, st.ones((8,), dtype=st.f16), z), {})
+    base = torch.zeros(8)
+    with pytest.raises(st.AliasError):
+        launch(add, (st.from_torch(base), y, st.from_torch(base).partition((4,))), {})
+
+
+def test_a_repeat_launch_with_the_same_handles_still_checks_ownership():
+    x, y = st.ones((8,)), st.ones((8,))
+    z = st.empty((8,)).partition((4,))
+    x, y, z = launch(add, (x, y, z), {}).sync()
+    in_flight = launch(add, (x, y, z), {})
+    with pytest.raises(st.MovedError, match="kernel 'add'"):
+        launch(add, (x, y, z), {})
+    in_flight.sync()
+    launch(add, (x, y, z), {}).sync()
