@@ -377,6 +377,7 @@ def gpu_demo(runs: int = RUNS, write: bool = True) -> bool:
         "programs": heads * seq // shape["block_m"],
         "max_differing_fraction": contested,
         "differing_fraction": {"safetile_unsafe": unsafe_s, "triton_twin": twin_s},
+        "race_visible": max(unsafe_s["max"], twin_s["max"]) > 0,
         "safe": {"bitwise_identical": identical, "relative_error": safe_err},
         "ok": bool(ok),
     })
