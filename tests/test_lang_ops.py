@@ -460,6 +460,15 @@ def test_gather_rows_at_data_dependent_indices(dtype):
     assert torch.equal(result(z), table[ids.long()])
 
 
+def test_gather_outside_the_table_reads_the_padding():
+    table = rand((4, 8), st.f32, 20)
+    ids = torch.tensor([1, -1, 4, 2], dtype=torch.int32)      # rows -1 and 4 do not exist
+    _, _, z = embedding(In(ids), In(table), Out((4, 8), st.f32, (1, 8))).sync()
+    expected = torch.zeros(4, 8)
+    expected[0], expected[3] = table[1], table[2]
+    assert torch.equal(result(z), expected)
+
+
 # ---- sub-partitions of the owned slab -----------------------------------------------------------
 
 @st.kernel
