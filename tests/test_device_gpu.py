@@ -38,8 +38,9 @@ def test_sync_and_a_then_chain_match_torch():
     xt, yt = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
     x, y = st.from_torch(xt.clone()), st.from_torch(yt.clone())
     op = add(x, y, st.empty((5000,), device="cuda").partition((1024,)))
-    for _ in range(99):
-        op = op.then(lambda x, y, z: fma(x, z, 0.5))
+    op = op.then(lambda x, y, z: fma(x, z, 0.5))
+    for _ in range(98):
+        op = op.then(lambda x, z, a: fma(x, z, 0.5))
     out = op.sync()
     ref = xt + yt
     for _ in range(99):
