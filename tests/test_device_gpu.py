@@ -51,7 +51,7 @@ def test_sync_and_a_then_chain_match_torch():
 def _spin_n_for(ms: float) -> int:
     n = 200_000
     x, z = st.ones((1024,), device="cuda"), st.empty((1024,), device="cuda").partition((1024,))
-    x, z, _ = spin(x, z, 1000).sync()                     # compile
+    x, z, _ = spin(x, z, n).sync()                        # compile this specialization
     t0 = time.perf_counter()
     spin(x, z, n).sync()
     took = time.perf_counter() - t0

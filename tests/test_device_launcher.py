@@ -103,3 +103,19 @@ def test_a_repeat_launch_with_the_same_handles_still_checks_ownership():
         launch(add, (x, y, z), {})
     in_flight.sync()
     launch(add, (x, y, z), {}).sync()
+
+
+def test_an_empty_triton_hook_chain_counts_as_no_hook():
+    import triton
+    rt = triton.knobs.runtime
+    assert launcher._no_hook(None)
+    assert launcher._no_hook(rt.launch_enter_hook) == (not rt.launch_enter_hook.calls)
+
+    def hook(metadata):
+        pass
+
+    rt.launch_enter_hook.add(hook)
+    try:
+        assert not launcher._no_hook(rt.launch_enter_hook)
+    finally:
+        rt.launch_enter_hook.remove(hook)

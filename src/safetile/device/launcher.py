@@ -10,8 +10,8 @@ specialization, cache-key hashing, option parsing). A ``KernelOp`` launch instea
    a compiled kernel on (pointer 16-byte alignment; for ints: equal to 1, divisible by 16,
    fits in 32 bits). A binary is therefore never used for arguments it was not compiled for;
    a new key goes once through ``JITFunction.warmup`` (compile or fetch, no launch);
-4. calls the binary's launcher (``CompiledKernel.run``'s C entry point) with the stream
-   handle of the execution.
+4. calls the binary's launcher (``CompiledKernel.run``) with the stream handle of the
+   execution, without launch metadata or hooks when no profiling hook is installed.
 
 Profiling hooks (``triton.knobs.runtime.launch_enter_hook``) are honoured: when one is set,
 the launch goes through the launcher's general entry with launch metadata.
@@ -127,13 +127,7 @@ class VariantLauncher:
             with _lock:
                 compiled = self.variant.jit.warmup(*args, grid=grid, **self.options)
                 compiled._init_handles()
-                run = compiled.run
-                if run.global_scratch_size or run.profile_scratch_size:
-                    # scratch buffers are allocated per launch by the general entry
-                    entry = (run, (compiled.function,), compiled)
-                else:
-                    entry = (run.launch, (compiled.function, run.launch_cooperative_grid,
-                                          run.launch_pdl, None, None), compiled)
+                entry = (compiled.run, (compiled.function,), compiled)
                 self.binaries[spec] = entry
         return entry
 
@@ -144,7 +138,7 @@ class VariantLauncher:
         gy = grid[1] if len(grid) > 1 else 1
         gz = grid[2] if len(grid) > 2 else 1
         rt = _RT[0] or _runtime()
-        if rt.launch_enter_hook is None and rt.launch_exit_hook is None:
+        if _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
             fn(gx, gy, gz, stream, *lead, compiled.packed_metadata, None, None, None, *args)
         else:
             meta = compiled.launch_metadata(grid, stream, *args)
@@ -161,6 +155,13 @@ def _runtime():
         import triton
         _RT[0] = triton.knobs.runtime
     return _RT[0]
+
+
+def _no_hook(hook) -> bool:
+    """Triton 3.6 keeps launch hooks in ``HookChain`` objects that are never None; an empty
+    chain is no hook, and passing None spares the launcher two Python calls per launch and
+    the launch-metadata dict."""
+    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
 
 
 def launcher_for(kernel, bound) -> VariantLauncher:
