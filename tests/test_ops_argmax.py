@@ -5,19 +5,11 @@ import torch
 import safetile as st
 from safetile import ops
 
-
-@pytest.fixture(autouse=True)
-def cpu_executor():
-    with st.backend("interpret", seed=7):
-        yield
+import support
+from support import rand, wrap
 
 
-def rand(n, dtype, seed):
-    return torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype.torch)
-
-
-def wrap(t):
-    return st.from_torch(t.clone())
+cpu_executor = support.cpu_executor(seed=7)
 
 
 @pytest.mark.parametrize("dtype", [st.f32, st.f16, st.bf16], ids=["f32", "f16", "bf16"])

@@ -7,24 +7,15 @@ import torch
 
 import safetile as st
 from safetile import ops
+
+import support
+from support import rand, wrap
 from safetile.ops.unsafe_twins import add_unsafe
 
-DTYPES = [st.f32, st.f16, st.bf16]
-IDS = [d.name for d in DTYPES]
+DTYPES, IDS = support.FLOAT_DTYPES, support.FLOAT_IDS
 
 
-@pytest.fixture(autouse=True)
-def cpu_executor():
-    with st.backend("interpret", seed=1):
-        yield
-
-
-def rand(shape, dtype, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype.torch)
-
-
-def wrap(t):
-    return st.from_torch(t.clone())
+cpu_executor = support.cpu_executor(seed=1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)

@@ -5,15 +5,11 @@ import torch
 import safetile as st
 from safetile import ops
 
-
-@pytest.fixture(autouse=True)
-def cpu_executor():
-    with st.backend("interpret", seed=6):
-        yield
+import support
+from support import wrap
 
 
-def wrap(t):
-    return st.from_torch(t.clone())
+cpu_executor = support.cpu_executor(seed=6)
 
 
 @pytest.mark.parametrize("dtype", [st.f32, st.f16, st.bf16], ids=["f32", "f16", "bf16"])

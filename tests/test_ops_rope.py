@@ -6,22 +6,13 @@ import torch
 import safetile as st
 from safetile import ops
 
-DTYPES = [st.f32, st.f16, st.bf16]
-IDS = [d.name for d in DTYPES]
+import support
+from support import rand, wrap
+
+DTYPES, IDS = support.FLOAT_DTYPES, support.FLOAT_IDS
 
 
-@pytest.fixture(autouse=True)
-def cpu_executor():
-    with st.backend("interpret", seed=4):
-        yield
-
-
-def rand(shape, dtype, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype.torch)
-
-
-def wrap(t):
-    return st.from_torch(t.clone())
+cpu_executor = support.cpu_executor(seed=4)
 
 
 def rotate_half(x):

@@ -6,24 +6,18 @@ import torch
 import safetile as st
 from safetile import ops
 
-DTYPES = [st.f32, st.f16, st.bf16]
-IDS = [d.name for d in DTYPES]
+import support
+from support import wrap
+
+DTYPES, IDS = support.FLOAT_DTYPES, support.FLOAT_IDS
 TOL = {st.f32: 1e-6, st.f16: 1e-3, st.bf16: 8e-3}
 
 
-@pytest.fixture(autouse=True)
-def cpu_executor():
-    with st.backend("interpret", seed=5):
-        yield
+cpu_executor = support.cpu_executor(seed=5)
 
 
 def rand(shape, dtype, seed, scale=4.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) * scale).to(dtype.torch)
-
-
-def wrap(t):
-    return st.from_torch(t.clone())
+    return support.rand(shape, dtype, seed, scale)
 
 
 def close(got, x, dtype):
