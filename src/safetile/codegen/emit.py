@@ -12,13 +12,9 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from ..dtypes import DType
-from ..errors import KernelDefinitionError, LaunchError
-from .prelude import HEADER, helper_source
+from .prelude import HEADER
 from .spec import VariantKey
-
-TMA_MIN_INNER_BYTES = 16
-TMA_MAX_BOX = 256          # a tensor-map box has at most 256 elements along each axis
+from .views import ViewEmitter
 
 
 @dataclass
@@ -36,7 +32,7 @@ def _join(a: dict, b: dict) -> dict:
     return {k: a.get(k, frozenset()) | b.get(k, frozenset()) for k in keys}
 
 
-class Emitter:
+class Emitter(ViewEmitter):
     """Translates one kernel (and the @st.function helpers it calls) for one variant."""
 
     def __init__(self, kernel, key: VariantKey):
@@ -57,390 +53,6 @@ class Emitter:
         self.in_tile_loop = False
         self.tma_outs = self.tma_store_outs()
 
-    def tma_store_outs(self) -> set:
-        """Outs whose owned tile is written by a tensor-descriptor (TMA) store.
-
-        A TMA store writes the whole box and drops elements outside the tensor, so edge
-        tiles stay inside the partition, as the masked store does. It is asynchronous and its
-        completion is not ordered by a CTA barrier, so it is used only where no token chain
-        can need that order: the kernel stores the Out in exactly one statement and never
-        reads it back (no ``z.load()``, no sub-partition views).
-        """
-        if not (self.key.tma and self.key.tma_store):
-            return set()
-        stores, other = {}, set()
-        for node in ast.walk(self.src.tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-                continue
-            base = node.func.value
-            kind = self.view_kind(base)
-            if kind not in ("Out", "tile", "sub"):
-                continue
-            out = self.out_name(base)
-            if node.func.attr == "tiles":
-                continue
-            if kind == "sub" or node.func.attr != "store":
-                other.add(out)
-            else:
-                stores[out] = stores.get(out, 0) + 1
-        for name, view in self.info.views.items():
-            if view[0] == "sub":
-                other.add(view[1])
-        ok = set()
-        for o in self.outs:
-            t = o.tile
-            if (o.tma and stores.get(o.name) == 1 and o.name not in other and len(t) >= 2
-                    and t[-1] * o.dtype.itemsize >= TMA_MIN_INNER_BYTES
-                    and all(d <= TMA_MAX_BOX for d in t)):
-                ok.add(o.name)
-        return ok
-
-    # -- errors ------------------------------------------------------------------------------
-    def fail(self, node, message):
-        return KernelDefinitionError(message, self.src.filename, self.src.line(node), "codegen")
-
-    # -- helpers -------------------------------------------------------------------------------
-    def use(self, name: str) -> str:
-        if name not in self.helpers:
-            self.helpers[name] = helper_source(name)
-        return name
-
-    def new_tmp(self) -> str:
-        self.tmp += 1
-        return f"_st_v{self.tmp}"
-
-    def out_name(self, node) -> str:
-        """The Out parameter a view expression refers to."""
-        name = node.id
-        if name in self.specs:
-            return name
-        return self.info.views[name][1]
-
-    def view_kind(self, node):
-        if isinstance(node, ast.Name):
-            if node.id in self.specs and self.specs[node.id].kind in ("In", "Out", "Ptr"):
-                return self.specs[node.id].kind
-            if node.id in self.info.views:
-                return self.info.views[node.id][0]
-        return None
-
-    def idx(self, k: int) -> str:
-        if self.persistent and not self.in_tile_loop:
-            raise LaunchError(
-                f"kernel '{self.kernel.name}': Out '{self.lead.name}' is a persistent partition, "
-                f"so owned tiles are only reachable inside `for t in {self.lead.name}.tiles():`")
-        return f"_st_i{k}"
-
-    # -- static evaluation of shapes (for tensor descriptors) ------------------------------------
-    def static(self, node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name):
-            s = self.specs.get(node.id)
-            if s is not None and s.kind == "Const" and isinstance(s.value, int):
-                return s.value
-            r = self.scope.resolve(node)
-            if r is not None and r.kind == "const" and isinstance(r.value, int):
-                return r.value
-            return None
-        if isinstance(node, (ast.Tuple, ast.List)):
-            vals = [self.static(e) for e in node.elts]
-            return None if any(v is None for v in vals) else tuple(vals)
-        if isinstance(node, ast.Attribute) and node.attr == "shape" and \
-                self.view_kind(node.value) in ("Out", "tile"):
-            return self.specs[self.out_name(node.value)].tile
-        if isinstance(node, ast.Subscript):
-            base, i = self.static(node.value), self.static(node.slice)
-            if isinstance(base, tuple) and isinstance(i, int):
-                return base[i]
-            return None
-        if isinstance(node, ast.BinOp):
-            a, b = self.static(node.left), self.static(node.right)
-            if isinstance(a, int) and isinstance(b, int):
-                ops = {ast.Mult: lambda: a * b, ast.Add: lambda: a + b, ast.Sub: lambda: a - b,
-                       ast.FloorDiv: lambda: a // b if b else None}
-                f = ops.get(type(node.op))
-                return f() if f else None
-        return None
-
-    # -- tuple-ish arguments ------------------------------------------------------------------
-    def parts(self, node, rank: int) -> list[str]:
-        """Split an index or shape argument into ``rank`` expressions."""
-        if isinstance(node, (ast.Tuple, ast.List)):
-            if len(node.elts) != rank:
-                raise self.fail(node, f"expected {rank} entries, got {len(node.elts)}")
-            return [self.expr(e) for e in node.elts]
-        if isinstance(node, ast.Attribute) and self.view_kind(node.value) in ("Out", "tile"):
-            out = self.specs[self.out_name(node.value)]
-            if node.attr == "index":
-                return [self.idx(k) for k in range(len(out.tile))]
-            if node.attr == "shape":
-                return [f"_st_{out.name}_t{k}" for k in range(len(out.tile))]
-        if rank == 1:
-            return [self.expr(node)]
-        e = self.expr(node)
-        return [f"({e})[{k}]" for k in range(rank)]
-
-    # -- expressions ---------------------------------------------------------------------------
-    def expr(self, node) -> str:
-        m = getattr(self, "expr_" + type(node).__name__, None)
-        if m is None:
-            raise self.fail(node, f"`{ast.unparse(node)}` cannot be compiled")
-        return m(node)
-
-    def expr_Constant(self, node):
-        return repr(node.value)
-
-    def expr_Name(self, node):
-        spec = self.specs.get(node.id)
-        if spec is not None:
-            if spec.kind in ("In", "Out", "Ptr"):
-                raise self.fail(node, f"view '{node.id}' is not a value; load a tile from it")
-            return node.id
-        if node.id in self.info.views:
-            raise self.fail(node, f"view '{node.id}' is not a value")
-        r = self.scope.resolve(node)
-        if r is None or r.kind in ("local", "param"):
-            return node.id
-        return self.resolved_value(node, r)
-
-    def resolved_value(self, node, r):
-        if r.kind == "const":
-            v = r.value
-            return repr(v) if not isinstance(v, float) or v == v and abs(v) != float("inf") \
-                else f'float("{v}")'
-        if r.kind == "dtype":
-            return f"tl.{r.value.triton_name}"
-        raise self.fail(node, f"`{ast.unparse(node)}` is not a value in a kernel")
-
-    def expr_Attribute(self, node):
-        kind = self.view_kind(node.value)
-        if kind == "In" and node.attr == "shape":
-            s = self.specs[node.value.id]
-            return "(" + ", ".join(f"_st_{s.name}_n{k}" for k in range(s.rank)) + ",)"
-        if kind in ("Out", "tile"):
-            return "(" + ", ".join(self.parts(node, len(self.specs[self.out_name(node.value)].tile))) + ",)"
-        if kind == "sub":
-            return "(" + ", ".join(self.subs[node.value.id][1]) + ",)"
-        r = self.scope.resolve(node)
-        if r is not None:
-            return self.resolved_value(node, r)
-        base = self.expr(node.value)
-        if node.attr == "T":
-            return f"tl.trans({base})"
-        return f"({base}).{node.attr}"
-
-    def expr_Subscript(self, node):
-        v = node.value
-        if isinstance(v, ast.Attribute) and self.view_kind(v.value) == "In" and v.attr == "shape":
-            k = self.static(node.slice)
-            if k is None:
-                raise self.fail(node, "index x.shape with a constant")
-            return f"_st_{v.value.id}_n{k}"
-        if isinstance(v, ast.Attribute) and self.view_kind(v.value) in ("Out", "tile"):
-            k = self.static(node.slice)
-            if k is not None:
-                return self.parts(v, len(self.specs[self.out_name(v.value)].tile))[k]
-        return f"{self.expr(v)}[{self.slice(node.slice)}]"
-
-    def slice(self, node) -> str:
-        if isinstance(node, ast.Tuple):
-            return ", ".join(self.slice(e) for e in node.elts)
-        if isinstance(node, ast.Slice):
-            lo = self.expr(node.lower) if node.lower else ""
-            hi = self.expr(node.upper) if node.upper else ""
-            return f"{lo}:{hi}" + (f":{self.expr(node.step)}" if node.step else "")
-        return self.expr(node)
-
-    def expr_BinOp(self, node):
-        op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
-              ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
-              ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}[type(node.op)]
-        if op == "@":
-            return f"tl.dot({self.expr(node.left)}, {self.expr(node.right)})"
-        return f"({self.expr(node.left)} {op} {self.expr(node.right)})"
-
-    def expr_UnaryOp(self, node):
-        op = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}[type(node.op)]
-        return f"({op}{self.expr(node.operand)})"
-
-    def expr_BoolOp(self, node):
-        op = " and " if isinstance(node.op, ast.And) else " or "
-        return "(" + op.join(self.expr(v) for v in node.values) + ")"
-
-    def expr_Compare(self, node):
-        ops = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
-               ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
-        s = self.expr(node.left)
-        for op, right in zip(node.ops, node.comparators):
-            s += f" {ops[type(op)]} {self.expr(right)}"
-        return f"({s})"
-
-    def expr_IfExp(self, node):
-        return f"({self.expr(node.body)} if {self.expr(node.test)} else {self.expr(node.orelse)})"
-
-    def expr_Tuple(self, node):
-        return "(" + "".join(self.expr(e) + ", " for e in node.elts) + ")"
-
-    def expr_List(self, node):
-        return "[" + ", ".join(self.expr(e) for e in node.elts) + "]"
-
-    def expr_Call(self, node):
-        f = node.func
-        if isinstance(f, ast.Attribute):
-            kind = self.view_kind(f.value)
-            if kind is not None:
-                return self.view_call(node, f, kind)
-            r = self.scope.resolve(f)
-            if r is None:                          # t.astype(dtype)
-                return f"({self.expr(f.value)}).to({self.expr(node.args[0])})"
-        else:
-            r = self.scope.resolve(f)
-        if r.kind == "builtin":
-            return self.builtin_call(node, r.value)
-        if r.kind == "load_like":
-            x, z = node.args
-            return self.in_load(node, x, ast.Attribute(z, "index"), ast.Attribute(z, "shape"),
-                                None, nonneg=True)
-        if r.kind == "function":
-            return f"_stf_{r.value.name}({self.args(node)})"
-        if r.kind == "pybuiltin":
-            name = f.id
-            if name == "float":
-                v = float(ast.literal_eval(node.args[0]))
-                return repr(v) if abs(v) != float("inf") and v == v else f'float("{v}")'
-            return {"min": "tl.minimum", "max": "tl.maximum", "abs": "tl.abs"}[name] + \
-                f"({self.args(node)})"
-        raise self.fail(node, f"cannot compile call `{ast.unparse(node)}`")
-
-    def args(self, node) -> str:
-        parts = [self.expr(a) for a in node.args]
-        parts += [f"{k.arg}={self.expr(k.value)}" for k in node.keywords]
-        return ", ".join(parts)
-
-    def builtin_call(self, node, b):
-        name = b.name
-        if name == "arange":
-            return f"tl.arange(0, {self.expr(node.args[0])})"
-        if name == "sum":
-            return f"{self.use('_st_sum')}({self.args(node)})"
-        if name in ("load_ptr", "store_ptr", "atomic_add"):
-            p = node.args[0].id
-            rest = [self.expr(a) for a in node.args[1:]]
-            kw = {k.arg: self.expr(k.value) for k in node.keywords}
-            ptr = f"_st_{p}_ptr + {rest[0]}"
-            if name == "load_ptr":
-                mask = kw.get("mask", rest[1] if len(rest) > 1 else "None")
-                other = kw.get("other", rest[2] if len(rest) > 2 else "0")
-                return f"tl.load({ptr}, mask={mask}, other={other})"
-            value = rest[1]
-            mask = kw.get("mask", rest[2] if len(rest) > 2 else "None")
-            fn = "tl.store" if name == "store_ptr" else "tl.atomic_add"
-            return f"{fn}({ptr}, {value}, mask={mask})"
-        target = b.triton
-        if target.startswith("_st_"):
-            self.use(target)
-        return f"{target}({self.args(node)})"
-
-    # -- view operations -------------------------------------------------------------------------
-    def view_call(self, node, f, kind):
-        name, method = f.value.id, f.attr
-        if kind == "In":
-            if method == "load":
-                index = node.args[0] if node.args else _kw(node, "index")
-                shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
-                pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
-                owned = isinstance(index, ast.Attribute) and index.attr == "index" and \
-                    self.view_kind(index.value) in ("Out", "tile")
-                return self.in_load(node, f.value, index, shape, pad, nonneg=owned)
-            if method == "load_at":
-                s = self.specs[name]
-                offset = node.args[0] if node.args else _kw(node, "offset")
-                shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
-                pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
-                e = ", ".join(self.parts(offset, s.rank))
-                shp = ", ".join(self.parts(shape, s.rank))
-                helper = self.use(f"_st_loadat{s.rank}")
-                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad)})"
-            if method == "load_scalar":
-                s = self.specs[name]
-                index = node.args[0]
-                pad = node.args[1] if len(node.args) > 1 else _kw(node, "padding")
-                e = ", ".join(self.parts(index, s.rank))
-                helper = self.use(f"_st_scalar{s.rank}")
-                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {self.pad(pad)})"
-        out = self.specs[self.out_name(f.value)]
-        r = len(out.tile)
-        if kind in ("Out", "tile") and method == "load":
-            self.accesses.append((out.name, "load"))
-            helper = self.use(f"_st_load{r}")
-            return (f"{helper}({self.tensor_args(out.name, r)}, {', '.join(self.idx(k) for k in range(r))}, "
-                    f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, 0, False)")
-        if kind == "sub" and method == "load":
-            self.accesses.append((out.name, "load"))
-            helper = self.use(f"_st_subload{r}")
-            return f"{helper}({self.sub_args(name, out, r, node.args[0])}, 0)"
-        raise self.fail(node, f"`{ast.unparse(node)}` must be a statement of its own")
-
-    def tensor_args(self, name: str, r: int) -> str:
-        return (f"_st_{name}_ptr, " + ", ".join(f"_st_{name}_n{k}" for k in range(r)) + ", " +
-                ", ".join(f"_st_{name}_s{k}" for k in range(r)))
-
-    def sub_args(self, sub: str, out, r: int, index_node) -> str:
-        shape = self.subs[sub][1]
-        j = self.parts(index_node, r)
-        return (f"{self.tensor_args(out.name, r)}, {', '.join(self.idx(k) for k in range(r))}, "
-                f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, {', '.join(j)}, "
-                f"{', '.join(shape)}")
-
-    def pad(self, node) -> str:
-        if node is None:
-            return "0"
-        v = self.static_float(node)
-        if v is None:
-            raise self.fail(node, "padding must be a compile-time constant (a literal or Const)")
-        return repr(v) if abs(v) != float("inf") and v == v else f'float("{v}")'
-
-    def static_float(self, node):
-        try:
-            return float(ast.literal_eval(node))
-        except (ValueError, TypeError, SyntaxError):
-            pass
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float":
-            return float(ast.literal_eval(node.args[0]))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            v = self.static_float(node.operand)
-            return None if v is None else -v
-        if isinstance(node, ast.Name):
-            s = self.specs.get(node.id)
-            if s is not None and s.kind == "Const":
-                return float(s.value)
-            r = self.scope.resolve(node)
-            if r is not None and r.kind == "const":
-                return float(r.value)
-        return None
-
-    def in_load(self, node, x, index, shape, pad, nonneg: bool) -> str:
-        s = self.specs[x.id]
-        if s.kind != "In":
-            raise self.fail(node, f"'{x.id}' is not an In parameter")
-        block = self.static(shape)
-        if isinstance(block, int):
-            block = (block,)
-        pad_s = self.pad(pad)
-        idx = self.parts(index, s.rank)
-        if (self.key.tma and s.tma and s.rank >= 2 and block is not None and pad_s in ("0", "0.0")
-                and block[-1] * s.dtype.itemsize >= TMA_MIN_INNER_BYTES
-                and all(b & (b - 1) == 0 and b <= TMA_MAX_BOX for b in block)):
-            d = self.descs.setdefault((x.id, block), f"_st_{x.id}_d{len(self.descs)}")
-            coords = ", ".join(f"({i}) * {b}" for i, b in zip(idx, block))
-            return f"{d}.load([{coords}])"
-        shp = self.parts(shape, s.rank)
-        helper = self.use(f"_st_load{s.rank}")
-        return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, {', '.join(shp)}, "
-                f"{pad_s}, {not nonneg})")
-
-    # -- statements ------------------------------------------------------------------------------
     def block(self, body, state, indent) -> tuple[list, dict]:
         lines = []
         for stmt in body:
@@ -603,31 +215,16 @@ class Emitter:
         head = f"{ind}for _st_t in {loop}:"
         return [head] + coords + body, _join(state, end)
 
-    # -- program -> tile -----------------------------------------------------------------------
-    def coords(self, s: str, ind: str) -> list[str]:
-        """Lines computing _st_i0.. (tile coordinates) from sequence position ``s``."""
-        lead, r = self.lead, len(self.lead.tile)
-        g = [f"_st_g{k}" for k in range(r)]
-        if lead.order == "grouped":
-            G = lead.group_size
-            return [f"{ind}_st_gw = {G} * {g[1]}",
-                    f"{ind}_st_fm = ({s} // _st_gw) * {G}",
-                    f"{ind}_st_gs = tl.minimum({g[0]} - _st_fm, {G})",
-                    f"{ind}_st_i0 = _st_fm + (({s} % _st_gw) % _st_gs)",
-                    f"{ind}_st_i1 = ({s} % _st_gw) // _st_gs"]
-        lines, rest = [], s
-        for k in reversed(range(1, r)):
-            lines.append(f"{ind}_st_i{k} = {rest} % {g[k]}")
-            lines.append(f"{ind}_st_r{k} = {rest} // {g[k]}")
-            rest = f"_st_r{k}"
-        lines.append(f"{ind}_st_i0 = {rest}")
-        return lines
-
-    # -- whole module --------------------------------------------------------------------------
     def generate(self) -> Generated:
         ind = "    "
         body, _ = self.block(self.src.tree.body, {}, ind)
         prologue = []
+        if self.key.pdl:
+            # Programmatic dependent launch: this grid may start while the previous one runs.
+            # The wait comes before every other instruction, so no load or store of this
+            # program can see (or overwrite) memory that grid still uses; then the next PDL
+            # grid may be scheduled (it waits the same way).
+            prologue += [f"{ind}_st_gdc_wait()", f"{ind}_st_gdc_launch_dependents()"]
         if self.lead is not None:
             r = len(self.lead.tile)
             for k in range(r):
@@ -668,6 +265,9 @@ class Emitter:
         entry = self.kernel.name
         funcs = self.function_sources()
         text = [HEADER]
+        if self.key.pdl:
+            text.append("from triton.language.extra.cuda import gdc_wait as _st_gdc_wait, "
+                        "gdc_launch_dependents as _st_gdc_launch_dependents\n")
         text += list(self.helpers.values())
         text += funcs
         text.append(f"\n@triton.jit\ndef {entry}({', '.join(params)}):")
@@ -704,13 +304,6 @@ class FunctionEmitter(Emitter):
         body, _ = self.block(self.src.tree.body, {}, "    ")
         args = ", ".join(a.arg for a in self.src.tree.args.args)
         return f"\n@triton.jit\ndef _stf_{self.fn.name}({args}):\n" + "\n".join(body) + "\n"
-
-
-def _kw(node, name):
-    for k in node.keywords:
-        if k.arg == name:
-            return k.value
-    return None
 
 
 def generate(kernel, key: VariantKey) -> Generated:

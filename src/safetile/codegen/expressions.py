@@ -1,0 +1,289 @@
+"""Kernel expressions -> Triton expressions: names, operators, calls of ``safetile.lang``.
+
+``ExpressionEmitter`` holds what every translated body needs (the variant's parameter specs,
+name resolution, compile-time evaluation of shapes); ``views.ViewEmitter`` adds the view
+operations and ``emit.Emitter`` the statements and token ordering.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..errors import KernelDefinitionError
+from .prelude import helper_source
+
+
+def float_literal(v: float) -> str:
+    """A float as Triton source (infinities and NaN spelled through float())."""
+    return repr(v) if abs(v) != float("inf") and v == v else f'float("{v}")'
+
+
+def _kw(node, name):
+    for k in node.keywords:
+        if k.arg == name:
+            return k.value
+    return None
+
+
+class ExpressionEmitter:
+    """Translates expressions of one kernel or @st.function body for one variant."""
+
+    def fail(self, node, message):
+        return KernelDefinitionError(message, self.src.filename, self.src.line(node), "codegen")
+
+    def use(self, name: str) -> str:
+        if name not in self.helpers:
+            self.helpers[name] = helper_source(name)
+        return name
+
+    def new_tmp(self) -> str:
+        self.tmp += 1
+        return f"_st_v{self.tmp}"
+
+    def out_name(self, node) -> str:
+        """The Out parameter a view expression refers to."""
+        name = node.id
+        if name in self.specs:
+            return name
+        return self.info.views[name][1]
+
+    def view_kind(self, node):
+        if isinstance(node, ast.Name):
+            if node.id in self.specs and self.specs[node.id].kind in ("In", "Out", "Ptr"):
+                return self.specs[node.id].kind
+            if node.id in self.info.views:
+                return self.info.views[node.id][0]
+        return None
+
+    def static(self, node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            s = self.specs.get(node.id)
+            if s is not None and s.kind == "Const" and isinstance(s.value, int):
+                return s.value
+            r = self.scope.resolve(node)
+            if r is not None and r.kind == "const" and isinstance(r.value, int):
+                return r.value
+            return None
+        if isinstance(node, (ast.Tuple, ast.List)):
+            vals = [self.static(e) for e in node.elts]
+            return None if any(v is None for v in vals) else tuple(vals)
+        if isinstance(node, ast.Attribute) and node.attr == "shape" and \
+                self.view_kind(node.value) in ("Out", "tile"):
+            return self.specs[self.out_name(node.value)].tile
+        if isinstance(node, ast.Subscript):
+            base, i = self.static(node.value), self.static(node.slice)
+            if isinstance(base, tuple) and isinstance(i, int):
+                return base[i]
+            return None
+        if isinstance(node, ast.BinOp):
+            a, b = self.static(node.left), self.static(node.right)
+            if isinstance(a, int) and isinstance(b, int):
+                ops = {ast.Mult: lambda: a * b, ast.Add: lambda: a + b, ast.Sub: lambda: a - b,
+                       ast.FloorDiv: lambda: a // b if b else None}
+                f = ops.get(type(node.op))
+                return f() if f else None
+        return None
+
+    def static_float(self, node):
+        try:
+            return float(ast.literal_eval(node))
+        except (ValueError, TypeError, SyntaxError):
+            pass
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float":
+            return float(ast.literal_eval(node.args[0]))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            v = self.static_float(node.operand)
+            return None if v is None else -v
+        if isinstance(node, ast.Name):
+            s = self.specs.get(node.id)
+            if s is not None and s.kind == "Const":
+                return float(s.value)
+            r = self.scope.resolve(node)
+            if r is not None and r.kind == "const":
+                return float(r.value)
+        return None
+
+    def pad(self, node) -> str:
+        if node is None:
+            return "0"
+        v = self.static_float(node)
+        if v is None:
+            raise self.fail(node, "padding must be a compile-time constant (a literal or Const)")
+        return float_literal(v)
+
+    def parts(self, node, rank: int) -> list[str]:
+        """Split an index or shape argument into ``rank`` expressions."""
+        if isinstance(node, (ast.Tuple, ast.List)):
+            if len(node.elts) != rank:
+                raise self.fail(node, f"expected {rank} entries, got {len(node.elts)}")
+            return [self.expr(e) for e in node.elts]
+        if isinstance(node, ast.Attribute) and self.view_kind(node.value) in ("Out", "tile"):
+            out = self.specs[self.out_name(node.value)]
+            if node.attr == "index":
+                return [self.idx(k) for k in range(len(out.tile))]
+            if node.attr == "shape":
+                return [f"_st_{out.name}_t{k}" for k in range(len(out.tile))]
+        if rank == 1:
+            return [self.expr(node)]
+        e = self.expr(node)
+        return [f"({e})[{k}]" for k in range(rank)]
+
+    def expr(self, node) -> str:
+        m = getattr(self, "expr_" + type(node).__name__, None)
+        if m is None:
+            raise self.fail(node, f"`{ast.unparse(node)}` cannot be compiled")
+        return m(node)
+
+    def expr_Constant(self, node):
+        return repr(node.value)
+
+    def expr_Name(self, node):
+        spec = self.specs.get(node.id)
+        if spec is not None:
+            if spec.kind in ("In", "Out", "Ptr"):
+                raise self.fail(node, f"view '{node.id}' is not a value; load a tile from it")
+            return node.id
+        if node.id in self.info.views:
+            raise self.fail(node, f"view '{node.id}' is not a value")
+        r = self.scope.resolve(node)
+        if r is None or r.kind in ("local", "param"):
+            return node.id
+        return self.resolved_value(node, r)
+
+    def resolved_value(self, node, r):
+        if r.kind == "const":
+            v = r.value
+            return float_literal(v) if isinstance(v, float) else repr(v)
+        if r.kind == "dtype":
+            return f"tl.{r.value.triton_name}"
+        raise self.fail(node, f"`{ast.unparse(node)}` is not a value in a kernel")
+
+    def expr_Attribute(self, node):
+        kind = self.view_kind(node.value)
+        if kind == "In" and node.attr == "shape":
+            s = self.specs[node.value.id]
+            return "(" + ", ".join(f"_st_{s.name}_n{k}" for k in range(s.rank)) + ",)"
+        if kind in ("Out", "tile"):
+            return "(" + ", ".join(self.parts(node, len(self.specs[self.out_name(node.value)].tile))) + ",)"
+        if kind == "sub":
+            return "(" + ", ".join(self.subs[node.value.id][1]) + ",)"
+        r = self.scope.resolve(node)
+        if r is not None:
+            return self.resolved_value(node, r)
+        base = self.expr(node.value)
+        if node.attr == "T":
+            return f"tl.trans({base})"
+        return f"({base}).{node.attr}"
+
+    def expr_Subscript(self, node):
+        v = node.value
+        if isinstance(v, ast.Attribute) and self.view_kind(v.value) == "In" and v.attr == "shape":
+            k = self.static(node.slice)
+            if k is None:
+                raise self.fail(node, "index x.shape with a constant")
+            return f"_st_{v.value.id}_n{k}"
+        if isinstance(v, ast.Attribute) and self.view_kind(v.value) in ("Out", "tile"):
+            k = self.static(node.slice)
+            if k is not None:
+                return self.parts(v, len(self.specs[self.out_name(v.value)].tile))[k]
+        return f"{self.expr(v)}[{self.slice(node.slice)}]"
+
+    def slice(self, node) -> str:
+        if isinstance(node, ast.Tuple):
+            return ", ".join(self.slice(e) for e in node.elts)
+        if isinstance(node, ast.Slice):
+            lo = self.expr(node.lower) if node.lower else ""
+            hi = self.expr(node.upper) if node.upper else ""
+            return f"{lo}:{hi}" + (f":{self.expr(node.step)}" if node.step else "")
+        return self.expr(node)
+
+    def expr_BinOp(self, node):
+        op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+              ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
+              ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}[type(node.op)]
+        if op == "@":
+            return f"tl.dot({self.expr(node.left)}, {self.expr(node.right)})"
+        return f"({self.expr(node.left)} {op} {self.expr(node.right)})"
+
+    def expr_UnaryOp(self, node):
+        op = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}[type(node.op)]
+        return f"({op}{self.expr(node.operand)})"
+
+    def expr_BoolOp(self, node):
+        op = " and " if isinstance(node.op, ast.And) else " or "
+        return "(" + op.join(self.expr(v) for v in node.values) + ")"
+
+    def expr_Compare(self, node):
+        ops = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
+               ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
+        s = self.expr(node.left)
+        for op, right in zip(node.ops, node.comparators):
+            s += f" {ops[type(op)]} {self.expr(right)}"
+        return f"({s})"
+
+    def expr_IfExp(self, node):
+        return f"({self.expr(node.body)} if {self.expr(node.test)} else {self.expr(node.orelse)})"
+
+    def expr_Tuple(self, node):
+        return "(" + "".join(self.expr(e) + ", " for e in node.elts) + ")"
+
+    def expr_List(self, node):
+        return "[" + ", ".join(self.expr(e) for e in node.elts) + "]"
+
+    def expr_Call(self, node):
+        f = node.func
+        if isinstance(f, ast.Attribute):
+            kind = self.view_kind(f.value)
+            if kind is not None:
+                return self.view_call(node, f, kind)
+            r = self.scope.resolve(f)
+            if r is None:                          # t.astype(dtype)
+                return f"({self.expr(f.value)}).to({self.expr(node.args[0])})"
+        else:
+            r = self.scope.resolve(f)
+        if r.kind == "builtin":
+            return self.builtin_call(node, r.value)
+        if r.kind == "load_like":
+            x, z = node.args
+            return self.in_load(node, x, ast.Attribute(z, "index"), ast.Attribute(z, "shape"),
+                                None, nonneg=True)
+        if r.kind == "function":
+            return f"_stf_{r.value.name}({self.args(node)})"
+        if r.kind == "pybuiltin":
+            name = f.id
+            if name == "float":
+                v = float(ast.literal_eval(node.args[0]))
+                return float_literal(v)
+            return {"min": "tl.minimum", "max": "tl.maximum", "abs": "tl.abs"}[name] + \
+                f"({self.args(node)})"
+        raise self.fail(node, f"cannot compile call `{ast.unparse(node)}`")
+
+    def args(self, node) -> str:
+        parts = [self.expr(a) for a in node.args]
+        parts += [f"{k.arg}={self.expr(k.value)}" for k in node.keywords]
+        return ", ".join(parts)
+
+    def builtin_call(self, node, b):
+        name = b.name
+        if name == "arange":
+            return f"tl.arange(0, {self.expr(node.args[0])})"
+        if name == "sum":
+            return f"{self.use('_st_sum')}({self.args(node)})"
+        if name in ("load_ptr", "store_ptr", "atomic_add"):
+            p = node.args[0].id
+            rest = [self.expr(a) for a in node.args[1:]]
+            kw = {k.arg: self.expr(k.value) for k in node.keywords}
+            ptr = f"_st_{p}_ptr + {rest[0]}"
+            if name == "load_ptr":
+                mask = kw.get("mask", rest[1] if len(rest) > 1 else "None")
+                other = kw.get("other", rest[2] if len(rest) > 2 else "0")
+                return f"tl.load({ptr}, mask={mask}, other={other})"
+            value = rest[1]
+            mask = kw.get("mask", rest[2] if len(rest) > 2 else "None")
+            fn = "tl.store" if name == "store_ptr" else "tl.atomic_add"
+            return f"{fn}({ptr}, {value}, mask={mask})"
+        target = b.triton
+        if target.startswith("_st_"):
+            self.use(target)
+        return f"{target}({self.args(node)})"

@@ -1,0 +1,150 @@
+"""View operations -> Triton: In loads (masked or tensor-descriptor), owned-tile access,
+sub-partitions, and the program -> tile mapping of partitions.
+"""
+from __future__ import annotations
+
+import ast
+
+from ..errors import LaunchError
+from .expressions import ExpressionEmitter, _kw
+
+TMA_MIN_INNER_BYTES = 16
+TMA_MAX_BOX = 256          # a tensor-map box has at most 256 elements along each axis
+
+
+class ViewEmitter(ExpressionEmitter):
+    """Adds the operations of In, Out and sub-partition views to expression translation."""
+
+    def tma_store_outs(self) -> set:
+        """Outs whose owned tile is written by a tensor-descriptor (TMA) store.
+
+        A TMA store writes the whole box and drops elements outside the tensor, so edge
+        tiles stay inside the partition, as the masked store does. It is asynchronous and its
+        completion is not ordered by a CTA barrier, so it is used only where no token chain
+        can need that order: the kernel stores the Out in exactly one statement and never
+        reads it back (no ``z.load()``, no sub-partition views).
+        """
+        if not (self.key.tma and self.key.tma_store):
+            return set()
+        stores, other = {}, set()
+        for node in ast.walk(self.src.tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            base = node.func.value
+            kind = self.view_kind(base)
+            if kind not in ("Out", "tile", "sub"):
+                continue
+            out = self.out_name(base)
+            if node.func.attr == "tiles":
+                continue
+            if kind == "sub" or node.func.attr != "store":
+                other.add(out)
+            else:
+                stores[out] = stores.get(out, 0) + 1
+        for name, view in self.info.views.items():
+            if view[0] == "sub":
+                other.add(view[1])
+        ok = set()
+        for o in self.outs:
+            t = o.tile
+            if (o.tma and stores.get(o.name) == 1 and o.name not in other and len(t) >= 2
+                    and t[-1] * o.dtype.itemsize >= TMA_MIN_INNER_BYTES
+                    and all(d <= TMA_MAX_BOX for d in t)):
+                ok.add(o.name)
+        return ok
+
+    def idx(self, k: int) -> str:
+        if self.persistent and not self.in_tile_loop:
+            raise LaunchError(
+                f"kernel '{self.kernel.name}': Out '{self.lead.name}' is a persistent partition, "
+                f"so owned tiles are only reachable inside `for t in {self.lead.name}.tiles():`")
+        return f"_st_i{k}"
+
+    def view_call(self, node, f, kind):
+        name, method = f.value.id, f.attr
+        if kind == "In":
+            if method == "load":
+                index = node.args[0] if node.args else _kw(node, "index")
+                shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
+                pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
+                owned = isinstance(index, ast.Attribute) and index.attr == "index" and \
+                    self.view_kind(index.value) in ("Out", "tile")
+                return self.in_load(node, f.value, index, shape, pad, nonneg=owned)
+            if method == "load_at":
+                s = self.specs[name]
+                offset = node.args[0] if node.args else _kw(node, "offset")
+                shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
+                pad = node.args[2] if len(node.args) > 2 else _kw(node, "padding")
+                e = ", ".join(self.parts(offset, s.rank))
+                shp = ", ".join(self.parts(shape, s.rank))
+                helper = self.use(f"_st_loadat{s.rank}")
+                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad)})"
+            if method == "load_scalar":
+                s = self.specs[name]
+                index = node.args[0]
+                pad = node.args[1] if len(node.args) > 1 else _kw(node, "padding")
+                e = ", ".join(self.parts(index, s.rank))
+                helper = self.use(f"_st_scalar{s.rank}")
+                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {self.pad(pad)})"
+        out = self.specs[self.out_name(f.value)]
+        r = len(out.tile)
+        if kind in ("Out", "tile") and method == "load":
+            self.accesses.append((out.name, "load"))
+            helper = self.use(f"_st_load{r}")
+            return (f"{helper}({self.tensor_args(out.name, r)}, {', '.join(self.idx(k) for k in range(r))}, "
+                    f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, 0, False)")
+        if kind == "sub" and method == "load":
+            self.accesses.append((out.name, "load"))
+            helper = self.use(f"_st_subload{r}")
+            return f"{helper}({self.sub_args(name, out, r, node.args[0])}, 0)"
+        raise self.fail(node, f"`{ast.unparse(node)}` must be a statement of its own")
+
+    def tensor_args(self, name: str, r: int) -> str:
+        return (f"_st_{name}_ptr, " + ", ".join(f"_st_{name}_n{k}" for k in range(r)) + ", " +
+                ", ".join(f"_st_{name}_s{k}" for k in range(r)))
+
+    def sub_args(self, sub: str, out, r: int, index_node) -> str:
+        shape = self.subs[sub][1]
+        j = self.parts(index_node, r)
+        return (f"{self.tensor_args(out.name, r)}, {', '.join(self.idx(k) for k in range(r))}, "
+                f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, {', '.join(j)}, "
+                f"{', '.join(shape)}")
+
+    def in_load(self, node, x, index, shape, pad, nonneg: bool) -> str:
+        s = self.specs[x.id]
+        if s.kind != "In":
+            raise self.fail(node, f"'{x.id}' is not an In parameter")
+        block = self.static(shape)
+        if isinstance(block, int):
+            block = (block,)
+        pad_s = self.pad(pad)
+        idx = self.parts(index, s.rank)
+        if (self.key.tma and s.tma and s.rank >= 2 and block is not None and pad_s in ("0", "0.0")
+                and block[-1] * s.dtype.itemsize >= TMA_MIN_INNER_BYTES
+                and all(b & (b - 1) == 0 and b <= TMA_MAX_BOX for b in block)):
+            d = self.descs.setdefault((x.id, block), f"_st_{x.id}_d{len(self.descs)}")
+            coords = ", ".join(f"({i}) * {b}" for i, b in zip(idx, block))
+            return f"{d}.load([{coords}])"
+        shp = self.parts(shape, s.rank)
+        helper = self.use(f"_st_load{s.rank}")
+        return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, {', '.join(shp)}, "
+                f"{pad_s}, {not nonneg})")
+
+    def coords(self, s: str, ind: str) -> list[str]:
+        """Lines computing _st_i0.. (tile coordinates) from sequence position ``s``."""
+        lead, r = self.lead, len(self.lead.tile)
+        g = [f"_st_g{k}" for k in range(r)]
+        if lead.order == "grouped":
+            G = lead.group_size
+            return [f"{ind}_st_gw = {G} * {g[1]}",
+                    f"{ind}_st_fm = ({s} // _st_gw) * {G}",
+                    f"{ind}_st_gs = tl.minimum({g[0]} - _st_fm, {G})",
+                    f"{ind}_st_i0 = _st_fm + (({s} % _st_gw) % _st_gs)",
+                    f"{ind}_st_i1 = ({s} % _st_gw) // _st_gs"]
+        lines, rest = [], s
+        for k in reversed(range(1, r)):
+            lines.append(f"{ind}_st_i{k} = {rest} % {g[k]}")
+            lines.append(f"{ind}_st_r{k} = {rest} // {g[k]}")
+            rest = f"_st_r{k}"
+        lines.append(f"{ind}_st_i0 = {rest}")
+        return lines
