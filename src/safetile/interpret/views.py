@@ -152,10 +152,10 @@ class OutView:
             local = [int(i) for i in bad.nonzero()[0]]
             q = int(w[tuple(local)])
             coord = tuple(s + i for s, i in zip(start, local))
-            what = "both write" if verb == "writes" else "reads what the other writes:"
+            also = " also" if verb == "writes" else ""
             raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(p)} {verb} "
                             f"element {coord} of '{self.name}', which "
-                            f"{self.launch.describe(q)} writes ({what.split(':')[0]})")
+                            f"{self.launch.describe(q)}{also} writes")
 
 
 class SubView:
