@@ -1,0 +1,109 @@
+"""Ownership across the launch boundary, shown through real kernel launches (CPU executor).
+
+A launch moves every handle into the returned op; sync hands the same handles back in
+parameter order and in the form they went in. Overlap between an Out and any other argument is
+refused before anything runs, whichever way the overlap arose.
+"""
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import AliasError, LaunchError, MovedError
+
+
+@pytest.fixture(autouse=True)
+def cpu_executor():
+    with st.backend("interpret", seed=0):
+        yield
+
+
+@st.kernel
+def scale(x: st.In[st.f32], z: st.Out[st.f32], factor: float):
+    z.store(sl.load_like(x, z) * factor)
+
+
+@st.kernel(unsafe=True)
+def copy_raw(x: st.In[st.f32], p: st.Ptr[st.f32], n: int):
+    offs = sl.bid(0) * 16 + sl.arange(16)
+    sl.store_ptr(p, offs, x.load(sl.bid(0), 16), mask=offs < n)
+
+
+def test_values_come_back_as_the_same_handles_in_parameter_order():
+    x, z = st.randn((64,)), st.empty((64,)).partition((16,))
+    op = scale(x, z, 2.0)
+    x2, z2, f = op.sync()
+    assert x2 is x and z2 is z and f == 2.0
+    assert isinstance(z2, st.Partition)
+
+
+def test_a_shared_input_comes_back_as_the_same_shared_handle():
+    s = st.randn((64,)).share()
+    s2, z, _ = scale(s, st.empty((64,)).partition((16,)), 1.0).sync()
+    assert s2 is s and isinstance(s2, st.Shared)
+
+
+def test_every_moved_handle_names_the_kernel_until_sync():
+    x, z = st.randn((64,)), st.empty((64,)).partition((16,))
+    op = scale(x, z, 3.0)
+    for handle in (x, z):
+        with pytest.raises(MovedError, match="kernel 'scale'"):
+            handle.shape
+    op.sync()
+    assert x.shape == (64,) and z.grid == (4,)
+
+
+def test_same_tensor_as_input_and_output_is_refused_before_launch():
+    t = st.from_torch(torch.randn(64))
+    view = st.from_torch(t._torch)                       # a second handle on the same storage
+    with pytest.raises(AliasError, match="'z'.*'x'|'x'.*'z'"):
+        scale(view, t.partition((16,)), 1.0)
+    assert view.shape == (64,)                            # nothing was moved
+
+
+def test_overlapping_slice_as_input_is_refused():
+    t = st.randn((64,))
+    window = t.slice(0, 8, 40)
+    with pytest.raises(AliasError):
+        scale(window, t.partition((16,)), 1.0)
+
+
+def test_reshape_of_the_output_storage_as_input_is_refused():
+    t = st.randn((8, 8))
+    flat = t.reshape(64)
+    with pytest.raises(AliasError):
+        scale(flat, t.reshape(64).partition((16,)), 1.0)
+
+
+def test_torch_view_that_came_in_through_from_torch_is_refused():
+    base = torch.randn(64)
+    out = st.from_torch(base)
+    alias = st.from_torch(base[16:48])
+    with pytest.raises(AliasError):
+        scale(alias, out.partition((16,)), 1.0)
+
+
+def test_left_half_written_from_the_right_half_runs_and_is_correct():
+    base = torch.randn(128)
+    t = st.from_torch(base.clone())
+    left, right = t.slice(0, 0, 64), t.slice(0, 64, 128)
+    right, left, _ = scale(right, left.partition((16,)), 2.0).sync()
+    result = t.to_torch()
+    assert torch.equal(result[:64], base[64:] * 2.0) and torch.equal(result[64:], base[64:])
+
+
+def test_a_raw_pointer_needs_a_contiguous_buffer():
+    x = st.randn((32,))
+    strided = st.zeros((64,)).slice(0, 0, 64, step=2)
+    with st.unsafe(), pytest.raises(LaunchError, match="contiguous"):
+        copy_raw.options(grid=(2,))(x, strided, 32)
+
+
+def test_a_raw_pointer_is_held_exclusively_while_in_flight():
+    x, p = st.randn((32,)), st.zeros((32,))
+    with st.unsafe():
+        op = copy_raw.options(grid=(2,))(x, p, 32)
+    with pytest.raises(MovedError):
+        p.to_torch()
+    x, p, _ = op.sync()
+    assert torch.equal(p.to_torch(), x.to_torch())
