@@ -16,9 +16,11 @@ reported (all are in the JSON). Writes benchmarks/results/attention.json (+ atte
 """
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,9 +39,11 @@ PREFILL_LENGTHS = (1024, 8192)
 DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
-# (num_splits, block_n, num_stages)
-DECODE_CONFIGS = [(8, 64, 3), (16, 64, 3), (32, 64, 3), (64, 64, 3), (16, 32, 4),
-                  (16, 64, 4), (32, 128, 2)]
+# (num_splits, block_n, num_stages, pdl): num_stages - 1 TMA buffers of K and V are in flight;
+# pdl launches both kernels with programmatic dependent launch.
+DECODE_CONFIGS = [(16, 64, 3, False), (16, 64, 3, True), (16, 64, 4, True), (16, 64, 5, True),
+                  (32, 64, 4, True), (32, 64, 3, True), (16, 32, 5, True), (32, 32, 5, True),
+                  (16, 32, 7, True), (64, 32, 4, True)]
 
 
 def graph_time_ms(graph_replay) -> float:
@@ -124,8 +128,11 @@ def bench_decode(n: int) -> dict:
     length = st.from_torch(torch.tensor([n], dtype=torch.int32, device=q.device))
     out = st.empty((HQ, D), dtype=st.bf16)
     configs = []
-    for splits, bn, stg in DECODE_CONFIGS:
-        kw = dict(block_n=bn, num_stages=stg)
+    for splits, bn, stg, pdl in DECODE_CONFIGS:
+        kw = dict(block_n=bn, num_stages=stg, pdl=pdl)
+        if time.time() > DEADLINE[0]:
+            configs.append({"num_splits": splits, **kw, "error": "skipped: out of time"})
+            continue
         try:
             ws = DecodeWorkspace.for_cache(qh, kh, num_splits=splits, block_n=bn)
             got = decode_attention(qh, kh, vh, length, out, ws, **kw).sync()
@@ -134,23 +141,23 @@ def bench_decode(n: int) -> dict:
             replay, _ = st_graph(decode_attention(qh, kh, vh, length, out, ws, **kw))
             t = graph_time_ms(replay)
             tbps = nbytes / t / 1e9
+            # The split kernel alone: the rest of the total is the merge and the gap.
+            replay, _ = st_graph(decode_attention_split(qh, kh, vh, length, ws, **kw))
+            t_split = graph_time_ms(replay)
             configs.append({"num_splits": ws.num_splits, **kw, "us": t * 1e3, "tbps": tbps,
-                            "fraction_of_copy": tbps / COPY_TBPS, "rel_err": err})
+                            "fraction_of_copy": tbps / COPY_TBPS, "rel_err": err,
+                            "split_kernel_us": t_split * 1e3,
+                            "split_kernel_tbps": nbytes / t_split / 1e9})
         except Exception as e:
             configs.append({"num_splits": splits, **kw, "error": f"{type(e).__name__}: {e}"[:300]})
+        print(f"decode {n}: {configs[-1]}", flush=True)
     best = min((c for c in configs if "us" in c), key=lambda c: c["us"])
-    # Diagnosis: the split kernel alone at the best configuration (the rest is the merge
-    # and the gap between the two launches).
-    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=best["num_splits"], block_n=best["block_n"])
-    replay, _ = st_graph(decode_attention_split(qh, kh, vh, length, ws, block_n=best["block_n"],
-                                                num_stages=best["num_stages"]))
-    best["split_kernel_us"] = graph_time_ms(replay) * 1e3
     sdpa_tbps = nbytes / t_sdpa / 1e9
     row.update(safetile_us=best["us"], sdpa_us=t_sdpa * 1e3, safetile_tbps=best["tbps"],
                sdpa_tbps=sdpa_tbps, fraction_of_copy=best["fraction_of_copy"],
                sdpa_fraction_of_copy=sdpa_tbps / COPY_TBPS, ratio=t_sdpa * 1e3 / best["us"],
                split_kernel_us=best["split_kernel_us"],
-               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages")},
+               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages", "pdl")},
                configs=configs)
     return row
 
@@ -187,16 +194,50 @@ def plot(prefill: list, decode: list, path: Path) -> Path | None:
     return path
 
 
+DEADLINE = [float("inf")]
+
+
+def bench_empty_graphs() -> dict:
+    """The floor under any decode figure: a graph of one, and of two, tiny kernels (an
+    element-wise add of 4096 floats each), timed the same way."""
+    from safetile.ops import add
+    x, y = st.randn((4096,)), st.randn((4096,))
+    z1, z2 = st.empty((4096,)), st.empty((4096,))
+    one, _ = st_graph(add(x, y, z1))
+    with st.graph_scope() as scope:
+        scope.record(add(x, y, z1))
+        scope.record(add(x, y, z2))
+    two = scope.graph._cuda.replay
+    return {"one_kernel_graph_us": graph_time_ms(one) * 1e3,
+            "two_kernel_graph_us": graph_time_ms(two) * 1e3}
+
+
 def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--decode-only", action="store_true",
+                   help="skip prefill; keep the prefill rows of the existing results file")
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="skip the remaining decode configurations after this many seconds")
+    args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU; nothing measured")
         return 0
     st.set_backend("triton")
-    prefill = [bench_prefill(s) for s in PREFILL_LENGTHS]
+    DEADLINE[0] = time.time() + args.budget_s
+    if args.decode_only:
+        import json
+        old = harness.RESULTS / "attention.json"
+        prefill = json.loads(old.read_text())["prefill"] if old.exists() else []
+    else:
+        prefill = [bench_prefill(s) for s in PREFILL_LENGTHS]
+    floor = bench_empty_graphs()
+    print("empty graphs:", floor, flush=True)
     decode = [bench_decode(n) for n in DECODE_LENGTHS]
     path = harness.write_results("attention", {
         "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"},
-        "copy_tbps": COPY_TBPS, "prefill": prefill, "decode": decode})
+        "copy_tbps": COPY_TBPS, "launch_floor": floor, "prefill": prefill,
+        "prefill_measured": "earlier run (kept)" if args.decode_only else "this run",
+        "decode": decode})
     png = plot(prefill, decode, harness.RESULTS / "attention.png")
     print(f"results: {path}" + (f", plot: {png}" if png else ""))
     harness.print_table(

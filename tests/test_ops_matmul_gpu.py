@@ -60,3 +60,23 @@ def test_unsafe_twin_matches_safe():
     with st.unsafe():
         raw = matmul_unsafe(a, w, weight=True).sync().to_torch().float()
     assert rel_err(raw, safe) < 1e-3
+
+
+def test_pdl_gemv_chain_in_a_graph_reads_each_previous_result():
+    # Each gemv reads the vector the previous one wrote: with programmatic dependent launch
+    # the next grid starts early, so a missing device-side wait would read stale values.
+    from safetile.ops.gemv import GemvConfig
+    cfg = GemvConfig(4, 512, 4, 4, tma=False, pdl=True)
+    ws = [st.randn((1024, 1024), dtype=st.f32, seed=20 + i).share() for i in range(6)]
+    cur = st.randn((1024,), dtype=st.f32, seed=30)
+    want = cur.to_torch().double()
+    bufs = [st.empty((1024,), dtype=st.f32) for _ in ws]
+    with st.graph_scope() as scope:
+        for w, buf in zip(ws, bufs):
+            cur = scope.record(ops.gemv(w, cur.share(), buf, config=cfg))
+    for _ in range(3):
+        outs = scope.graph.launch().sync()
+    for w in ws:
+        want = w.to_torch().double() @ want
+    got = outs[-1].to_torch().double()
+    assert rel_err(got, want) < 1e-4

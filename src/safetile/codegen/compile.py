@@ -95,6 +95,8 @@ class Variant:
             o["num_warps"] = self.key.num_warps
         if self.key.num_stages is not None:
             o["num_stages"] = self.key.num_stages
+        if self.key.pdl:
+            o["launch_pdl"] = True
         return o
 
     def launch(self, bound, grid) -> None:

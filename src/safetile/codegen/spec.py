@@ -35,3 +35,4 @@ class VariantKey:
     warp_specialize: bool = False      # persistent tiles loop: tl.range(..., warp_specialize=True)
     loop_stages: Optional[int] = None  # innermost range loops: tl.range(..., num_stages=n)
     tma_store: bool = False            # the owned tile's single store through a descriptor
+    pdl: bool = False                  # programmatic dependent launch: wait first, then signal

@@ -13,7 +13,7 @@ from .source import KernelSource
 _unsafe_depth = threading.local()
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
-                  "loop_stages", "tma_store"}
+                  "loop_stages", "tma_store", "pdl"}
 
 
 @contextlib.contextmanager
@@ -102,6 +102,12 @@ class Kernel:
         ``tma_store=True`` writes an Out's owned tile through a tensor descriptor when the
         kernel stores it once and never reads it back (it costs a shared-memory staging
         buffer of one tile, hence opt-in).
+        ``pdl=True`` launches with programmatic dependent launch (Hopper): the kernel may be
+        scheduled while the previous kernel on the stream still runs, so its launch latency
+        hides behind that kernel's tail. Every program first executes ``griddepcontrol.wait``
+        (it returns once the previous grids have completed and their writes are visible)
+        before anything else, so ordering is exactly that of a plain launch; it then signals
+        that the next PDL kernel may be scheduled.
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:

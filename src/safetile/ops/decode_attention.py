@@ -11,9 +11,11 @@ Decode reads the whole cache once, so it is bandwidth-bound, and it has one quer
 head, too little work for one program per head. Two kernels:
 
 1. ``decode_split_kernel``: program (kv head, split) owns one tile of the fp32 partial output
-   (Hkv, splits, GP, D) and one of the log-sum-exps (Hkv, splits, GP, 1). It takes every q head
-   of its group at once (a (GP, D) tile, GP = the group size padded to a power of two >= 16 for
-   the tensor cores), so each KV block is read once per group, not once per q head. The
+   (Hkv, splits, G, D) and one of the log-sum-exps (Hkv, splits, G, 1), G the group size. It
+   takes every q head of its group at once (a (GP, D) tile, GP = G padded to a power of two
+   >= 16 for the tensor cores), so each KV block is read once per group, not once per q head;
+   the owned tile is (1, 1, GP, D) over a G-row axis, so the padding rows are masked off at the
+   store and the partials cost G/GP of the bytes (a quarter for Qwen3's G = 4). The
    splits divide the valid length evenly at run time, in whole key blocks; a split past the
    end stores an empty result (output 0, log-sum-exp -inf).
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
@@ -31,6 +33,11 @@ from .flash_attention import LOG2E, check_gqa, online_softmax_step
 
 # Rows of the group tile: tl.dot needs at least 16 rows.
 MIN_GROUP_ROWS = 16
+# Pipeline depth of the split kernel's K/V loop: Triton keeps num_stages - 1 TMA buffers,
+# so 3 stages double-buffer (one 64-key block of K and V, 32 KB, in flight while the previous
+# one is used).
+DEFAULT_STAGES = 3
+DEFAULT_PDL = False
 
 
 @st.kernel
@@ -104,15 +111,17 @@ class DecodeWorkspace:
     """The fp32 partial outputs and log-sum-exps of the split kernel.
 
     Allocate it once, outside any graph scope, and pass it to every decode step: the ops
-    partition views of it, so the same buffers serve each captured step."""
+    partition views of it, so the same buffers serve each captured step. The buffers hold
+    ``group`` rows per (kv head, split); ``rows`` (the padded group) is the split kernel's
+    tile height, whose extra rows fall outside the buffer and are never written."""
 
     def __init__(self, n_kv_heads: int, group: int, head_dim: int, num_splits: int,
                  device=None):
         self.group, self.num_splits = group, num_splits
         self.rows = max(MIN_GROUP_ROWS, host.next_pow2(group))
-        self.partial = st.empty((n_kv_heads, num_splits, self.rows, head_dim), dtype=st.f32,
+        self.partial = st.empty((n_kv_heads, num_splits, group, head_dim), dtype=st.f32,
                                 device=device)
-        self.lse = st.empty((n_kv_heads, num_splits, self.rows, 1), dtype=st.f32, device=device)
+        self.lse = st.empty((n_kv_heads, num_splits, group, 1), dtype=st.f32, device=device)
 
     @classmethod
     def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int = 64):
@@ -125,10 +134,11 @@ class DecodeWorkspace:
 _SPLIT: dict = {}
 
 
-def _split_kernel(num_warps: int, num_stages: int):
-    key = (num_warps, num_stages)
+def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False):
+    key = (num_warps, num_stages, pdl)
     if key not in _SPLIT:
-        _SPLIT[key] = decode_split_kernel.options(num_warps=num_warps, num_stages=num_stages)
+        _SPLIT[key] = decode_split_kernel.options(num_warps=num_warps, num_stages=num_stages,
+                                                  pdl=pdl)
     return _SPLIT[key]
 
 
@@ -141,30 +151,35 @@ def _check_length(length) -> None:
 
 def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspace, *,
                            scale: float | None = None, length_offset: int = 0,
-                           block_n: int = 64, num_warps: int = 4, num_stages: int = 3):
-    """The split kernel alone: fills ``workspace``; the op's output is the workspace."""
+                           block_n: int = 64, num_warps: int = 4,
+                           num_stages: int = DEFAULT_STAGES, pdl: bool = False):
+    """The split kernel alone: fills ``workspace``; the op's output is the workspace.
+    ``pdl``: launch with programmatic dependent launch (see ``Kernel.options``)."""
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     _check_length(length)
     ws = workspace
-    if (tuple(ws.partial.shape) != (hkv, ws.num_splits, ws.rows, d) or ws.group != hq // hkv):
+    if (tuple(ws.partial.shape) != (hkv, ws.num_splits, ws.group, d) or ws.group != hq // hkv):
         raise ValueError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
-    op = _split_kernel(num_warps, num_stages)(q, k_cache, v_cache, length, po, pl,
+    op = _split_kernel(num_warps, num_stages, pdl)(q, k_cache, v_cache, length, po, pl,
                                               scale * LOG2E, block_n, length_offset)
     return host.returning(op, ws)
 
 
-def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None):
-    """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D)."""
+def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None,
+                           pdl: bool = False):
+    """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D).
+    ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
+    split kernel finishes and waits for it on the device rather than on the launch queue."""
     ws = workspace
     hq, d = out.shape
     # Each program holds all splits of one row in registers: more splits, more warps.
     warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
-    op = decode_merge_kernel.options(num_warps=warps)(
+    op = decode_merge_kernel.options(num_warps=warps, pdl=pdl)(
         ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
         ws.group, host.next_pow2(ws.num_splits))
     return host.returning(op, out)
@@ -172,7 +187,8 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
 
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0, block_n: int = 64,
-                     num_splits: int | None = None, num_warps: int = 4, num_stages: int = 3):
+                     num_splits: int | None = None, num_warps: int = 4,
+                     num_stages: int = DEFAULT_STAGES, pdl: bool = DEFAULT_PDL):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
@@ -185,5 +201,5 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
-                                   num_warps=num_warps, num_stages=num_stages)
-    return split.then(lambda ws: decode_attention_merge(ws, z))
+                                   num_warps=num_warps, num_stages=num_stages, pdl=pdl)
+    return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl))

@@ -24,13 +24,16 @@ OUT_DTYPES = st.bf16 | st.f16 | st.f32
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Rows per program ``bn``, K block ``bk``, warps, and the K loop's pipeline depth."""
+    """Rows per program ``bn``, K block ``bk``, warps, and the K loop's pipeline depth;
+    ``pdl``: programmatic dependent launch (scheduled during the previous kernel's tail,
+    waiting for it on the device; see ``Kernel.options``)."""
 
     bn: int
     bk: int
     num_warps: int
     num_stages: int
     tma: bool = True
+    pdl: bool = False
 
 
 def choose_config(n: int, k: int, sms: int = 132) -> GemvConfig:
@@ -86,5 +89,5 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
     kern = _kernel(cfg.bk).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
-                                   tma=cfg.tma)
+                                   tma=cfg.tma, pdl=cfg.pdl)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,))), y)
