@@ -125,8 +125,7 @@ class VariantLauncher:
         entry = self.binaries.get(spec)
         if entry is None:
             with _lock:
-                compiled = self.variant.jit.warmup(*args, grid=grid, **self.options)
-                compiled._init_handles()
+                compiled = _compile(self.variant, args, grid, self.options)
                 entry = (compiled.run, (compiled.function,), compiled)
                 self.binaries[spec] = entry
         return entry
@@ -144,6 +143,14 @@ class VariantLauncher:
             meta = compiled.launch_metadata(grid, stream, *args)
             compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, meta,
                          rt.launch_enter_hook, rt.launch_exit_hook, *args)
+
+
+def _compile(variant, args, grid, options):
+    """Triton's ``CompiledKernel`` for these arguments, loaded (compile or fetch, no launch).
+    The one place a binary is made: a CPU-only benchmark stubs it (benchmarks/host_path.py)."""
+    compiled = variant.jit.warmup(*args, grid=grid, **options)
+    compiled._init_handles()
+    return compiled
 
 
 _RT = [None]
