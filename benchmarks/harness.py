@@ -47,6 +47,34 @@ def time_ms(fn, warmup_ms: float = 25, rep_ms: float = 100) -> float:
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+_CLEAN = []
+
+
+def time_ms_clean(fn, reps: int = 60, warmup: int = 5) -> float:
+    """Median time of ``fn()`` in milliseconds with the L2 emptied of dirty lines first.
+
+    ``time_ms`` (Triton's do_bench) flushes L2 by zeroing 256 MB, which leaves L2 full of
+    dirty lines: the timed kernel's reads then evict them, so about an L2's worth of
+    write-back (~50 MB) is added to its traffic, which turns a 34 MB read-only stream into
+    roughly a copy. A decode step reads weights and caches that the previous kernels left
+    clean, so this variant flushes by *reading* 256 MB (a sum) before each timed run."""
+    if not _CLEAN:
+        buf = torch.ones(64 * 2**20, dtype=torch.int32, device="cuda")
+        _CLEAN.append(buf)
+    buf = _CLEAN[0]
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        buf.sum()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
 def time_host_us(fn, iters: int, repeats: int = 7) -> float:
     """Median over ``repeats`` of the wall time per call of ``fn`` (which must synchronize)."""
     import time
