@@ -114,6 +114,8 @@ def install_stubs() -> None:
     launcher._compile = lambda variant, args, grid, options: _FakeCompiled()
     streams._cuda[0] = True
     torch.cuda.current_stream = lambda device=None: _STREAM
+    if hasattr(streams, "current"):
+        streams.current = lambda: _STREAM
     torch.cuda.Event = _FakeEvent
     real_check = launch_mod.check_launch
     launch_mod.check_launch = lambda kernel, bound, device_kind: real_check(kernel, bound, None)

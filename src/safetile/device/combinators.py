@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ExecutionError
-from .op import DeviceOp, RunContext, attach_recovered, in_callback, spread
+from .op import DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -44,15 +44,21 @@ class ThenOp(DeviceOp):
             callbacks.append(op.f)
             op = op.prev
         out = op._run(ctx)
+        state = _state
         for f in reversed(callbacks):
             ctx.settle()          # the next op runs on ctx.stream: ordered after this work
+            # `with in_callback("then")`, inlined (this loop runs once per chained op)
+            outer = getattr(state, "busy", None)
+            state.busy = "`then` callback"
             try:
-                with in_callback("then"):
-                    nxt = f(*spread(out))
-                _check_op(nxt, "the value returned by a `then` callback")
+                nxt = f(*(out if type(out) is tuple else (out,)))
+                if not isinstance(nxt, DeviceOp):
+                    _check_op(nxt, "the value returned by a `then` callback")
             except BaseException as e:
                 attach_recovered(e, out)
                 raise
+            finally:
+                state.busy = outer
             out = nxt._run(ctx)
         return out
 

@@ -1,6 +1,7 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
+from ..tensor.ownership import LOCK
 from .op import DeviceOp, RunContext
 
 
@@ -8,34 +9,50 @@ class KernelOp(DeviceOp):
     """A launched (but not yet executed) kernel; its output is every argument, in order.
 
     Built by ``kernel(...)`` (``kernel/launch.py``) with the arguments already checked, moved
-    in and their storage borrowed (``hold``). Running it enqueues the kernel and defers the
-    hand-back (``_release``) to the execution's settle step. Inside a graph recording it
-    appends itself to the recording instead of executing; a graph replays it through
-    ``_execute``, which launches without touching ownership.
+    in and their storage borrowed (``hold``): ``values`` are the arguments in parameter order
+    (what the op hands back), ``plan`` the ``LaunchPlan`` of their checked facts. Running it
+    enqueues the kernel and defers the hand-back (``_release``) to the execution's settle
+    step. Inside a graph recording it appends itself to the recording instead of executing;
+    a graph replays it through ``_execute``, which launches without touching ownership.
     """
 
-    __slots__ = ("kernel", "bound", "grid", "backend", "hold", "_released", "_consumed")
+    __slots__ = ("kernel", "plan", "values", "backend", "hold", "_released", "_consumed")
 
-    def __init__(self, kernel, bound, grid, backend, hold):
-        self.kernel, self.bound, self.grid, self.backend, self.hold = kernel, bound, grid, backend, hold
+    def __init__(self, kernel, plan, values, backend, hold):
+        self.kernel, self.plan, self.values, self.backend, self.hold = \
+            kernel, plan, values, backend, hold
         self._released = False
         self._consumed = False
 
     def __repr__(self) -> str:
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
 
+    @property
+    def grid(self) -> tuple:
+        return self.plan.grid
+
+    @property
+    def bound(self) -> list:
+        """The arguments as ``BoundArg``s (built on demand: graphs and the CPU executor)."""
+        from ..kernel.launch import BoundArg
+        return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
+                for (name, spec, tile, order, is_tensor), v in zip(self.plan.params, self.values)]
+
     def _values(self) -> tuple:
-        return tuple([b.value for b in self.bound])
+        return self.values
 
     def _release(self) -> None:
-        """Hand every argument back (idempotent)."""
+        """Hand every argument back (idempotent): end the borrows, then make the handles
+        live again (in that order, so a relaunch from another thread never meets this op's
+        own borrows)."""
         if self._released:
             return
         self._released = True
-        for b in self.bound:
-            if b.torch is not None:
-                b.value._restore()
-        self.hold.release()
+        values = self.values
+        with LOCK:
+            self.hold.release()
+            for i, _ in self.plan.moves:
+                values[i]._restore_locked()
 
     def _execute(self, stream: int = 0) -> None:
         """Launch on the raw CUDA stream handle ``stream`` (or run on the CPU executor)."""
@@ -43,27 +60,28 @@ class KernelOp(DeviceOp):
             from ..interpret.executor import run
             run(self.kernel, self.bound, self.grid, self.backend.seed)
         else:
-            from .launcher import launch
-            launch(self.kernel, self.bound, self.grid, stream)
+            (_launch[0] or _launcher())(self.kernel, self.plan, self.values, stream)
 
     def _prepare(self) -> None:
         """Compile and load the binary without launching (before a graph capture)."""
         if self.backend.name != "interpret":
             from .launcher import prepare
-            prepare(self.kernel, self.bound, self.grid)
+            prepare(self.kernel, self.plan, self.values)
 
     def _run(self, ctx: RunContext) -> tuple:
-        self._take()
-        ctx.defer(self._release)
+        if self._consumed:
+            self._take()                          # raises: an op runs once
+        self._consumed = True
+        ctx._settle.append(self._release)
         if ctx.recording is not None:
             ctx.recording.append(self)
-            return self._values()
+            return self.values
         try:
             self._execute(ctx.handle)
         except BaseException as e:
-            e.recovered = self._values()          # the arguments are not lost: see e.recovered
+            e.recovered = self.values             # the arguments are not lost: see e.recovered
             raise
-        return self._values()
+        return self.values
 
     def _abandon(self) -> None:
         if not self._consumed:
@@ -79,3 +97,12 @@ class KernelOp(DeviceOp):
 
     def _host_bound(self) -> bool:
         return self.backend.name == "interpret"
+
+
+_launch = [None]
+
+
+def _launcher():
+    from .launcher import launch
+    _launch[0] = launch
+    return launch

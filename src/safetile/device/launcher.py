@@ -1,4 +1,4 @@
-"""The lean GPU launch path: cached variants and cached Triton binaries, launched directly.
+"""The lean GPU launch path: cached variants and binaries, and a precomputed C launch.
 
 Triton's ``kernel[grid](*args)`` costs about 18 us of host time per launch (binding,
 specialization, cache-key hashing, option parsing). A ``KernelOp`` launch instead:
@@ -10,11 +10,15 @@ specialization, cache-key hashing, option parsing). A ``KernelOp`` launch instea
    a compiled kernel on (pointer 16-byte alignment; for ints: equal to 1, divisible by 16,
    fits in 32 bits). A binary is therefore never used for arguments it was not compiled for;
    a new key goes once through ``JITFunction.warmup`` (compile or fetch, no launch);
-4. calls the binary's launcher (``CompiledKernel.run``) with the stream handle of the
-   execution, without launch metadata or hooks when no profiling hook is installed.
+4. keeps steps 1-3 in the op's ``LaunchPlan`` (``kernel/plan.py``) as a ``DirectLaunch``: the
+   C ``launch`` of Triton's launcher module and every argument after the stream, so a launch
+   whose plan is cached (the same handles again: ``then`` chains, loops, replays of a
+   pattern) is one call into C.
 
 Profiling hooks (``triton.knobs.runtime.launch_enter_hook``) are honoured: when one is set,
-the launch goes through the launcher's general entry with launch metadata.
+the launch goes through the launcher's general entry with launch metadata and the tensors
+themselves as arguments; so do kernels that need per-launch work (tensor descriptors,
+global or profile scratch memory).
 """
 from __future__ import annotations
 
@@ -121,28 +125,105 @@ class VariantLauncher:
         return args, tuple(spec)
 
     def binary(self, spec, args, grid):
-        """(launch fn, extra leading args) of the compiled binary for ``spec``."""
-        entry = self.binaries.get(spec)
-        if entry is None:
+        """The compiled (and loaded) binary for the specialization key ``spec``."""
+        compiled = self.binaries.get(spec)
+        if compiled is None:
             with _lock:
-                compiled = _compile(self.variant, args, grid, self.options)
-                entry = (compiled.run, (compiled.function,), compiled)
-                self.binaries[spec] = entry
-        return entry
+                compiled = self.binaries.get(spec)
+                if compiled is None:
+                    compiled = self.binaries[spec] = _compile(self.variant, args, grid,
+                                                              self.options)
+        return compiled
 
     def launch(self, bound, grid, stream: int) -> None:
+        """Launch through Triton's ``CudaLauncher`` (the general entry: hooks, scratch)."""
         args, spec = self.args(bound)
-        fn, lead, compiled = self.binary(spec, args, grid)
-        gx = grid[0]
-        gy = grid[1] if len(grid) > 1 else 1
-        gz = grid[2] if len(grid) > 2 else 1
-        rt = _RT[0] or _runtime()
-        if _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
-            fn(gx, gy, gz, stream, *lead, compiled.packed_metadata, None, None, None, *args)
-        else:
-            meta = compiled.launch_metadata(grid, stream, *args)
-            compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, meta,
-                         rt.launch_enter_hook, rt.launch_exit_hook, *args)
+        _launch_general(self.binary(spec, args, grid), grid, stream, args)
+
+
+def _launch_general(compiled, grid, stream: int, args) -> None:
+    """What ``CompiledKernel.__getitem__(grid)(*args)`` does, on ``stream``: launch metadata
+    and hooks when a hook is installed, scratch buffers allocated by ``CudaLauncher``."""
+    rt = _RT[0] or _runtime()
+    gx = grid[0]
+    gy = grid[1] if len(grid) > 1 else 1
+    gz = grid[2] if len(grid) > 2 else 1
+    if _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
+        compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata,
+                     None, None, None, *args)
+    else:
+        meta = compiled.launch_metadata(grid, stream, *args)
+        compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, meta,
+                     rt.launch_enter_hook, rt.launch_exit_hook, *args)
+
+
+class DirectLaunch:
+    """One plan's launch, precomputed: the C ``launch`` of Triton's generated launcher module
+    and the whole argument tuple after the stream.
+
+    ``CudaLauncher.__call__(gx, gy, gz, stream, function, packed_metadata, launch_metadata,
+    enter_hook, exit_hook, *args)`` calls ``self.launch(gx, gy, gz, stream, function,
+    launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch, packed_metadata,
+    launch_metadata, enter_hook, exit_hook, *args)``. With no hook installed and no scratch
+    (``global_scratch_size == profile_scratch_size == 0``, so both scratch arguments are
+    None) every argument but the stream is fixed for a plan, so ``tail`` is built once.
+    Pointers are passed as the tensors' ``data_ptr()`` ints, which the C launcher takes as
+    they are (given a tensor it would call ``data_ptr()`` and ask the driver to validate the
+    address; the launch checks already proved every tensor a CUDA tensor of one device, and
+    the plan re-verifies each data pointer before it is reused). ``c_launch`` is None for a
+    plan that needs per-launch work (tensor descriptors, scratch): it takes the general entry.
+    """
+
+    __slots__ = ("compiled", "grid", "c_launch", "tail")
+
+    def __init__(self, compiled, grid, args):
+        self.compiled = compiled
+        self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self.c_launch = self.tail = None
+        L = compiled.run
+        if (getattr(L, "global_scratch_size", 1) == 0 and getattr(L, "profile_scratch_size", 1) == 0
+                and hasattr(L, "launch")
+                and not any(type(a).__name__ == "TensorDescriptor" for a in args)):
+            ints = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in args)
+            self.tail = (compiled.function, L.launch_cooperative_grid, L.launch_pdl, None, None,
+                         compiled.packed_metadata, None, None, None) + ints
+            self.c_launch = L.launch
+
+
+def _plan_launch(kernel, plan, values) -> DirectLaunch:
+    """The plan's ``DirectLaunch`` (made once per plan: variant, arguments, binary)."""
+    bound = _bound(plan, values)
+    L = launcher_for(kernel, bound)
+    args, spec = L.args(bound)
+    d = plan.gpu = DirectLaunch(L.binary(spec, args, plan.grid), plan.grid, args)
+    return d
+
+
+def _bound(plan, values):
+    from ..kernel.launch import BoundArg
+    return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
+            for (name, spec, tile, order, is_tensor), v in zip(plan.params, values)]
+
+
+def launch(kernel, plan, values, stream: int) -> None:
+    """Launch ``kernel`` with the arguments ``values`` (checked into ``plan``) on the raw
+    stream handle ``stream``."""
+    d = plan.gpu or _plan_launch(kernel, plan, values)
+    rt = _RT[0] or _runtime()
+    if d.c_launch is not None and _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
+        gx, gy, gz = d.grid
+        d.c_launch(gx, gy, gz, stream, *d.tail)
+        return
+    bound = _bound(plan, values)
+    L = launcher_for(kernel, bound)
+    args, _ = L.args(bound)
+    _launch_general(d.compiled, plan.grid, stream, args)
+
+
+def prepare(kernel, plan, values) -> None:
+    """Compile (or fetch) and load the binary without launching (before graph capture)."""
+    if plan.gpu is None:
+        _plan_launch(kernel, plan, values)
 
 
 def _compile(variant, args, grid, options):
@@ -154,12 +235,15 @@ def _compile(variant, args, grid, options):
 
 
 _RT = [None]
+_HookChain = [None]
 
 
 def _runtime():
     """``triton.knobs.runtime`` (importing triton is deferred to the first GPU launch)."""
     if _RT[0] is None:
         import triton
+        from triton.knobs import HookChain
+        _HookChain[0] = HookChain
         _RT[0] = triton.knobs.runtime
     return _RT[0]
 
@@ -168,7 +252,12 @@ def _no_hook(hook) -> bool:
     """Triton 3.6 keeps launch hooks in ``HookChain`` objects that are never None; an empty
     chain is no hook, and passing None spares the launcher two Python calls per launch and
     the launch-metadata dict."""
-    return hook is None or (type(hook).__name__ == "HookChain" and not hook.calls)
+    return hook is None or (type(hook) is (_HookChain[0] or _hook_chain()) and not hook.calls)
+
+
+def _hook_chain():
+    _runtime()
+    return _HookChain[0]
 
 
 def launcher_for(kernel, bound) -> VariantLauncher:
@@ -177,15 +266,3 @@ def launcher_for(kernel, bound) -> VariantLauncher:
     if L is None:
         L = v.__dict__["_st_launcher"] = VariantLauncher(v, bound)
     return L
-
-
-def launch(kernel, bound, grid, stream: int) -> None:
-    """Launch ``kernel`` with ``bound`` arguments over ``grid`` on the raw stream handle."""
-    launcher_for(kernel, bound).launch(bound, grid, stream)
-
-
-def prepare(kernel, bound, grid) -> None:
-    """Compile (or fetch) and load the binary without launching (before graph capture)."""
-    L = launcher_for(kernel, bound)
-    args, spec = L.args(bound)
-    L.binary(spec, args, grid)

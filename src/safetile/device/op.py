@@ -53,6 +53,18 @@ class RunContext:
 
     def settle(self) -> None:
         """Run every deferred release (in order; all of them, even if one raises)."""
+        if len(self._settle) == 1:                # the common case: one op's hand-back
+            fn = self._settle.pop()
+            try:
+                fn()
+            except BaseException:
+                try:
+                    self.settle()                 # anything deferred meanwhile
+                except BaseException:
+                    pass
+                raise                             # report the first failure
+            if not self._settle:
+                return
         error = None
         while self._settle:
             pending, self._settle = self._settle, []
@@ -158,7 +170,12 @@ class DeviceOp:
         """Run, block until the work is done, and return the output (every value handed back).
 
         ``stream``: a ``torch.cuda.Stream`` to run on; default: torch's current stream."""
-        with executing("op.sync()"):
+        # `executing("op.sync()")`, inlined: sync is the per-op hot path of eager code.
+        if getattr(_state, "busy", None) is not None:
+            with executing("op.sync()"):          # raises ExecutionError
+                pass
+        _state.busy = "execution"
+        try:
             ctx = RunContext(streams.resolve(stream))
             try:
                 if stream is None:                  # already torch's current stream
@@ -175,6 +192,8 @@ class DeviceOp:
                 ctx.settle()
                 raise
             ctx.settle()
+        finally:
+            _state.busy = None
         return out
 
     def __await__(self):

@@ -24,14 +24,33 @@ def cuda_available() -> bool:
     return _cuda[0]
 
 
+# (stream_id, device_index, device_type) -> torch.cuda.Stream: torch's current_stream()
+# builds a new Python Stream object per call; the raw query below is one C call, and the
+# stream objects it names are made once.
+_streams: dict = {}
+
+
+def current():
+    """torch's current CUDA stream of the current device (cached stream objects)."""
+    if not _streams:
+        torch.cuda.init()                          # the raw queries below need CUDA initialized
+    data = torch._C._cuda_getCurrentStream(torch._C._cuda_getDevice())
+    s = _streams.get(data)
+    if s is None:
+        s = torch.cuda.current_stream()
+        data = (s.stream_id, s.device_index, s.device_type)
+        s = _streams.setdefault(data, s)
+    return s
+
+
 def resolve(stream=None):
     """The stream an execution runs on: ``stream`` if given, else torch's current stream
     (None without CUDA)."""
     if stream is not None:
         return stream
-    if not cuda_available():
+    if not (_cuda[0] if _cuda[0] is not None else cuda_available()):
         return None
-    return torch.cuda.current_stream()
+    return current()
 
 
 @contextlib.contextmanager
@@ -43,10 +62,17 @@ def _switch(stream):
 _NULL = contextlib.nullcontext()
 
 
+def current_on(device):
+    """torch's current stream on ``device``."""
+    if device == torch.device("cuda", torch._C._cuda_getDevice()):
+        return current()
+    return torch.cuda.current_stream(device)
+
+
 def using(stream):
     """A context making ``stream`` torch's current stream (so torch work in callbacks and
     graph replays go to it); free when it already is."""
-    if stream is None or stream == torch.cuda.current_stream(stream.device):
+    if stream is None or stream == current_on(stream.device):
         return _NULL
     return _switch(stream)
 

@@ -119,8 +119,7 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
-        from .launch import launch
-        return launch(self, args, kwargs)
+        return (_launch[0] or _bind_launch())(self, args, kwargs)
 
     def source(self, *args, **kwargs) -> str:
         """The generated Triton source for these arguments (nothing is moved or run)."""
@@ -143,3 +142,12 @@ def kernel(fn=None, *, unsafe: bool = False, **options):
     if not callable(fn):
         raise KernelDefinitionError(f"@st.kernel decorates a function, got {fn!r}")
     return Kernel(fn, unsafe=unsafe, options=options)
+
+
+_launch = [None]
+
+
+def _bind_launch():
+    from .launch import launch                   # launch imports this module: bind late
+    _launch[0] = launch
+    return launch

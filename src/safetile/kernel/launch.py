@@ -6,7 +6,6 @@ that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +17,8 @@ from ..dtypes import DType, from_torch
 from ..errors import LaunchError, UnsafeError
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
-from ..tensor.ownership import LOCK
+from ..tensor.ownership import LIVE, LOCK
+from . import plan as _plans
 from .kernel import in_unsafe_block
 
 TMA_MAX_RANK = 5
@@ -209,44 +209,6 @@ def compile_for_target(kernel, args, kwargs, target):
     return _variant(kernel, bound).compile_for(bound, target)
 
 
-def _remember(kernel, args, bound, grid, choice) -> None:
-    """Remember what this launch's checks concluded, for ``_reuse`` (no strong references to
-    handles or storage: a remembered launch must not keep memory alive)."""
-    entries = []
-    for a, b in zip(args, bound):
-        if b.torch is None:
-            entries.append((None, None, b))
-        else:
-            entries.append((weakref.ref(a), weakref.ref(b.torch), (b.name, b.spec, b.tile, b.order)))
-    kernel.__dict__["_st_last"] = (choice, kernel.opts, tuple(entries), grid)
-
-
-def _reuse(kernel, args, choice):
-    """Launching again with the very same handles and scalars as the last launch: the
-    per-argument and cross-argument checks depend only on facts fixed for a handle's life
-    (its kind, its torch tensor's dtype, rank and layout, a partition's tiles), so their
-    result is reused. Ownership (live state), storage borrows and moves are still checked
-    on every launch. Returns (bound, grid) or None."""
-    m = kernel.__dict__.get("_st_last")
-    if m is None or m[0] is not choice or m[1] is not kernel.opts or len(args) != len(m[2]):
-        return None
-    bound = []
-    for a, (ref, tref, info) in zip(args, m[2]):
-        if ref is None:
-            if type(a) is not type(info.value) or a != info.value:
-                return None
-            bound.append(info)                    # a scalar's BoundArg is immutable
-        else:
-            if ref() is not a:
-                return None
-            t = a._torch
-            if t is not tref():
-                return None
-            name, spec, tile, order = info
-            bound.append(BoundArg(name, spec, a, t, tile, order))
-    return bound, m[3]
-
-
 def _messages(kernel):
     """The holder name and per-parameter "moved into" texts, built once per kernel."""
     m = kernel.__dict__.get("_st_messages")
@@ -258,45 +220,48 @@ def _messages(kernel):
 
 
 def launch(kernel, args, kwargs):
-    """Check, move the arguments into a new ``KernelOp`` and return it (nothing runs yet)."""
+    """Check, move the arguments into a new ``KernelOp`` and return it (nothing runs yet).
+
+    The argument checks run in full unless a cached ``LaunchPlan`` provably applies to these
+    very arguments (``kernel/plan.py``); ownership (``MovedError``), the borrows against the
+    operations in flight (``AliasError``) and the moves happen on every launch."""
     if kernel.unsafe and not in_unsafe_block():
         raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch it "
                           f"inside `with st.unsafe():` to mark the call site")
     choice = _backend.current()
-    reused = None if kwargs else _reuse(kernel, args, choice)
-    if reused is None:
+    plan = None if kwargs else _plans.cached(kernel, args, choice)
+    if plan is None:
         bound = bind(kernel, args, kwargs)
         check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
         grid = launch_grid(kernel, bound)
+        holder, where = _messages(kernel)
+        reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
+        writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
+        extents = borrows.prepare(holder, reads, writes)
+        plan = _plans.LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
+        values = tuple([b.value for b in bound])
         if not kwargs:
-            _remember(kernel, args, bound, grid, choice)
+            _plans.remember(kernel, args, plan)
     else:
-        bound, grid = reused
-    reads, writes = [], []
-    for b in bound:
-        if b.torch is not None:
-            if b.spec.kind == "In":
-                reads.append((b.name, b.torch))
-            else:
-                writes.append((b.name, b.torch))
-    holder, where = _messages(kernel)
+        values = args                     # a plan matches only canonical values
+    moves = plan.moves
     with LOCK:
-        for b in bound:
-            if b.torch is not None and not b.value._is_live():
-                b.value._check(f"pass it to kernel '{kernel.name}'")
-        hold = borrows.acquire(holder, reads, writes)
-        moved = []
+        for i, _ in moves:
+            h = values[i]
+            if h._state is not LIVE:
+                h._check(f"pass it to kernel '{kernel.name}'")
+        hold = borrows.register(plan.holder, plan.extents, (), plan.groups)
+        n = 0
         try:
-            for b in bound:
-                if b.torch is not None:
-                    b.value._move(where[b.name])
-                    moved.append(b.value)
-        except BaseException:
-            for h in moved:
-                h._restore()
+            for i, where in moves:
+                values[i]._move_locked(where)
+                n += 1
+        except BaseException:             # the same handle passed twice: undo
+            for i, _ in moves[:n]:
+                values[i]._restore_locked()
             hold.release()
             raise
-    return (_KernelOp[0] or _kernel_op())(kernel, bound, grid, choice, hold)
+    return (_KernelOp[0] or _kernel_op())(kernel, plan, values, choice, hold)
 
 
 _KernelOp = [None]

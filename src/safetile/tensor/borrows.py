@@ -17,18 +17,29 @@ Rules checked by :func:`acquire` (``AliasError``, nothing registered on failure)
 
 Overlap is decided on byte ranges, device by device (:func:`overlaps`). The common case,
 disjoint byte extents, costs a few integer comparisons.
+
+Cost with many operations in flight: each device's registry is a set of holds, scanned
+directly while only a few are in flight; beyond :data:`SMALL` holds it also keeps an address
+index (a hierarchical grid, :class:`_Index`), so that checking a new launch against
+thousands of in-flight holds looks only at the extents near its own bytes.
+
+A launch that repeats an earlier launch's arguments exactly (``kernel/plan.py``) reuses the
+:class:`Extent` tuple :func:`prepare` made then (the within-call checks depend only on the
+extents, which it re-verifies) and calls :func:`register` directly.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import weakref
 
 import torch
 
 from ..errors import AliasError, BorrowError
 from .ownership import LOCK
 
-__all__ = ["acquire", "Hold", "check_host_read", "check_host_write", "overlaps",
-           "active_holds", "EXACT_LIMIT"]
+__all__ = ["acquire", "prepare", "register", "by_device", "Extent", "Hold", "check_host_read",
+           "check_host_write", "overlaps", "active_holds", "EXACT_LIMIT"]
 
 #: Above this many elements (either tensor) the exact element-set check is skipped and
 #: overlapping extents are conservatively reported as overlapping.
@@ -39,17 +50,21 @@ EXACT_LIMIT = 1 << 22
 # the overlap test
 # ---------------------------------------------------------------------------------------
 
-class _Extent:
-    """Byte extent ``[lo, hi)`` of a torch tensor plus what the exact check needs."""
+class Extent:
+    """The bytes ``[lo, hi)`` one argument touches, and what the exact check needs.
 
-    __slots__ = ("t", "device", "lo", "hi", "dense", "name", "write", "hold")
+    Immutable, and holding only a weak reference to its tensor (``tref``), so that a launch
+    plan may keep extents across launches without keeping memory alive. While an operation
+    holds an extent, the operation keeps the tensor alive.
+    """
 
-    def __init__(self, t: torch.Tensor, name: str = "", write: bool = False, hold=None):
-        self.t = t
+    __slots__ = ("tref", "device", "lo", "hi", "dense", "name", "write")
+
+    def __init__(self, t: torch.Tensor, name: str = "", write: bool = False):
+        self.tref = weakref.ref(t)
         self.device = t.device
         self.name = name
         self.write = write
-        self.hold = hold
         n = t.numel()
         if n == 0:
             # Empty tensors touch no bytes: lo == hi makes every interval test fail.
@@ -69,6 +84,11 @@ class _Extent:
         # Dense: the elements cover every byte of [lo, hi). span == numel alone is not
         # enough (stride-0 dims can repeat elements), hence the per-dim check.
         self.dense = span == n and _is_dense(t)
+
+    @property
+    def t(self) -> torch.Tensor:
+        """The tensor (alive while an operation holds this extent, or its handle lives)."""
+        return self.tref()
 
 
 def _is_dense(t: torch.Tensor) -> bool:
@@ -94,7 +114,7 @@ def _element_offsets(t: torch.Tensor) -> torch.Tensor:
     return off.reshape(-1)
 
 
-def _exact_overlap(a: _Extent, b: _Extent) -> bool:
+def _exact_overlap(a: Extent, b: Extent) -> bool:
     ta, tb = a.t, b.t
     if ta.numel() > EXACT_LIMIT or tb.numel() > EXACT_LIMIT:
         return True                                   # too big to enumerate: conservative
@@ -117,7 +137,7 @@ def _exact_overlap(a: _Extent, b: _Extent) -> bool:
     return bool(torch.isin(oa, ob).any())
 
 
-def _overlap(a: _Extent, b: _Extent) -> bool:
+def _overlap(a: Extent, b: Extent) -> bool:
     # Hot path: disjoint extents (or empty tensors) are decided by two comparisons.
     if a.lo >= b.hi or b.lo >= a.hi:
         return False
@@ -136,7 +156,7 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     as even/odd columns) the element sets are enumerated and intersected exactly, unless a
     tensor has more than :data:`EXACT_LIMIT` elements: then the answer is a conservative True.
     """
-    return _overlap(_Extent(a), _Extent(b))
+    return _overlap(Extent(a), Extent(b))
 
 
 def self_overlapping(t: torch.Tensor) -> bool:
@@ -161,10 +181,104 @@ def self_overlapping(t: torch.Tensor) -> bool:
 # the registry
 # ---------------------------------------------------------------------------------------
 
-# device -> {id(extent): extent} held by in-flight operations (reads and writes); a dict so
-# that release is O(1) per borrow. Guarded by LOCK.
-_HOLDS: dict[torch.device, dict[int, _Extent]] = {}
-_NONE: dict[int, _Extent] = {}
+#: Holds per device scanned directly; above this many in flight, an address index is kept.
+SMALL = 4
+
+
+class _Index:
+    """An address index of held extents: a hierarchical grid.
+
+    An extent of span ``s`` belongs to level ``c = (s - 1).bit_length()`` (so ``s <= 2**c``)
+    and is filed in the one bucket ``lo >> c`` of that level; it can reach at most into the
+    next bucket. So every held extent overlapping ``[lo, hi)`` sits, on level ``c``, in a
+    bucket from ``(lo >> c) - 1`` to ``(hi - 1) >> c``: a query probes those few buckets per
+    level in use (or, when the query spans more buckets than a level has, that level's
+    buckets). Adding and removing an extent costs a few dict operations.
+    """
+
+    __slots__ = ("levels",)
+
+    def __init__(self):
+        self.levels: dict[int, dict[int, list]] = {}     # c -> bucket -> [(extent, hold)]
+
+    def add(self, e: Extent, hold: "Hold") -> None:
+        c = (e.hi - e.lo - 1).bit_length()
+        level = self.levels.get(c)
+        if level is None:
+            level = self.levels[c] = {}
+        bucket = level.get(e.lo >> c)
+        if bucket is None:
+            level[e.lo >> c] = [(e, hold)]
+        else:
+            bucket.append((e, hold))
+
+    def remove(self, e: Extent, hold: "Hold") -> None:
+        c = (e.hi - e.lo - 1).bit_length()
+        level = self.levels[c]
+        bucket = level[e.lo >> c]
+        for i, entry in enumerate(bucket):
+            if entry[0] is e and entry[1] is hold:
+                del bucket[i]
+                break
+        if not bucket:
+            del level[e.lo >> c]
+            if not level:
+                del self.levels[c]
+
+    def near(self, lo: int, hi: int):
+        """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
+        callers apply the interval test)."""
+        for c, level in self.levels.items():
+            first, last = (lo >> c) - 1, (hi - 1) >> c
+            if last - first < len(level):
+                for b in range(first, last + 1):
+                    bucket = level.get(b)
+                    if bucket is not None:
+                        yield from bucket
+            else:
+                for bucket in level.values():
+                    yield from bucket
+
+
+class _Registry:
+    """The holds in flight on one device (guarded by ``LOCK``)."""
+
+    __slots__ = ("holds", "index")
+
+    def __init__(self):
+        self.holds: dict[Hold, tuple] = {}    # hold -> its extents on this device
+        self.index: _Index | None = None      # kept while more than SMALL holds are in flight
+
+    def near(self, lo: int, hi: int):
+        """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
+        if self.index is not None:
+            return self.index.near(lo, hi)
+        return [(e, h) for h, extents in self.holds.items() for e in extents]
+
+    def add(self, hold: "Hold", extents: tuple) -> None:
+        self.holds[hold] = extents
+        index = self.index
+        if index is not None:
+            for e in extents:
+                index.add(e, hold)
+        elif len(self.holds) > SMALL:
+            self.index = index = _Index()
+            for h, held in self.holds.items():
+                for e in held:
+                    index.add(e, h)
+
+    def remove(self, hold: "Hold") -> None:
+        extents = self.holds.pop(hold)
+        if self.index is not None:
+            if not self.holds:
+                self.index = None
+            else:
+                for e in extents:
+                    self.index.remove(e, hold)
+
+
+# device -> registry of the holds in flight there (kept once made). Guarded by LOCK.
+_REGISTRIES: dict[torch.device, _Registry] = {}
 
 
 def _label(name: str, write: bool) -> str:
@@ -175,7 +289,7 @@ def _label(name: str, write: bool) -> str:
     return name
 
 
-def _where(a: _Extent, b: _Extent) -> str:
+def _where(a: Extent, b: Extent) -> str:
     """Describe the overlapping memory of two extents for a message."""
     try:
         sa = a.t.untyped_storage().data_ptr()
@@ -189,13 +303,16 @@ def _where(a: _Extent, b: _Extent) -> str:
 
 
 class Hold:
-    """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent)."""
+    """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent).
 
-    __slots__ = ("holder", "_extents", "_released")
+    ``tensors`` keeps the held tensors alive (extents refer to them weakly)."""
 
-    def __init__(self, holder: str):
+    __slots__ = ("holder", "_regs", "_released", "tensors", "__weakref__")
+
+    def __init__(self, holder: str, tensors=()):
         self.holder = holder
-        self._extents: list[_Extent] = []
+        self.tensors = tensors
+        self._regs: list = []                 # the registries this hold is in
         self._released = False
 
     @property
@@ -209,13 +326,10 @@ class Hold:
             if self._released:
                 return
             self._released = True
-            for e in self._extents:
-                held = _HOLDS.get(e.device)
-                if held is not None:
-                    held.pop(id(e), None)
-                    if not held:
-                        del _HOLDS[e.device]
-            self._extents = []
+            for reg in self._regs:
+                reg.remove(self)
+            self._regs = []
+            self.tensors = ()
 
     def __enter__(self) -> "Hold":
         return self
@@ -224,8 +338,68 @@ class Hold:
         self.release()
 
     def __repr__(self) -> str:
-        state = "released" if self._released else f"{len(self._extents)} borrows"
+        n = sum(len(r.holds.get(self, ())) for r in self._regs)
+        state = "released" if self._released else f"{n} borrows"
         return f"Hold({self.holder!r}, {state})"
+
+
+def prepare(holder: str,
+            reads: Sequence[tuple[str, torch.Tensor]] = (),
+            writes: Sequence[tuple[str, torch.Tensor]] = ()) -> tuple:
+    """The extents of one operation's arguments (writes first), checked against each other:
+    raises :class:`AliasError` if a write overlaps another argument of the same call.
+    Empty tensors hold nothing and are left out."""
+    new_w = [Extent(t, n, True) for n, t in writes]
+    new_r = [Extent(t, n, False) for n, t in reads]
+    for i, w in enumerate(new_w):
+        for other in new_w[i + 1:]:
+            if _overlap(w, other):
+                _raise_internal(holder, w, other)
+        for r in new_r:
+            if _overlap(w, r):
+                _raise_internal(holder, w, r)
+    return tuple(e for e in new_w + new_r if e.hi > e.lo)
+
+
+def by_device(extents: tuple) -> tuple:
+    """``extents`` grouped as ``((device, extents on it), ...)`` (what :func:`register` files)."""
+    groups: dict = {}
+    for e in extents:
+        groups.setdefault(e.device, []).append(e)
+    return tuple((device, tuple(mine)) for device, mine in groups.items())
+
+
+def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
+    """Check ``extents`` (from :func:`prepare`) against the holds in flight and register
+    them: a write may overlap no held extent, a read no held write (``AliasError``, and
+    nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
+    ``by_device(extents)`` when the caller has it. The caller need not hold ``LOCK``."""
+    hold = Hold(holder, tensors)
+    if groups is None:
+        groups = by_device(extents)
+    with LOCK:
+        for device, mine in groups:
+            reg = _REGISTRIES.get(device)
+            if reg is None:
+                reg = _REGISTRIES[device] = _Registry()   # kept: devices are few
+            if not reg.holds:
+                continue
+            # The interval test is inlined: this loop runs per launch and per nearby borrow.
+            for x in mine:
+                lo, hi = x.lo, x.hi
+                if x.write:
+                    for e, h in reg.near(lo, hi):
+                        if e.lo < hi and lo < e.hi and _overlap(x, e):
+                            _raise_external(holder, x, e, h)
+                else:
+                    for e, h in reg.near(lo, hi):
+                        if e.write and e.lo < hi and lo < e.hi and _overlap(x, e):
+                            _raise_external(holder, x, e, h)
+        for device, mine in groups:
+            reg = _REGISTRIES[device]
+            reg.add(hold, mine)
+            hold._regs.append(reg)
+    return hold
 
 
 def acquire(holder: str,
@@ -238,63 +412,35 @@ def acquire(holder: str,
     :class:`AliasError` (and registers nothing) if a write overlaps another argument of the
     same call, or conflicts with a hold already registered.
     """
-    hold = Hold(holder)
-    new_w = [_Extent(t, n, True, hold) for n, t in writes]
-    new_r = [_Extent(t, n, False, hold) for n, t in reads]
-
-    # 1. Within the call: each write against later writes and all reads.
-    for i, w in enumerate(new_w):
-        for other in new_w[i + 1:]:
-            if _overlap(w, other):
-                _raise_internal(holder, w, other)
-        for r in new_r:
-            if _overlap(w, r):
-                _raise_internal(holder, w, r)
-
-    with LOCK:
-        # 2. Against in-flight holds: writes vs everything, reads vs writes.
-        # The interval test is inlined: this loop runs per launch and per in-flight borrow.
-        if _HOLDS:
-            for w in new_w:
-                lo, hi = w.lo, w.hi
-                for e in _HOLDS.get(w.device, _NONE).values():
-                    if e.lo < hi and lo < e.hi and _overlap(w, e):
-                        _raise_external(holder, w, e)
-            for r in new_r:
-                lo, hi = r.lo, r.hi
-                for e in _HOLDS.get(r.device, _NONE).values():
-                    if e.write and e.lo < hi and lo < e.hi and _overlap(r, e):
-                        _raise_external(holder, r, e)
-        # 3. Register (empty tensors hold nothing).
-        for e in new_w + new_r:
-            if e.hi > e.lo:
-                _HOLDS.setdefault(e.device, {})[id(e)] = e
-                hold._extents.append(e)
-    return hold
+    extents = prepare(holder, reads, writes)
+    return register(holder, extents, tuple(t for _, t in writes) + tuple(t for _, t in reads))
 
 
-def _raise_internal(holder: str, w: _Extent, other: _Extent):
+def _raise_internal(holder: str, w: Extent, other: Extent):
     raise AliasError(
         f"{holder}: {_label(w.name, True)} overlaps {_label(other.name, other.write)} "
         f"({_where(w, other)}); an output must not share memory with another argument of "
         f"the same launch: pass a copy or non-overlapping slices")
 
 
-def _raise_external(holder: str, new: _Extent, held: _Extent):
+def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
     raise AliasError(
         f"{holder}: {_label(new.name, new.write)} overlaps {_label(held.name, held.write)} "
-        f"held by in-flight {held.hold.holder} ({_where(new, held)}); "
+        f"held by in-flight {hold.holder} ({_where(new, held)}); "
         f"synchronize that operation first (op.sync() or await op) or use separate storage")
 
 
-def _conflicting(t: torch.Tensor, writes_only: bool) -> _Extent | None:
-    if not _HOLDS:                                   # fast path: nothing in flight
+def _conflicting(t: torch.Tensor, writes_only: bool):
+    """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``)."""
+    if not any(reg.holds for reg in _REGISTRIES.values()):   # fast path: nothing in flight
         return None
-    x = _Extent(t)
+    x = Extent(t)
     with LOCK:
-        for e in _HOLDS.get(x.device, _NONE).values():
-            if (e.write or not writes_only) and _overlap(x, e):
-                return e
+        reg = _REGISTRIES.get(x.device)
+        if reg is not None and x.hi > x.lo:
+            for e, h in reg.near(x.lo, x.hi):
+                if (e.write or not writes_only) and _overlap(x, e):
+                    return e, h
     return None
 
 
@@ -304,21 +450,23 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
     ``what`` completes "cannot ...", e.g. ``"read Tensor(shape=(4,), float32) with
     to_torch()"``.
     """
-    e = _conflicting(t, writes_only=True)
-    if e is not None:
+    found = _conflicting(t, writes_only=True)
+    if found is not None:
+        e, h = found
         raise BorrowError(
-            f"cannot {what}: in-flight {e.hold.holder} is writing this memory through "
+            f"cannot {what}: in-flight {h.holder} is writing this memory through "
             f"{_label(e.name, True)}; synchronize that operation first (op.sync() or await op)")
 
 
 def check_host_write(t: torch.Tensor, what: str) -> None:
     """Raise :class:`BorrowError` if any in-flight operation reads or writes ``t``'s memory
     (used before handing out mutable access: DLPack export, ``into_torch``, unwrap)."""
-    e = _conflicting(t, writes_only=False)
-    if e is not None:
+    found = _conflicting(t, writes_only=False)
+    if found is not None:
+        e, h = found
         verb = "writing" if e.write else "reading"
         raise BorrowError(
-            f"cannot {what}: in-flight {e.hold.holder} is {verb} this memory through "
+            f"cannot {what}: in-flight {h.holder} is {verb} this memory through "
             f"{_label(e.name, e.write)}; synchronize that operation first "
             f"(op.sync() or await op)")
 
@@ -326,6 +474,6 @@ def check_host_write(t: torch.Tensor, what: str) -> None:
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
     """A snapshot ``(holder, name, is_write, tensor)`` of every registered borrow."""
     with LOCK:
-        return [(e.hold.holder, e.name, e.write, e.t)
-                for held in _HOLDS.values() for e in held.values()]
-
+        return [(h.holder, e.name, e.write, e.t)
+                for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
+                for e in extents]

@@ -92,11 +92,16 @@ class Handle:
         Raises :class:`MovedError` if the handle is not live (e.g. moved twice).
         """
         with LOCK:
-            if self._state is not LIVE:
-                raise MovedError(self._moved_message(f"move it into {where}"))
-            self._state = MOVED
-            self._moved_to = where
-            self._hint = hint or _DEFAULT_HINT
+            self._move_locked(where, hint)
+
+    def _move_locked(self, where: str, hint: str | None = None) -> None:
+        """``_move`` for a caller that already holds ``LOCK`` (the launcher moves all the
+        arguments of one launch under one acquisition)."""
+        if self._state is not LIVE:
+            raise MovedError(self._moved_message(f"move it into {where}"))
+        self._state = MOVED
+        self._moved_to = where
+        self._hint = hint or _DEFAULT_HINT
 
     def _restore(self) -> None:
         """Mark a moved handle live again (the receiver hands it back).
@@ -104,11 +109,15 @@ class Handle:
         Restoring a live handle does nothing; a released handle cannot be restored.
         """
         with LOCK:
-            if self._state is RELEASED:
-                raise MovedError(self._moved_message("restore it"))
-            self._state = LIVE
-            self._moved_to = None
-            self._hint = None
+            self._restore_locked()
+
+    def _restore_locked(self) -> None:
+        """``_restore`` for a caller that already holds ``LOCK``."""
+        if self._state is RELEASED:
+            raise MovedError(self._moved_message("restore it"))
+        self._state = LIVE
+        self._moved_to = None
+        self._hint = None
 
     def _release(self, by: str, hint: str) -> None:
         """Mark the handle released for good (caller holds ``LOCK`` and has checked)."""

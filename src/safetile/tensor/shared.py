@@ -77,17 +77,15 @@ class Shared(Handle):
         """The shared torch tensor (no check)."""
         return self._core.tensor._torch
 
-    def _move(self, where: str, hint: str | None = None) -> None:
+    def _move_locked(self, where: str, hint: str | None = None) -> None:
         """Move this handle into an operation; it stays counted and is marked in flight."""
-        with LOCK:
-            Handle._move(self, where, hint)
-            self._core.in_flight[id(self)] = where
+        Handle._move_locked(self, where, hint)
+        self._core.in_flight[id(self)] = where
 
-    def _restore(self) -> None:
+    def _restore_locked(self) -> None:
         """The operation hands this same handle back."""
-        with LOCK:
-            Handle._restore(self)
-            self._core.in_flight.pop(id(self), None)
+        Handle._restore_locked(self)
+        self._core.in_flight.pop(id(self), None)
 
     # -- description ----------------------------------------------------------------------
     def _describe(self) -> str:

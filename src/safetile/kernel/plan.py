@@ -1,0 +1,108 @@
+"""Launch plans: what one launch's checks concluded, reused while it provably still applies.
+
+A launch (``kernel/launch.py``) checks every argument (kind, dtype, rank, device, layout),
+that the ``Out`` grids agree and that no output overlaps another argument of the call; then,
+every time, it checks each handle's ownership state, checks the storage borrows against the
+operations in flight and moves the handles. A ``LaunchPlan`` remembers the conclusions of the
+first part, and what the launcher derives from them (the generated kernel's arguments, the
+binary), for the exact arguments of one launch. A later launch reuses a plan only when
+
+* the same handle objects are passed at the same positions (held through weak references:
+  a plan never keeps a handle or its memory alive). A handle's torch tensor, tile shape and
+  program order never change for the handle's life, so the handle decides them;
+* each torch tensor still has the data pointer, shape and strides the plan saw (a torch
+  alias kept by the user could have been resized or restrided since);
+* every scalar is the same value of the same type (``-0.0`` and ``0.0`` differ; NaN never
+  matches), so a plan's recovered values are the arguments themselves;
+* the backend and the kernel's options are the same objects.
+
+Anything else (another handle, e.g. the Partition made by a new ``partition()`` call) makes
+a new plan through the full checks. Plans are cached per kernel, keyed by the identity of the
+first tensor argument; the cache is emptied when it passes ``PLAN_CACHE`` entries.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+from ..tensor.borrows import by_device
+
+#: Plans cached per kernel (and options) before the cache is emptied.
+PLAN_CACHE = 1024
+
+
+class LaunchPlan:
+    """The checked facts of one launch's arguments, and caches derived from them.
+
+    ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
+    strides)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
+    text)``; ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
+    ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
+    ``gpu``: the launcher's cached binary and argument tuple (``device/launcher.py``).
+    """
+
+    __slots__ = ("choice", "opts", "n", "tensors", "scalars", "moves", "params", "grid",
+                 "extents", "groups", "holder", "gpu", "__weakref__")
+
+    def __init__(self, kernel, bound, grid, choice, extents, holder, where):
+        self.choice = choice
+        self.opts = kernel.opts
+        self.n = len(bound)
+        tensors, scalars, moves, params = [], [], [], []
+        for i, b in enumerate(bound):
+            t = b.torch
+            params.append((b.name, b.spec, b.tile, b.order, t is not None))
+            if t is None:
+                scalars.append((i, b.value))
+            else:
+                tensors.append((i, weakref.ref(b.value), weakref.ref(t), t.data_ptr(),
+                                tuple(t.shape), t.stride()))
+                moves.append((i, where[b.name]))
+        self.tensors, self.scalars = tuple(tensors), tuple(scalars)
+        self.moves, self.params = tuple(moves), tuple(params)
+        self.grid = grid
+        self.extents = extents
+        self.groups = by_device(extents)
+        self.holder = holder
+        self.gpu = None
+
+    def matches(self, args: tuple) -> bool:
+        """Whether this plan provably applies to ``args`` (see the module docstring)."""
+        if len(args) != self.n:
+            return False
+        for i, href, tref, ptr, shape, stride in self.tensors:
+            if href() is not args[i]:
+                return False
+            t = tref()                    # alive: the handle (alive, just compared) holds it
+            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
+                return False
+        for i, v in self.scalars:
+            a = args[i]
+            if a is not v and (type(a) is not type(v) or a != v or
+                               (type(v) is float and math.copysign(1.0, a) != math.copysign(1.0, v))):
+                return False
+        return True
+
+
+def cached(kernel, args: tuple, choice):
+    """The cached plan that applies to ``args``, or None."""
+    cache = kernel.__dict__.get("_st_plans")
+    if cache is None or cache[0] is not kernel.opts or not args:
+        return None
+    plan = cache[1].get(id(args[cache[2]]) if cache[2] < len(args) else None)
+    if plan is None or (plan.choice is not choice and plan.choice != choice):
+        return None
+    return plan if plan.matches(args) else None
+
+
+def remember(kernel, args: tuple, plan: LaunchPlan) -> None:
+    """Cache ``plan`` for launches with these very arguments."""
+    if not plan.tensors:
+        return
+    cache = kernel.__dict__.get("_st_plans")
+    if cache is None or cache[0] is not kernel.opts:      # options() copies get their own
+        cache = kernel.__dict__["_st_plans"] = (kernel.opts, {}, plan.tensors[0][0])
+    plans = cache[1]
+    if len(plans) >= PLAN_CACHE:
+        plans.clear()
+    plans[id(args[cache[2]])] = plan

@@ -1,0 +1,162 @@
+"""Launch plans (kernel/plan.py) and the borrow index: a cached result is reused only while it
+provably applies, and every per-launch check still runs on the fast path."""
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import safetile as st
+import safetile.lang as sl
+from safetile import backends
+from safetile.kernel import plan as plans
+from safetile.tensor import active_holds, borrows
+
+
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@st.kernel
+def axpy(x: st.In[st.f32], z: st.Out[st.f32], a: float):
+    z.store(sl.load_like(x, z) * a)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    yield
+    assert active_holds() == [], "a test leaked a borrow hold"
+
+
+def _cached(kernel, *args):
+    return plans.cached(kernel, args, backends.current())
+
+
+def test_a_repeat_launch_reuses_the_plan_and_other_handles_do_not():
+    x, y, z = st.ones((8,)), st.ones((8,)), st.empty((8,)).partition((4,))
+    x, y, z = add(x, y, z).sync()
+    assert _cached(add, x, y, z) is not None
+    assert _cached(add, y, x, z) is None                       # positions matter
+    assert _cached(add, x, st.ones((8,)), z) is None
+
+
+def test_repartitioning_with_another_tile_shape_never_reuses_a_stale_plan():
+    x, y = st.arange(10, dtype=st.f32), st.ones((10,))
+    z = st.full((10,), -1.0).partition((8,))
+    x, y, z = add(x, y, z).sync()
+    x, y, z = add(x, y, z).sync()                              # the cached plan: grid (2,)
+    z = z.unpartition().partition((2,))                        # same tensor, new Partition
+    assert _cached(add, x, y, z) is None
+    op = add(x, y, z)
+    assert op.grid == (5,)
+    x, y, z = op.sync()
+    assert torch.equal(z.unpartition().to_torch(), torch.arange(10.0) + 1)
+
+
+def test_a_moved_handle_still_raises_on_the_fast_path():
+    x, y, z = st.ones((8,)), st.ones((8,)), st.empty((8,)).partition((4,))
+    x, y, z = add(x, y, z).sync()
+    assert _cached(add, x, y, z) is not None
+    in_flight = add(x, y, z)                                   # moves all three
+    with pytest.raises(st.MovedError, match="kernel 'add'"):
+        add(x, y, z)
+    x, y, z = in_flight.sync()
+    s = x.share()                                              # moved into a Shared value
+    with pytest.raises(st.MovedError, match="Shared"):
+        add(x, y, z)
+    x = s.try_unwrap()
+    add(x, y, z).sync()
+
+
+def test_the_same_handle_twice_is_refused_on_the_fast_path_and_nothing_stays_moved():
+    x, y, z = st.ones((8,)), st.ones((8,)), st.empty((8,)).partition((4,))
+    x, y, z = add(x, y, z).sync()
+    with pytest.raises(st.MovedError):
+        add(x, x, z)
+    x, y, z = add(x, y, z).sync()                              # nothing was left moved or held
+
+
+def test_a_torch_alias_resized_or_restrided_invalidates_the_plan():
+    base = torch.arange(16, dtype=torch.float32)
+    x = st.from_torch(base)
+    y, z = st.ones((16,)), st.empty((16,)).partition((8,))
+    x, y, z = add(x, y, z).sync()
+    assert _cached(add, x, y, z) is not None
+    base.as_strided_((8,), (2,))                               # same pointer, new layout
+    assert _cached(add, x, y, z) is None
+    base.set_(torch.arange(16, dtype=torch.float32).untyped_storage())   # new pointer
+    assert _cached(add, x, y, z) is None
+    x, y, z = add(x, y, z).sync()
+    assert torch.equal(z.unpartition().to_torch(), torch.arange(16.0) + 1)
+
+
+def test_scalars_must_be_the_same_value_of_the_same_type():
+    x, z = st.ones((4,)), st.empty((4,)).partition((4,))
+    x, z, a = axpy(x, z, 2.0).sync()
+    assert _cached(axpy, x, z, 2.0) is not None
+    assert _cached(axpy, x, z, 3.0) is None
+    assert _cached(axpy, x, z, 2) is None                      # an int is converted: no reuse
+    x, z, a = axpy(x, z, 0.0).sync()
+    assert _cached(axpy, x, z, -0.0) is None
+    x, z, a = axpy(x, z, 2).sync()
+    assert type(a) is float and a == 2.0                       # the recovered value is the float
+
+
+def test_a_plan_is_not_reused_under_another_backend_choice():
+    x, y, z = st.ones((8,)), st.ones((8,)), st.empty((8,)).partition((4,))
+    with st.backend("interpret", seed=1):
+        x, y, z = add(x, y, z).sync()
+        assert _cached(add, x, y, z) is not None
+    with st.backend("interpret", seed=2):
+        assert _cached(add, x, y, z) is None
+
+
+def test_an_overlapping_write_is_refused_with_a_thousand_holds_in_flight():
+    triples = [(st.randn((16,)), st.randn((16,)), st.empty((16,)).partition((16,)))
+               for _ in range(1000)]
+    ops = [add(*t) for t in triples]                           # 3000 borrows in flight
+    victim = ops[637].values[2]._torch                         # an Out held by op 637
+    with pytest.raises(st.AliasError, match="held by in-flight kernel 'add'"):
+        add(st.ones((16,)), st.ones((16,)), st.from_torch(victim[4:12]).partition((8,)))
+    with pytest.raises(st.AliasError):                         # reading it is refused too
+        add(st.from_torch(victim), st.ones((16,)), st.empty((16,)).partition((16,)))
+    with pytest.raises(st.BorrowError):
+        st.from_torch(victim).to_torch()
+    held_in = ops[5].values[0]._torch                          # an In: reads may share it
+    x, y, z = add(st.from_torch(held_in), st.ones((16,)), st.empty((16,)).partition((16,))).sync()
+    for op in ops:
+        op.sync()
+
+
+@settings(deadline=None, max_examples=60)
+@given(hs.lists(hs.tuples(hs.integers(0, 1 << 16), hs.integers(1, 1 << 12), hs.booleans()),
+                min_size=0, max_size=40),
+       hs.tuples(hs.integers(0, 1 << 16), hs.integers(1, 1 << 12), hs.booleans()))
+def test_the_borrow_index_finds_exactly_the_conflicts_a_scan_finds(held, query):
+    """Many holds (index mode) over one byte buffer: a new borrow is refused iff a brute-force
+    interval scan finds a conflict (a write conflicts with anything, a read with writes)."""
+    buf = torch.zeros((1 << 16) + (1 << 12), dtype=torch.uint8)
+    holds, accepted = [], []
+    try:
+        for i, (lo, n, write) in enumerate(held):
+            t = buf[lo:lo + n]
+            try:
+                holds.append(borrows.acquire(f"k{i}", **{"writes" if write else "reads": [("a", t)]}))
+                accepted.append((lo, lo + n, write))
+            except st.AliasError:
+                pass
+        lo, n, write = query
+        expect = any(a < lo + n and lo < b and (write or w) for a, b, w in accepted)
+        t = buf[lo:lo + n]
+        try:
+            borrows.acquire("q", **{"writes" if write else "reads": [("a", t)]}).release()
+            got = False
+        except st.AliasError:
+            got = True
+        assert got == expect
+    finally:
+        random.shuffle(holds)
+        for h in holds:
+            h.release()
