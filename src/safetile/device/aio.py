@@ -21,7 +21,7 @@ import threading
 import weakref
 
 from . import streams
-from .op import RunContext, executing
+from .op import RunContext, _state, executing
 
 
 async def run_async(op, stream=None):
@@ -30,7 +30,12 @@ async def run_async(op, stream=None):
     if not streams.cuda_available() or op._host_bound():
         return await loop.run_in_executor(None, op.sync, stream)
     fut = loop.create_future()
-    with executing("await op"):
+    # `with executing("await op")`, inlined: submission is the per-op hot path of async code.
+    if getattr(_state, "busy", None) is not None:
+        with executing("await op"):             # raises ExecutionError
+            pass
+    _state.busy = "execution"
+    try:
         ctx = RunContext(streams.resolve(stream))
         try:
             if stream is None:
@@ -43,6 +48,8 @@ async def run_async(op, stream=None):
             ctx.stream.synchronize()            # rare: let enqueued work finish, then hand back
             ctx.settle()
             raise
+    finally:
+        _state.busy = None
     _batch_for(loop).add(ctx, out, fut)
     return await fut
 
