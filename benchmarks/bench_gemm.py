@@ -214,7 +214,7 @@ def gemv_sweep(deadline):
     for name, (n, k) in MODELS["4B"].items():
         if name == "lm_head":                   # already past the copy ceiling
             continue
-        base = gemv_config(n, k)
+        base = gemv_config(n, k, pdl=False)
         cfgs = [base, GemvConfig(base.bn, base.bk, base.num_warps, base.num_stages, base.tma, True)]
         # First sweep (results/gemv_sweep1.json): 6 stages, 1024-wide blocks and 2-row
         # programs lost everywhere; pdl gained 0.1-0.6 us.

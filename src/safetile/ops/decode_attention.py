@@ -35,8 +35,12 @@ from .flash_attention import LOG2E, check_gqa, online_softmax_step
 MIN_GROUP_ROWS = 16
 # Pipeline depth of the split kernel's K/V loop: Triton keeps num_stages - 1 TMA buffers,
 # so 3 stages double-buffer (one 64-key block of K and V, 32 KB, in flight while the previous
-# one is used).
+# one is used). On the H200 (results/attention.json, 2026-11-30) 4 and 5 stages, 32 splits and
+# 32-key blocks were no faster: in a graph of attentions over distinct caches the split
+# streams at ~4.4 TB/s between 8k and 32k already, and 3 stages are best at 1k and 8k.
 DEFAULT_STAGES = 3
+# Programmatic dependent launch of the split and merge kernels measured 0.2-1.2 us slower
+# per attention on the H200 (the same results), so it is off by default.
 DEFAULT_PDL = False
 
 
@@ -99,8 +103,9 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
 
 def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
     """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
-    than the cache has key blocks. On the H200 (benchmarks/results/attention.json) 16 splits
-    of 8 kv heads beat 32, 64 and 128 at every context from 1k to 32k: more, shorter
+    than the cache has key blocks. On the H200 (benchmarks/results/attention.json and
+    attention_decode_sweep1.json) 16 splits of 8 kv heads beat 32 and 64 at 1k and 8k and
+    tied 32 at 32k: more, shorter
     programs pay the per-program prologue (device length, q, pipeline fill) more often and
     make the merge read more partials."""
     want = host.next_pow2(max(1, 128 // n_kv_heads))
@@ -194,7 +199,8 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
-    given; pass both inside graph scopes. Returns a ``DeviceOp`` whose output is ``out``.
+    given; pass both inside graph scopes. ``pdl`` launches both kernels with programmatic
+    dependent launch. Returns a ``DeviceOp`` whose output is ``out``.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)

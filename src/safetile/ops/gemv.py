@@ -36,15 +36,26 @@ class GemvConfig:
     pdl: bool = False
 
 
-def choose_config(n: int, k: int, sms: int = 132) -> GemvConfig:
+def _pdl_default() -> bool:
+    """Programmatic dependent launch needs Hopper or later (``griddepcontrol``)."""
+    import torch
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
     """Rows per program so that the launch has several programs per SM: with every program
     resident at once, the HBM stream is shared evenly and no wave is left half empty.
     (512-wide K blocks through a 4-deep cp.async pipeline measured best on the H200, with
-    4-row programs for N = 2560 and 8-16 rows for larger N.)"""
+    4-row programs for N = 2560 and 8-16 rows for larger N; 6 stages, 1024-wide blocks and
+    2-row programs were slower everywhere, results/gemv_sweep1.json.)
+
+    ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch: in a
+    graph of back-to-back gemvs (results/gemv.json, H200, 2026-11-30) it took 0.1-0.6 us off
+    each, the most on the shortest (o: 8.09 -> 7.49 us)."""
     bn = 16
     while bn > 4 and n // bn < 3 * sms:
         bn //= 2
-    return GemvConfig(bn, 512, 4, 4, tma=False)
+    return GemvConfig(bn, 512, 4, 4, tma=False, pdl=_pdl_default() if pdl is None else pdl)
 
 
 @functools.lru_cache(maxsize=None)
