@@ -18,6 +18,7 @@ from ..errors import LaunchError, UnsafeError
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
 from ..tensor.ownership import LIVE, LOCK
+from ..tensor.overlap import self_overlapping
 from . import plan as _plans
 from .kernel import in_unsafe_block
 
@@ -84,7 +85,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         if kind == "Ptr" and not t.is_contiguous():
             raise _fail(kernel, name, f"raw pointers index a contiguous buffer, got strides "
                                       f"{t.stride()}; make it contiguous first")
-        if kind == "Out" and not t.is_contiguous() and borrows.self_overlapping(t):
+        if kind == "Out" and not t.is_contiguous() and self_overlapping(t):
             raise _fail(kernel, name, f"the partitioned tensor has overlapping elements (strides "
                                       f"{t.stride()}): distinct tiles would share memory")
         if kind == "Out":
