@@ -82,6 +82,32 @@ def test_preallocated_split_k_uses_the_given_workspace():
     assert not torch.isnan(ws.to_torch()[:20]).any()          # split 0, real rows written
 
 
+@pytest.mark.parametrize("weight", [False, True])
+def test_head_and_tail_row_ranges_cover_the_product(weight):
+    # Rows [0, 64) in 32x32 tiles, rows [64, 90) in 16x16 tiles: two launches over disjoint
+    # row ranges of one output, the tail's A tile-rows offset by 64 / 16 = 4.
+    a, b, want = operands(90, 45, 50, st.bf16, weight=weight)
+    cfg = MatmulConfig(32, 32, 16, 4, 2, head_rows=64,
+                       tail=MatmulConfig(16, 16, 16, 4, 2, group_size=2))
+    out = st.full((90, 45), float("nan"), dtype=st.bf16)
+    c = ops.matmul(a, b, out, weight=weight, config=cfg).sync()
+    assert c is out and not torch.isnan(out.to_torch()).any()
+    assert rel_err(out.to_torch(), want) < 1e-2
+
+
+def test_head_rows_must_align_with_both_tiles():
+    a, w, _ = operands(90, 45, 50, st.bf16, weight=True)
+    cfg = MatmulConfig(32, 32, 16, 4, 2, head_rows=48, tail=MatmulConfig(16, 16, 16, 4, 2))
+    with pytest.raises(ValueError, match="multiple of"):
+        ops.linear(a, w, config=cfg)
+
+
+def test_pdl_split_k_config_matches_torch():
+    a, w, want = operands(20, 40, 300, st.bf16, weight=True)
+    cfg = MatmulConfig(16, 32, 16, 4, 2, split_k=3, pdl=True)
+    assert rel_err(ops.linear(a, w, config=cfg).sync().to_torch(), want) < 1e-2
+
+
 def test_inputs_come_back_usable():
     a, w, _ = operands(16, 16, 16, st.bf16, weight=True)
     ops.linear(a, w, config=SMALL).sync()

@@ -16,7 +16,7 @@ def big_args():
     w = st.randn((512, 256), dtype=st.bf16)
     c = st.empty((512, 512), dtype=st.bf16).partition((128, 256), order="grouped",
                                                        group_size=8, persistent=132)
-    return a, w, c
+    return a, w, c, 0
 
 
 def test_linear_kernel_uses_descriptor_loads_and_a_descriptor_store():

@@ -42,6 +42,12 @@ class MatmulConfig:
 
     ``split_k > 1`` splits K into that many ranges (a partial product and a reduction).
     ``flatten`` / ``warp_specialize`` are scheduling hints for the persistent tiles loop.
+    ``pdl`` launches every kernel of the product with programmatic dependent launch, so the
+    split-K reduction is scheduled while the partial products finish.
+    ``head_rows > 0`` with a ``tail`` config: rows ``[0, head_rows)`` run with this tiling and
+    the remaining rows with ``tail``, as a second launch over the disjoint rest of ``C``. This
+    fixes wave quantization: the head fills whole waves of wide tiles, the tail spreads the
+    remainder over every SM in smaller tiles.
     """
 
     bm: int
@@ -53,6 +59,9 @@ class MatmulConfig:
     split_k: int = 1
     flatten: bool = False
     warp_specialize: bool = False
+    pdl: bool = False
+    head_rows: int = 0
+    tail: "MatmulConfig | None" = None
 
 
 def num_sms(device=None) -> int:
@@ -146,8 +155,12 @@ def _kernels(BK: int, TRANS_B: bool):
     """
 
     @st.kernel
-    def matmul_tiles(a: st.In[IN_DTYPES, 2], b: st.In[IN_DTYPES, 2], c: st.Out[OUT_DTYPES, 2]):
-        """c = a @ b (or a @ b.T when TRANS_B), one owned (BM, BN) tile at a time."""
+    def matmul_tiles(a: st.In[IN_DTYPES, 2], b: st.In[IN_DTYPES, 2], c: st.Out[OUT_DTYPES, 2],
+                     r0: int):
+        """c = a[r0 * BM:] @ b (or @ b.T when TRANS_B), one owned (BM, BN) tile at a time.
+
+        ``c`` may be a row range of the whole product starting at tile-row ``r0`` (a head /
+        tail split); ``a`` stays whole and read-only, so only the A tile-row is offset."""
         for t in c.tiles():
             i, j = c.index
             acc = sl.zeros(c.shape, st.f32)
@@ -156,7 +169,7 @@ def _kernels(BK: int, TRANS_B: bool):
                     bt = b.load((j, k), (c.shape[1], BK)).T
                 else:
                     bt = b.load((k, j), (BK, c.shape[1]))
-                acc = sl.mma(a.load((i, k), (c.shape[0], BK)), bt, acc)
+                acc = sl.mma(a.load((i + r0, k), (c.shape[0], BK)), bt, acc)
             c.store(acc)
 
     @st.kernel
@@ -191,6 +204,11 @@ def splitk_reduce(p: st.In[st.f32, 2], c: st.Out[OUT_DTYPES, 2], splits: int, ro
     c.store(acc)
 
 
+# The reduction scheduled early (programmatic dependent launch): it waits on the partials'
+# grid in hardware instead of paying a full launch gap after it.
+_splitk_reduce_pdl = splitk_reduce.options(pdl=True)
+
+
 # ---- host API ----------------------------------------------------------------------------------
 
 def _dims(a, b, weight: bool) -> tuple[int, int, int]:
@@ -215,7 +233,7 @@ def workspace_shape(m: int, n: int, cfg: MatmulConfig) -> tuple[int, int]:
 
 def _configured(kern, cfg: MatmulConfig):
     return kern.options(num_warps=cfg.num_warps, num_stages=cfg.num_stages, tma_store=True,
-                        flatten=cfg.flatten, warp_specialize=cfg.warp_specialize)
+                        flatten=cfg.flatten, warp_specialize=cfg.warp_specialize, pdl=cfg.pdl)
 
 
 def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
@@ -242,10 +260,25 @@ def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
         cfg = replace(cfg, split_k=1)
     c = host.output("ops.matmul: out", out, (m, n), out_dtype, device)
     tiles, partial = _kernels(cfg.bk, weight)
+    if cfg.tail is not None and 0 < cfg.head_rows < m and cfg.split_k == 1:
+        head, tail = cfg, cfg.tail
+        if head.head_rows % head.bm or head.head_rows % tail.bm or tail.split_k != 1:
+            raise ValueError(f"ops.matmul: head_rows {head.head_rows} must be a multiple of "
+                             f"both tile heights, and the tail unsplit: {cfg}")
+        hv = c.view(m, n).slice(0, 0, head.head_rows).partition(
+            (head.bm, head.bn), order="grouped", group_size=head.group_size, persistent=sms)
+
+        def rest(a_, b_, _cv, _r0):
+            tv = c.view(m, n).slice(0, head.head_rows, m).partition(
+                (tail.bm, tail.bn), order="grouped", group_size=tail.group_size, persistent=sms)
+            return _configured(_kernels(tail.bk, weight)[0], tail)(
+                a_, b_, tv, head.head_rows // tail.bm)
+
+        return host.returning(_configured(tiles, head)(a, b, hv, 0).then(rest), c)
     if cfg.split_k == 1:
         cv = c.view(m, n).partition((cfg.bm, cfg.bn), order="grouped",
                                     group_size=cfg.group_size, persistent=sms)
-        return host.returning(_configured(tiles, cfg)(a, b, cv), c)
+        return host.returning(_configured(tiles, cfg)(a, b, cv, 0), c)
     want = workspace_shape(m, n, cfg)
     ws = host.output("ops.matmul: workspace", workspace, want, st.f32, device)
     kb = _cdiv(_cdiv(k, cfg.bk), cfg.split_k)
@@ -255,7 +288,8 @@ def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
 
     def reduce(_a, _b, p, _kb):
         cv = c.view(m, n).partition((cfg.bm, cfg.bn))
-        return splitk_reduce(p.unpartition(), cv, cfg.split_k, gm)
+        red = _splitk_reduce_pdl if cfg.pdl else splitk_reduce
+        return red(p.unpartition(), cv, cfg.split_k, gm)
 
     return host.returning(_configured(partial, cfg)(a, b, pv, kb).then(reduce), c)
 
