@@ -144,3 +144,23 @@ def test_sync_accepts_an_explicit_stream_argument():
     # Without CUDA there are no streams: stream=None is the default policy.
     _, _, z = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out()).sync(stream=None)
     assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
+
+
+def test_submit_returns_an_asyncio_future_that_gather_waits_on_directly():
+    async def main():
+        futs = [st.submit(add(vec(i, i, i, i), vec(1, 1, 1, 1), out())) for i in range(8)]
+        assert all(asyncio.isfuture(f) for f in futs)
+        return await asyncio.gather(*futs)
+
+    results = asyncio.run(main())
+    assert [z.unpartition().to_torch().tolist()[0] for _, _, z in results] == \
+        [i + 1 for i in range(8)]
+
+
+def test_submit_needs_a_running_loop_and_moves_nothing_without_one():
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    with pytest.raises(RuntimeError):
+        st.submit(op)
+    rx, _, _ = op.sync()              # the op was not consumed: it still runs once
+    assert rx is x

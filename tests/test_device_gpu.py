@@ -8,6 +8,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 from safetile.device.aio import run_async
+from safetile.tensor import active_holds
 
 pytestmark = pytest.mark.gpu
 
@@ -98,6 +99,21 @@ def test_many_awaits_complete_with_correct_results():
 
     for i, z in enumerate(asyncio.run(main())):
         assert torch.equal(z.unpartition().to_torch(), xt + i)
+
+
+def test_submitted_futures_gather_without_tasks_and_hand_values_back():
+    xt = torch.randn(1024, device="cuda")
+
+    async def main():
+        futs = [st.submit(add(st.from_torch(xt.clone()), st.full((1024,), float(i), device="cuda"),
+                              st.empty((1024,), device="cuda").partition((256,))))
+                for i in range(100)]
+        assert all(asyncio.isfuture(f) for f in futs)
+        return await asyncio.gather(*futs)
+
+    for i, (_, _, z) in enumerate(asyncio.run(main())):
+        assert torch.equal(z.unpartition().to_torch(), xt + i)
+    assert active_holds() == []                # every borrow ended at completion
 
 
 def _pipeline(x, y, z):

@@ -11,7 +11,7 @@
 """
 from . import errors  # noqa: F401
 from .backends import backend, set_backend  # noqa: F401
-from .device import DeviceOp, Graph, graph_scope, zip  # noqa: F401,A004
+from .device import DeviceOp, Graph, graph_scope, submit, zip  # noqa: F401,A004
 from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
 from .errors import (AliasError, BorrowError, ExecutionError, GraphCaptureError,  # noqa: F401

@@ -7,6 +7,11 @@ waits on events in order (``event.synchronize()``, which releases the GIL) and t
 one ``call_soon_threadsafe`` per batch to the loop. The loop thread never spins or blocks;
 the completion step settles each op (hands its values back) and resolves its future.
 
+Shapes: ``await op`` submits at once and waits on the op's future (no coroutine or Task of
+its own). ``st.submit(op)`` returns that ``asyncio.Future``: ``asyncio.gather`` of futures
+costs a done-callback per op, while gathering ops (or coroutines) makes a Task per op, which
+costs more than launching the op itself.
+
 CPU path (no CUDA, or work on the CPU executor): the whole execution (``op.sync()``) runs on
 the loop's default executor, off the loop thread, so other coroutines keep running.
 
@@ -24,12 +29,21 @@ from . import streams
 from .op import RunContext, _state, executing
 
 
-async def run_async(op, stream=None):
-    """Run ``op`` (on ``stream``, default torch's current stream) and return its output."""
+def submit(op, stream=None) -> "asyncio.Future":
+    """Submit ``op`` (on ``stream``, default torch's current stream) from the running event
+    loop and return an ``asyncio.Future`` of its output (``st.submit``; ``await op`` uses it).
+
+    The future is a real asyncio future, so ``asyncio.gather(*futures)`` waits on it directly
+    (no Task per op, unlike gathering ops or coroutines). GPU work is enqueued now, on the
+    loop thread; the future resolves once the work is complete and every value has been
+    handed back. Errors raised while enqueueing are raised here, after the values were
+    handed back (``e.recovered``); errors found at completion are set on the future.
+    Cancelling the future does not stop the work: its values are still handed back (to the
+    op's arguments' handles) when it completes."""
     loop = asyncio.get_running_loop()
-    if not streams.cuda_available() or op._host_bound():
-        return await loop.run_in_executor(None, op.sync, stream)
-    fut = loop.create_future()
+    if not (streams._cuda[0] if streams._cuda[0] is not None else streams.cuda_available()) \
+            or op._host_bound():
+        return loop.run_in_executor(None, op.sync, stream)
     # `with executing("await op")`, inlined: submission is the per-op hot path of async code.
     if getattr(_state, "busy", None) is not None:
         with executing("await op"):             # raises ExecutionError
@@ -50,44 +64,60 @@ async def run_async(op, stream=None):
             raise
     finally:
         _state.busy = None
-    _batch_for(loop).add(ctx, out, fut)
-    return await fut
+    fut = loop.create_future()
+    b = _last[0]
+    if b is None or b.loop_ref() is not loop:
+        b = _batch_for(loop)
+    b.add(ctx, out, fut, loop)
+    return fut
+
+
+async def run_async(op, stream=None):
+    """Run ``op`` (on ``stream``, default torch's current stream) and return its output."""
+    return await submit(op, stream)
 
 
 class _Batch:
-    """The ops submitted on one loop during the current iteration, grouped by stream."""
+    """The ops submitted on one loop during the current iteration, grouped by stream.
+
+    The batch refers to its loop weakly (``loop_ref``), and strongly (``loop``) only while a
+    flush is scheduled, so that the per-loop registry does not keep closed loops alive."""
+
+    __slots__ = ("loop_ref", "loop", "pending", "__weakref__")
 
     def __init__(self, loop):
-        self.loop = loop
+        self.loop_ref = weakref.ref(loop)
+        self.loop = None                      # set while a flush is scheduled
         self.pending: dict = {}               # stream -> [(ctx, out, fut)]
-        self.scheduled = False
 
-    def add(self, ctx, out, fut) -> None:
+    def add(self, ctx, out, fut, loop) -> None:
         entries = self.pending.get(ctx.stream)
         if entries is None:
             entries = self.pending[ctx.stream] = []
         entries.append((ctx, out, fut))
-        if not self.scheduled:
-            self.scheduled = True
-            self.loop.call_soon(self.flush)
+        if self.loop is None:
+            self.loop = loop
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
         import torch
-        self.scheduled = False
+        loop, self.loop = self.loop, None
         pending, self.pending = self.pending, {}
         for stream, entries in pending.items():
             event = torch.cuda.Event()
             event.record(stream)
-            _reactor().put((event, self.loop, entries))
+            _reactor().put((event, loop, entries))
 
 
 _batches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_last: list = [None]                          # the batch used last (most calls: the same loop)
 
 
 def _batch_for(loop) -> _Batch:
     b = _batches.get(loop)
     if b is None:
         b = _batches[loop] = _Batch(loop)
+    _last[0] = b
     return b
 
 

@@ -197,8 +197,9 @@ class DeviceOp:
         return out
 
     def __await__(self):
-        from .aio import run_async
-        return run_async(self).__await__()
+        # Submit now (``await`` iterates at once) and wait on the op's asyncio future: no
+        # coroutine or Task of our own per awaited op.
+        return _aio.submit(self).__await__()
 
     def graph(self):
         """Record this op into a graph (a CUDA graph on the GPU) and return the ``Graph``.
@@ -207,3 +208,6 @@ class DeviceOp:
         output values (valid after a replay has been synchronized)."""
         from .graph import record_graph
         return record_graph(self)
+
+
+from . import aio as _aio  # noqa: E402  (aio imports this module; bound at the end)
