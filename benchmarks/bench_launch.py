@@ -3,7 +3,9 @@
 Variants (a tiny safe kernel: z = x + y on 1024 fp32 elements, one tile program):
   sync_each      each op synced on its own            x, y, z = add(x, y, z).sync()
   then_chain     a chain of 1000 ops built with then  (build + one sync) / 1000
-  await_1000     1000 independent ops awaited concurrently in one event loop (gather)
+  await_1000     1000 independent ops awaited concurrently in one event loop (gather of
+                 coroutines that each ``await op``: asyncio makes a Task per coroutine)
+  submit_1000    the same ops as ``st.submit(op)`` futures, gathered directly (no Tasks)
   graph_replay   replay of a graph of 1000 recorded ops, per op
 and, in the same process, raw Triton ``kernel[grid](...)`` and torch eager ``torch.add(out=)``,
 each synced individually and back-to-back (1000 launches, one sync). Host-side parts of the
@@ -116,7 +118,23 @@ def main() -> int:
         harness.check_close("await_1000", zt.to_torch(), want, 0)
         triples[i] = (x, y, zt.partition((N,)))
     record("safetile await_1000", median_us(await_1000, CHAIN),
-           "asyncio.gather of 1000 awaits (incl. event loop start)")
+           "asyncio.gather of 1000 coroutines, each `await op` (a Task per op; incl. loop start)")
+
+    async def gather_futures():
+        futs = [st.submit(add(*t)) for t in triples]
+        triples[:] = await asyncio.gather(*futs)
+
+    def submit_1000():
+        asyncio.run(gather_futures())
+
+    submit_1000()
+    for i in (0, CHAIN - 1):
+        x, y, z = triples[i]
+        zt = z.unpartition()
+        harness.check_close("submit_1000", zt.to_torch(), want, 0)
+        triples[i] = (x, y, zt.partition((N,)))
+    record("safetile submit_1000", median_us(submit_1000, CHAIN),
+           "asyncio.gather of 1000 st.submit(op) futures (no Task per op; incl. loop start)")
 
     # ---- safetile: graph replay of 1000 recorded ops ------------------------------------
     x, y, z = state["x"], state["y"], state["z"]
@@ -217,7 +235,8 @@ def main() -> int:
         (out / "launch_profile.txt").write_text(report.getvalue())
 
     targets = {"safetile sync_each": 12.0, "safetile then_chain": 5.0,
-               "safetile await_1000": 5.0, "safetile graph_replay": 1.0}
+               "safetile await_1000": 5.0, "safetile submit_1000": 5.0,
+               "safetile graph_replay": 1.0}
     for name, t in targets.items():
         results[name]["target_us"] = t
         results[name]["meets_target"] = results[name]["us_per_op"] <= t

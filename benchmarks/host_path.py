@@ -19,7 +19,9 @@ Every other check (kinds, dtypes, ranks, grids, moves, ``MovedError``, borrow ho
   sync_each     x, y, z = add(x, y, z).sync()
   then_chain    a 1000-op ``then`` chain, build + sync
   in_flight     1000 independent ops built (1000 x 3 borrows held), then run and settled
-  await_1000    asyncio.gather of 1000 awaits (fake events: completes at once)
+  await_1000    asyncio.gather of 1000 coroutines awaiting one op each (a Task per op)
+  submit_1000   asyncio.gather of 1000 ``st.submit(op)`` futures (no Task per op)
+  (both with fake events: the work completes at once)
 
 Usage: ``PYTHONPATH=src python benchmarks/host_path.py [--profile SCENARIO]``.
 """
@@ -176,14 +178,22 @@ def main() -> int:
             triples[i] = await add(*triples[i])
         await asyncio.gather(*(one(i) for i in range(CHAIN)))
 
+    async def gather_futures():
+        futs = [st.submit(add(*t)) for t in triples]
+        triples[:] = await asyncio.gather(*futs)
+
     loop = asyncio.new_event_loop()
 
     def await_1000():
         loop.run_until_complete(gather_all())
 
+    def submit_1000():
+        loop.run_until_complete(gather_futures())
+
     scenarios = {"construct": (construct, 1000), "bare": (bare, 1000),
                  "sync_each": (sync_each, 1000), "then_chain": (then_chain, CHAIN),
-                 "in_flight": (in_flight, CHAIN), "await_1000": (await_1000, CHAIN)}
+                 "in_flight": (in_flight, CHAIN), "await_1000": (await_1000, CHAIN),
+                 "submit_1000": (submit_1000, CHAIN)}
     if "--profile" in sys.argv:
         import cProfile
         import pstats

@@ -118,12 +118,51 @@ class _Registry:
             return self.index.near(lo, hi)
         return [(e, h) for h, extents in self.holds.items() for e in extents]
 
+    def conflict(self, x: Extent):
+        """The first held ``(extent, hold)`` that conflicts with the new extent ``x`` (a new
+        write conflicts with any held extent it overlaps, a new read only with held writes),
+        or None. The per-launch query: the index walk and the interval test are inlined."""
+        lo, hi, write = x.lo, x.hi, x.write
+        index = self.index
+        if index is None:
+            for h, extents in self.holds.items():
+                for e in extents:
+                    if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                        return e, h
+            return None
+        for c, level in index.levels.items():
+            first, last = (lo >> c) - 1, (hi - 1) >> c
+            if last - first < len(level):
+                get = level.get
+                for b in range(first, last + 1):
+                    bucket = get(b)
+                    if bucket is not None:
+                        for e, h in bucket:
+                            if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                                return e, h
+            else:
+                for bucket in level.values():
+                    for e, h in bucket:
+                        if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                            return e, h
+        return None
+
     def add(self, hold: "Hold", extents: tuple) -> None:
         self.holds[hold] = extents
         index = self.index
         if index is not None:
+            levels = index.levels                 # _Index.add, inlined (per launch)
             for e in extents:
-                index.add(e, hold)
+                c = (e.hi - e.lo - 1).bit_length()
+                level = levels.get(c)
+                if level is None:
+                    level = levels[c] = {}
+                key = e.lo >> c
+                bucket = level.get(key)
+                if bucket is None:
+                    level[key] = [(e, hold)]
+                else:
+                    bucket.append((e, hold))
         elif len(self.holds) > SMALL:
             self.index = index = _Index()
             for h, held in self.holds.items():
@@ -132,12 +171,26 @@ class _Registry:
 
     def remove(self, hold: "Hold") -> None:
         extents = self.holds.pop(hold)
-        if self.index is not None:
+        index = self.index
+        if index is not None:
             if not self.holds:
                 self.index = None
-            else:
-                for e in extents:
-                    self.index.remove(e, hold)
+                return
+            levels = index.levels                 # _Index.remove, inlined (per hand-back)
+            for e in extents:
+                c = (e.hi - e.lo - 1).bit_length()
+                level = levels[c]
+                key = e.lo >> c
+                bucket = level[key]
+                if len(bucket) == 1:
+                    del level[key]
+                    if not level:
+                        del levels[c]
+                    continue
+                for i, entry in enumerate(bucket):
+                    if entry[0] is e and entry[1] is hold:
+                        del bucket[i]
+                        break
 
 
 # device -> registry of the holds in flight there (kept once made). Guarded by LOCK.
@@ -247,17 +300,10 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
                 reg = _REGISTRIES[device] = _Registry()   # kept: devices are few
             if not reg.holds:
                 continue
-            # The interval test is inlined: this loop runs per launch and per nearby borrow.
             for x in mine:
-                lo, hi = x.lo, x.hi
-                if x.write:
-                    for e, h in reg.near(lo, hi):
-                        if e.lo < hi and lo < e.hi and _overlap(x, e):
-                            _raise_external(holder, x, e, h)
-                else:
-                    for e, h in reg.near(lo, hi):
-                        if e.write and e.lo < hi and lo < e.hi and _overlap(x, e):
-                            _raise_external(holder, x, e, h)
+                found = reg.conflict(x)
+                if found is not None:
+                    _raise_external(holder, x, found[0], found[1])
         for device, mine in groups:
             reg = _REGISTRIES[device]
             reg.add(hold, mine)
