@@ -9,6 +9,8 @@ cuBLAS's included), median of repeated runs with L2 flushed between them.
 
     python benchmarks/bench_gemm.py            # the table -> benchmarks/results/gemm.json
     python benchmarks/bench_gemm.py --tune     # time candidate configs -> results/gemm_tune.json
+    python benchmarks/bench_gemm.py --sweep    # weak LLM shapes, many configs -> gemm_sweep.json
+    python benchmarks/bench_gemm.py --llm-only # the table without the M = 1 gemv rows
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ MODELS = {
 }
 MS = (16, 128, 2048, 8192)
 SKIP = {("32B", "lm_head", 8192)}          # 12.7 PFLOP per product: keeps the run short
+# do_bench warm-up and repetition (ms); the sweep shortens them to time more configs.
+TIMING = dict(warmup_ms=25, rep_ms=100)
 
 
 def graph_of(fn):
@@ -81,7 +85,7 @@ class Case:
         make = lambda: ops.linear(self.x, self.w, self.out, config=cfg, workspace=ws)  # noqa
         make().sync()
         check_close(f"safe {self.m}x{self.n}x{self.k} {cfg}", self.out.to_torch(), self.ref, 1e-2)
-        return time_ms(op_replay(make))
+        return time_ms(op_replay(make), **TIMING)
 
     def run_unsafe(self, cfg):
         cfg = MatmulConfig(**{**cfg.__dict__, "split_k": 1})
@@ -89,11 +93,12 @@ class Case:
         with st.unsafe():
             make().sync()
             check_close(f"unsafe {self.m}x{self.n}x{self.k}", self.out.to_torch(), self.ref, 1e-2)
-            return time_ms(op_replay(make))
+            return time_ms(op_replay(make), **TIMING)
 
     def run_cublas(self):
         y = torch.empty_like(self.ref)
-        return time_ms(graph_of(lambda: torch.nn.functional.linear(self.xt, self.wt, out=y)))
+        return time_ms(graph_of(lambda: torch.nn.functional.linear(self.xt, self.wt, out=y)),
+                       **TIMING)
 
     def tflops(self, ms):
         return 2 * self.m * self.n * self.k / ms / 1e9
@@ -256,17 +261,25 @@ def gemv_case_check(n, k, cfg):
     check_close(f"gemv {n}x{k} {cfg}", y.to_torch(), ref, 1e-2)
 
 
-def bench(deadline):
+def bench(deadline, llm_only=False):
     rows = []
     shapes = [("square", "8192^3", 8192, 8192, 8192)]
-    for model, projs in MODELS.items():
-        for name, (n, k) in projs.items():
-            shapes.append((model, name, 1, n, k))
+    if not llm_only:                            # the gemv rows (also in results/gemv.json)
+        for model, projs in MODELS.items():
+            for name, (n, k) in projs.items():
+                shapes.append((model, name, 1, n, k))
     for m in MS:
         for model, projs in MODELS.items():
             for name, (n, k) in projs.items():
                 if (model, name, m) not in SKIP:
                     shapes.append((model, name, m, n, k))
+    from gemm_sweep import prewarm
+    jobs = []
+    for model, name, m, n, k in shapes:
+        if m > 1:
+            cfg = choose_config(m, n, k)
+            jobs += [("safe", m, n, k, cfg), ("unsafe", m, n, k, cfg)]
+    prewarm(jobs, time.time() + 0.3 * (deadline - time.time()))
     for model, name, m, n, k in shapes:
         if time.time() > deadline:
             print(f"deadline: skipped {model} {name} M={m} and later", flush=True)
@@ -362,6 +375,10 @@ def main() -> int:
     p.add_argument("--tune", action="store_true")
     p.add_argument("--gemv-only", action="store_true",
                    help="decode-like gemv configuration sweep only -> results/gemv.json")
+    p.add_argument("--sweep", action="store_true",
+                   help="many configs per weak LLM shape, best per shape -> results/gemm_sweep.json")
+    p.add_argument("--llm-only", action="store_true",
+                   help="the table without the M = 1 gemv rows (those are in results/gemv.json)")
     p.add_argument("--budget-s", type=float, default=280.0)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -372,8 +389,12 @@ def main() -> int:
     deadline = time.time() + args.budget_s
     if args.gemv_only:
         gemv_sweep(deadline)
+    elif args.sweep:
+        from gemm_sweep import sweep
+        TIMING.update(warmup_ms=10, rep_ms=40)
+        sweep(deadline, Case, write_results, print_table)
     else:
-        tune(deadline) if args.tune else bench(deadline)
+        tune(deadline) if args.tune else bench(deadline, llm_only=args.llm_only)
     return 0
 
 
