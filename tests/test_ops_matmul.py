@@ -133,6 +133,15 @@ def test_config_table_uses_wide_tiles_for_large_products():
     assert (cfg.bm, cfg.bn, cfg.bk, cfg.split_k) == (128, 256, 64, 1)
 
 
+def test_config_table_splits_rows_when_wide_tiles_leave_a_small_last_wave():
+    # 2048 x 2560: 160 tiles of 128x256 on 132 SMs; 130 of them fill one wave, the last
+    # 384 rows run as 120 tiles of 64x128
+    cfg = choose_config(2048, 2560, 4096, sms=132)
+    assert (cfg.bm, cfg.bn, cfg.head_rows) == (128, 256, 1664)
+    assert (cfg.tail.bm, cfg.tail.bn) == (64, 128)
+    assert choose_config(8192, 2560, 4096, sms=132).tail is None    # ~5 waves: no split
+
+
 def test_config_table_splits_k_when_tiles_cannot_fill_the_gpu():
     cfg = choose_config(16, 2560, 9728, sms=132)
     assert cfg.bm == 16 and cfg.split_k > 1          # 16-row tiles: no padded rows to stream

@@ -15,7 +15,7 @@ def rel_err(got, want) -> float:
 
 
 @pytest.mark.parametrize("m,n,k", [(8192 // 8, 1000, 777), (300, 6144, 2560), (16, 2560, 9728),
-                                   (1, 1000, 520), (4097, 257, 136)])
+                                   (1, 1000, 520), (4097, 257, 136), (2048, 2560, 4096)])
 @pytest.mark.parametrize("dtype", [st.bf16, st.f16])
 def test_linear_matches_torch(m, n, k, dtype):
     a = st.randn((m, k), dtype=dtype, seed=1)

@@ -95,28 +95,93 @@ def _waves(units: int, sms: int) -> int:
 def _skinny(m: int, n: int, k: int, bk: int, in_bytes: int, out_bytes: int,
             sms: int) -> MatmulConfig:
     """Memory-bound products (M <= 256: fewer flops per weight byte than the H200's ~206
-    FLOP/B balance point): pick the tile width and split-K factor that stream the weights
-    in the fewest full waves, by a bytes model: each program streams its (BM + BN) x K-range
-    operands (plus its fp32 partial tile when split) at one SM's share of HBM bandwidth, and
-    the reduction reads the partials once more."""
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64 if m <= 64 else 128
-    nk = _cdiv(k, bk)
-    best = None
-    for bn in (64, 128, 256):
+    FLOP/B balance point): the most weight-streaming programs that fit in one wave.
+
+    Calibrated by ``bench_gemm.py --sweep`` on the H200 (2026-11-30, results/gemm_sweep.json,
+    375 configs over the Qwen3-4B/32B projections; ratios to cuBLAS, old default -> this rule):
+    - candidate tiles: M <= 16: 16 x {64, 128, 256} with a 128-deep K step (bk=128 beat bk=64
+      on every shape, e.g. 4B qkv 0.886 -> 0.920); larger M: 64x128, 128x128, 128x256 (bk=64;
+      128x64 and 64x64 never won);
+    - split K into s <= 3 ranges (6 to 13 splits lost everywhere: 4B o M=16 k6 0.86 vs k3
+      0.91) to maximize tile programs x s within one wave, ties to the smaller s: 4B o M=16
+      16x64 k3 (0.68 -> 0.95), 32B down M=16 16x128 k3 (0.85 -> 1.00), 4B qkv 16x64 unsplit;
+    - for M > 16 a split must pay for its fp32 partials (s * M * N * 8 bytes): allowed when
+      they are at most ~10% of the weight bytes (s * M * 40 <= K) or when unsplit tiles would
+      use under a third of the SMs: 4B o/down M=128 64x128 k3 (0.62 -> 0.77, 0.78 -> 0.92),
+      32B down 128x128 k3 (0.93), but 32B o M=128 64x128 unsplit (0.80 -> 0.88 against k3);
+    - when no tile fits in one wave (gate_up, lm_head): the largest tile whose last wave is
+      at least 95% full, else the largest: 32B gate_up 16x256 / 128x256 (1.01 / 0.89 against
+      0.95 / 0.85 for 16x64 / 64x128), lm_head 16x128 / 128x128 (1.03-1.05 / 0.96-0.98
+      against 0.91 for 128x256);
+    - the deepest pipeline that fits (up to 8 stages), and programmatic dependent launch for
+      split products at M <= 16 (the reduction launches early: +2-3% at 4B o/down, neutral
+      elsewhere; at M = 128 it measured 2-5% slower, so not there).
+    """
+    if m <= 16:
+        tiles, bk = [(16, 64), (16, 128), (16, 256)], 2 * bk
+    else:
+        tiles = [(64, 128), (128, 128), (128, 256)]
+
+    def stages(bm, bn, split):
+        return _stages(bm, bn, bk, in_bytes, 4 if split > 1 else out_bytes, most=8)
+
+    # programs of the best unsplit tiling that fits in one wave: too few to stream the
+    # weights at full bandwidth below a third of the SMs
+    few = max([u for u in (_cdiv(m, bm) * _cdiv(n, bn) for bm, bn in tiles) if u <= sms],
+              default=0) * 3 < sms
+    best = None                     # (programs, -split, config) within one wave
+    for bm, bn in tiles:
         units = _cdiv(m, bm) * _cdiv(n, bn)
-        for split in range(1, min(16, max(1, nk // 4)) + 1):
-            if _stages(bm, bn, bk, in_bytes, 4 if split > 1 else out_bytes) < 3:
+        for split in (1, 2, 3):
+            if units * split > sms or (split > 1 and _cdiv(k, bk) < 4 * split):
+                break
+            if split > 1 and m > 16 and split * m * 40 > k and not few:
+                break
+            if stages(bm, bn, split) < 3:
                 continue
-            kps = _cdiv(nk, split)
-            unit_bytes = kps * bk * (bm + bn) * 2 + (bm * bn * 4 if split > 1 else 0)
-            t = _waves(units * split, sms) * unit_bytes / _SM_BYTES_PER_S
-            if split > 1:
-                t += split * _cdiv(m, bm) * bm * n * 4 / (_SM_BYTES_PER_S * sms) + _REDUCE_FIXED_S
-            if best is None or t < best[0] * 0.98:
-                best = (t, bn, split)
-    _, bn, split = best
-    stages = _stages(bm, bn, bk, in_bytes, 4 if split > 1 else out_bytes)
-    return MatmulConfig(bm, bn, bk, 8 if bm == 128 else 4, stages, split_k=split)
+            key = (units * split, -split)
+            if best is None or key > best[0]:
+                best = (key, MatmulConfig(bm, bn, bk, 8 if bm == 128 else 4,
+                                          stages(bm, bn, split), split_k=split,
+                                          pdl=split > 1 and m <= 16))
+    if best is not None:
+        return best[1]
+    fill = None                     # several waves: the largest tile whose last wave is
+    for bm, bn in tiles:            # at least 95% full, else the largest tile
+        units = _cdiv(m, bm) * _cdiv(n, bn)
+        key = (units / (_waves(units, sms) * sms) >= 0.95, bm * bn)
+        if stages(bm, bn, 1) >= 3 and (fill is None or key > fill[0]):
+            fill = (key, MatmulConfig(bm, bn, bk, 8 if bm == 128 else 4, stages(bm, bn, 1)))
+    return fill[1]
+
+
+def _head_tail(m: int, n: int, bk: int, sms: int) -> MatmulConfig | None:
+    """128x256 tiles over the rows that fill whole waves, the rest in smaller tiles.
+
+    Used when 128x256 tiles need 1 to 3 waves and the last is at most half full: measured
+    on the H200 (2026-11-30, results/gemm_sweep.json) at M = 2048: 4B o 0.72 -> 0.87, 4B
+    down 0.73 -> 0.87, 32B down 0.83 -> 0.94-0.96, 32B o 0.89 -> 0.99, against 128x128
+    tiles. The tail tile is the one whose count comes closest to one wave without passing
+    it (64x128 for N = 2560, 128x128 for N = 5120); with ~5 waves (4B o at M = 8192, 0.998
+    plain) the split lost (0.975), so it is not used there."""
+    gn = _cdiv(n, 256)
+    tiles = _cdiv(m, 128) * gn
+    whole, rest = divmod(tiles, sms)
+    if not 1 <= whole <= 2 or not 0 < rest <= sms // 2:
+        return None
+    head_rows = (whole * sms // gn) * 128
+    if head_rows >= m:
+        return None
+    tail_m = m - head_rows
+    best = None
+    for bm, bn, warps, stages in [(128, 128, 8, 4), (64, 256, 4, 4), (64, 128, 4, 6)]:
+        units = _cdiv(tail_m, bm) * _cdiv(n, bn)
+        if units <= sms and (best is None or units > best[0]):
+            best = (units, MatmulConfig(bm, bn, bk, warps, stages))
+    if best is None:
+        return None
+    return MatmulConfig(128, 256, bk, 8, 3, warp_specialize=True, head_rows=head_rows,
+                        tail=best[1])
 
 
 def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
@@ -126,8 +191,9 @@ def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
     - ``M <= 256`` is bound by streaming the weights: :func:`_skinny` picks the tile width
       and split-K factor by a bytes-per-wave model (16/32/64-row tiles for tiny M);
     - otherwise 128x256 tiles, 8 warps, 3 stages, warp-specialized (the fastest at 8192^3
-      on the H200), unless the tile count wastes a partial last wave that 128x128 tiles
-      (about 8% slower per flop) fill better.
+      on the H200); when they need one to three waves and the last is at most half full,
+      a head of whole waves plus a tail in smaller tiles (:func:`_head_tail`); else 128x128
+      tiles (about 8% slower per flop) when they fill the last wave better.
     fp32 inputs halve ``bk`` (same bytes per stage); an fp32 output keeps tiles 128 wide so
     that the epilogue buffer fits in shared memory beside the pipeline stages.
     """
@@ -136,6 +202,9 @@ def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
     bk = 32 if wide else 64
     if m <= 256:
         return _skinny(m, n, k, bk, in_dtype.itemsize, out_dtype.itemsize, sms)
+    split_rows = None if (out_dtype is st.f32 or wide) else _head_tail(m, n, bk, sms)
+    if split_rows is not None:
+        return split_rows
     else:
         big = _waves(_cdiv(m, 128) * _cdiv(n, 256), sms) * 2.0
         small = _waves(_cdiv(m, 128) * _cdiv(n, 128), sms) * 1.08
