@@ -335,7 +335,9 @@ def bench(deadline, llm_only=False):
     write_results("gemm", {"summary": summary, "rows": rows,
                            "method": "CUDA-graph replay, do_bench median, L2 flushed; M=1 gemv: frac_copy from a "
                      "graph of back-to-back gemvs over distinct weights (decode-like), single_* "
-                     "from one isolated launch"})
+                     "from one isolated launch"
+                     + ("; run with --llm-only: no M=1 rows (see results/gemv.json)"
+                        if llm_only else "")})
     plot(rows)
     print_table([{**r, "what": f"{r['model']} {r['proj']}"} for r in rows],
                 ["what", "M", "N", "K", "ratio", "safe_tflops", "cublas_tflops",
