@@ -1,6 +1,5 @@
 """sync and await on the CPU executor: await runs off the loop thread; errors come back."""
 import asyncio
-import gc
 import time
 
 import pytest
@@ -9,12 +8,9 @@ import torch
 import safetile as st
 import safetile.lang as sl
 from safetile.errors import ExecutionError, OutOfBoundsError
-from safetile.tensor import active_holds
 
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+import support
+from support import add, vec, out
 
 
 @st.kernel
@@ -30,19 +26,7 @@ def poke(p: st.Ptr[st.f32], at: int):
     sl.store_ptr(p, sl.arange(4) + at, sl.zeros((4,), st.f32))
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_holds():
-    yield
-    gc.collect()
-    assert active_holds() == [], "a test leaked a borrow hold"
-
-
-def vec(*values):
-    return st.from_torch(torch.tensor(values, dtype=torch.float32))
-
-
-def out(n=4):
-    return st.empty((n,)).partition((2,))
+no_leftover_holds = support.no_leftover_holds()
 
 
 def test_await_returns_the_recovered_values():

@@ -2,17 +2,14 @@
 import gc
 
 import pytest
-import torch
 
 import safetile as st
 import safetile.lang as sl
 from safetile.errors import ExecutionError, MovedError
 from safetile.tensor import active_holds
 
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+import support
+from support import add, vec, out
 
 
 @st.kernel
@@ -20,19 +17,7 @@ def scale(x: st.In[st.f32], z: st.Out[st.f32], k: float):
     z.store(sl.load_like(x, z) * k)
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_holds():
-    yield
-    gc.collect()
-    assert active_holds() == [], "a test leaked a borrow hold"
-
-
-def vec(*values):
-    return st.from_torch(torch.tensor(values, dtype=torch.float32))
-
-
-def out(n=4):
-    return st.empty((n,)).partition((2,))
+no_leftover_holds = support.no_leftover_holds()
 
 
 def test_sync_returns_every_argument_in_parameter_order_scalars_included():

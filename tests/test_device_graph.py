@@ -1,19 +1,13 @@
 """Graphs on the CPU executor: op.graph(), st.graph_scope(), replay, update, capture rules."""
 import asyncio
-import gc
 
 import pytest
-import torch
 
 import safetile as st
-import safetile.lang as sl
 from safetile.errors import ExecutionError, GraphCaptureError
-from safetile.tensor import active_holds
 
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+import support
+from support import add, vec
 
 
 @st.kernel
@@ -21,15 +15,7 @@ def inc(z: st.Out[st.f32]):
     z.store(z.load() + 1.0)
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_holds():
-    yield
-    gc.collect()
-    assert active_holds() == [], "a test leaked a borrow hold"
-
-
-def vec(*values):
-    return st.from_torch(torch.tensor(values, dtype=torch.float32))
+no_leftover_holds = support.no_leftover_holds()
 
 
 def test_recording_runs_nothing_and_each_replay_runs_the_launches():
