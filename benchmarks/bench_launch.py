@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,14 +48,7 @@ def raw_add(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
 
 
 def median_us(fn, per: int, repeats: int = REPEATS) -> float:
-    """Median over repeats of fn()'s wall time (fn synchronizes) divided by ``per`` ops."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) / per * 1e6)
-    return statistics.median(samples)
+    return harness.median_us(fn, per, repeats)
 
 
 def main() -> int:

@@ -75,16 +75,18 @@ def time_ms_clean(fn, reps: int = 60, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def time_host_us(fn, iters: int, repeats: int = 7) -> float:
-    """Median over ``repeats`` of the wall time per call of ``fn`` (which must synchronize)."""
+def median_us(fn, per: int, repeats: int = 7) -> float:
+    """Median over ``repeats`` of ``fn()``'s wall time divided by the ``per`` ops it runs.
+
+    ``fn`` must synchronize before returning; one warm-up call runs first.
+    """
     import time
     fn()
     samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        samples.append((time.perf_counter() - t0) / iters * 1e6)
+        fn()
+        samples.append((time.perf_counter() - t0) / per * 1e6)
     return statistics.median(samples)
 
 

@@ -28,12 +28,11 @@ Usage: ``PYTHONPATH=src python benchmarks/host_path.py [--profile SCENARIO]``.
 from __future__ import annotations
 
 import asyncio
-import statistics
 import sys
-import time
 
 import torch
 
+import harness  # noqa: E402  (also puts src/ on sys.path)
 import safetile as st
 import safetile.lang as sl
 from safetile.device import launcher, streams
@@ -126,13 +125,7 @@ def install_stubs() -> None:
 
 # ---- scenarios --------------------------------------------------------------------------
 def median_us(fn, per: int, repeats: int = REPEATS) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) / per * 1e6)
-    return statistics.median(samples)
+    return harness.median_us(fn, per, repeats)
 
 
 def main() -> int:
