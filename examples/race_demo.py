@@ -43,6 +43,18 @@ SWAP = (1, 2)           # the two heads that trade places in the output
 RUNS = 20
 
 
+# -- the attention both safetile forms share -------------------------------------------------
+
+@st.function
+def online_softmax_step(qt, kt, vt, row_max, row_sum, acc, scale):
+    """One key block of the online softmax: the updated (row_max, row_sum, acc)."""
+    s = sl.matmul(qt, kt.T) * scale
+    new_max = sl.maximum(row_max, sl.max(s, 1))
+    alpha = sl.exp(row_max - new_max)
+    p = sl.exp(s - new_max[:, None])
+    return new_max, row_sum * alpha + sl.sum(p, 1), sl.mma(p, vt, acc * alpha[:, None])
+
+
 # -- (a) unsafe: the kernel picks its destination ------------------------------------------
 
 @st.kernel(unsafe=True)
@@ -61,13 +73,7 @@ def attention_unsafe(q: st.In[st.f32, 3], k: st.In[st.f32, 3], v: st.In[st.f32, 
     for n in range(k.shape[1] // BN):                  # online softmax over key blocks
         kt = sl.reshape(k.load((h, n, 0), (1, BN, D)), (BN, D))
         vt = sl.reshape(v.load((h, n, 0), (1, BN, D)), (BN, D))
-        s = sl.matmul(qt, kt.T) * scale
-        new_max = sl.maximum(row_max, sl.max(s, 1))
-        alpha = sl.exp(row_max - new_max)
-        p = sl.exp(s - new_max[:, None])
-        row_sum = row_sum * alpha + sl.sum(p, 1)
-        acc = sl.mma(p, vt, acc * alpha[:, None])
-        row_max = new_max
+        row_max, row_sum, acc = online_softmax_step(qt, kt, vt, row_max, row_sum, acc, scale)
     # Heads a and b trade places. BUG: the second test reads the already-swapped value
     # (it should test h == b), so head a goes back to a and head b goes to a as well.
     dest = sl.where(h == a, b, h)
@@ -130,13 +136,7 @@ def attention_safe(q: st.In[st.f32, 3], k: st.In[st.f32, 3], v: st.In[st.f32, 3]
     for n in range(k.shape[1] // BN):
         kt = sl.reshape(k.load((h, n, 0), (1, BN, D)), (BN, D))
         vt = sl.reshape(v.load((h, n, 0), (1, BN, D)), (BN, D))
-        s = sl.matmul(qt, kt.T) * scale
-        new_max = sl.maximum(row_max, sl.max(s, 1))
-        alpha = sl.exp(row_max - new_max)
-        p = sl.exp(s - new_max[:, None])
-        row_sum = row_sum * alpha + sl.sum(p, 1)
-        acc = sl.mma(p, vt, acc * alpha[:, None])
-        row_max = new_max
+        row_max, row_sum, acc = online_softmax_step(qt, kt, vt, row_max, row_sum, acc, scale)
     out.store(acc / row_sum[:, None])
 
 
