@@ -1,5 +1,11 @@
 """bf16 GEMM and gemv on the GPU: safe ops vs the unsafe twin vs cuBLAS.
 
+The twin (ops.unsafe_matmul) runs each product's config exactly as the safe op does and
+differs only in writing C through a raw pointer with plain stores; the safe op writes its
+owned tiles with TMA stores, so each row also times the safe op with plain stores
+(``plain_store_over_unsafe``: the cost of safety alone; ``safe_over_plain_store``: what the
+store instruction is worth).
+
 Shapes: 8192^3, and the Qwen3-4B / Qwen3-32B projections (qkv, o, gate_up, down, lm_head;
 ``y = x @ W^T`` with ``W`` of shape (N, K)) at M in {16, 128, 2048, 8192}; M = 1 runs
 ``ops.gemv`` against ``F.linear`` and reports bandwidth as a fraction of the 4.26 TB/s copy
@@ -17,8 +23,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -42,6 +50,15 @@ MS = (16, 128, 2048, 8192)
 SKIP = {("32B", "lm_head", 8192)}          # 12.7 PFLOP per product: keeps the run short
 # do_bench warm-up and repetition (ms); the sweep shortens them to time more configs.
 TIMING = dict(warmup_ms=25, rep_ms=100)
+REPEATS = 3
+
+
+def plain_stores(cfg):
+    """``cfg`` with plain masked stores instead of the TMA store of each owned tile (head
+    and tail alike): the safe kernel with the twin's store instruction, so that a safe/unsafe
+    gap can be told apart from the choice of store instruction."""
+    tail = cfg.tail and replace(cfg.tail, tma_store=False)
+    return replace(cfg, tma_store=False, tail=tail)
 
 
 def graph_of(fn):
@@ -88,8 +105,11 @@ class Case:
         return time_ms(op_replay(make), **TIMING)
 
     def run_unsafe(self, cfg):
-        cfg = MatmulConfig(**{**cfg.__dict__, "split_k": 1})
-        make = lambda: matmul_unsafe(self.x, self.w, self.out, weight=True, config=cfg)  # noqa
+        """The unsafe twin with the same config (split-K, row split and pdl included)."""
+        ws = st.empty(workspace_shape(self.m, self.n, cfg), dtype=st.f32) \
+            if cfg.split_k > 1 else None
+        make = lambda: matmul_unsafe(self.x, self.w, self.out, weight=True,  # noqa: E731
+                                     config=cfg, workspace=ws)
         with st.unsafe():
             make().sync()
             check_close(f"unsafe {self.m}x{self.n}x{self.k}", self.out.to_torch(), self.ref, 1e-2)
@@ -278,7 +298,8 @@ def bench(deadline, llm_only=False):
     for model, name, m, n, k in shapes:
         if m > 1:
             cfg = choose_config(m, n, k)
-            jobs += [("safe", m, n, k, cfg), ("unsafe", m, n, k, cfg)]
+            jobs += [("safe", m, n, k, cfg), ("unsafe", m, n, k, cfg),
+                     ("safe", m, n, k, plain_stores(cfg))]
     prewarm(jobs, time.time() + 0.3 * (deadline - time.time()))
     for model, name, m, n, k in shapes:
         if time.time() > deadline:
@@ -306,13 +327,26 @@ def bench(deadline, llm_only=False):
             else:
                 case = Case(m, n, k)
                 cfg = choose_config(m, n, k)
-                cub = case.run_cublas()
-                safe = case.run_safe(cfg)
-                unsafe = case.run_unsafe(cfg)
+                # The square product is timed REPEATS times in turn (safe, twin, safe with
+                # plain stores, cuBLAS) and each variant's median kept: a single pass of one
+                # variant after another moved its safe/unsafe ratio by 6% run to run.
+                times = {"cub": [], "safe": [], "unsafe": [], "plain": []}
+                for _ in range(REPEATS if model == "square" else 1):
+                    times["cub"].append(case.run_cublas())
+                    times["safe"].append(case.run_safe(cfg))
+                    times["unsafe"].append(case.run_unsafe(cfg))
+                    times["plain"].append(case.run_safe(plain_stores(cfg)))
+                cub, safe, unsafe, plain = (statistics.median(times[v])
+                                            for v in ("cub", "safe", "unsafe", "plain"))
                 row.update(variant="matmul", safe_ms=safe, unsafe_ms=unsafe, cublas_ms=cub,
+                           safe_plain_store_ms=plain,
                            safe_tflops=case.tflops(safe), unsafe_tflops=case.tflops(unsafe),
                            cublas_tflops=case.tflops(cub), ratio=cub / safe,
-                           safe_over_unsafe=unsafe / safe, config=str(cfg))
+                           safe_over_unsafe=unsafe / safe,
+                           plain_store_over_unsafe=unsafe / plain,
+                           safe_over_plain_store=plain / safe, config=str(cfg))
+                if model == "square":
+                    row["repeats_ms"] = times
                 del case
         except Exception as e:
             row["error"] = repr(e)[:300]
@@ -328,6 +362,12 @@ def bench(deadline, llm_only=False):
         llm_geomean_ratio=math.exp(sum(math.log(r["ratio"]) for r in llm) / len(llm)) if llm else None,
         llm_geomean_safe_over_unsafe=math.exp(sum(math.log(r["safe_over_unsafe"]) for r in llm)
                                               / len(llm)) if llm else None,
+        square_safe_over_unsafe=next((r["safe_over_unsafe"] for r in mm
+                                      if r["model"] == "square"), None),
+        square_plain_store_over_unsafe=next((r["plain_store_over_unsafe"] for r in mm
+                                             if r["model"] == "square"), None),
+        llm_geomean_plain_store_over_unsafe=math.exp(
+            sum(math.log(r["plain_store_over_unsafe"]) for r in llm) / len(llm)) if llm else None,
         gemv_4b_min_frac_copy=min((r["frac_copy"] for r in gemv4b), default=None),
         gemv_4b_geomean_frac_copy=math.exp(sum(math.log(r["frac_copy"]) for r in gemv4b)
                                            / len(gemv4b)) if gemv4b else None,
@@ -341,7 +381,7 @@ def bench(deadline, llm_only=False):
     plot(rows)
     print_table([{**r, "what": f"{r['model']} {r['proj']}"} for r in rows],
                 ["what", "M", "N", "K", "ratio", "safe_tflops", "cublas_tflops",
-                 "safe_over_unsafe", "safe_tbs", "frac_copy", "single_frac_copy", "error"])
+                 "safe_over_unsafe", "plain_store_over_unsafe", "safe_tbs", "frac_copy", "single_frac_copy", "error"])
     print("summary:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items()})
 
 

@@ -51,13 +51,12 @@ def _compile_jobs(jobs, deadline):
                                      st.randn((n, k), dtype=st.bf16, seed=1).share(),
                                      st.empty((m, n), dtype=st.bf16))
             x, w, out = inputs[(m, n, k)]
+            ws = st.empty(workspace_shape(m, n, cfg), dtype=st.f32) \
+                if cfg.split_k > 1 else None
             if kind == "unsafe":
                 with st.unsafe():
-                    matmul_unsafe(x, w, out, weight=True,
-                                  config=replace(cfg, split_k=1)).sync()
+                    matmul_unsafe(x, w, out, weight=True, config=cfg, workspace=ws).sync()
             else:
-                ws = st.empty(workspace_shape(m, n, cfg), dtype=st.f32) \
-                    if cfg.split_k > 1 else None
                 ops.linear(x, w, out, config=cfg, workspace=ws).sync()
         except Exception as e:                                  # reported by the timing pass
             errors.append((kind, m, n, k, str(cfg), repr(e)[:200]))

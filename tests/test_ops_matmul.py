@@ -173,11 +173,40 @@ def test_gemv_rejects_a_vector_of_the_wrong_length():
         ops.gemv(st.randn((8, 16), dtype=st.bf16), st.randn((12,), dtype=st.bf16))
 
 
+# One config per family the safe op launches: plain persistent, split-K (+ pdl), and the
+# head/tail row split. The twin runs the same launches, so its result is bitwise the safe one.
+TWIN_CONFIGS = {
+    "plain": MatmulConfig(32, 32, 16, 4, 2, group_size=2),
+    "plain_ws": MatmulConfig(32, 16, 16, 4, 2, group_size=3, warp_specialize=True),
+    "split_k": MatmulConfig(16, 32, 16, 4, 2, split_k=3),
+    "split_k_pdl": MatmulConfig(16, 32, 16, 4, 2, group_size=2, split_k=2, pdl=True),
+    "row_split": MatmulConfig(32, 32, 16, 4, 2, head_rows=64,
+                              tail=MatmulConfig(16, 16, 16, 4, 2, group_size=2)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TWIN_CONFIGS))
 @pytest.mark.parametrize("weight", [False, True])
-def test_unsafe_twin_matches_the_safe_op(weight):
-    a, b, want = operands(70, 45, 50, st.bf16, weight=weight)
+def test_unsafe_twin_matches_the_safe_op(family, weight):
+    cfg = TWIN_CONFIGS[family]
+    a, b, want = operands(90, 45, 150, st.bf16, weight=weight)     # no dimension divides
+    ws = st.empty(workspace_shape(90, 45, cfg), dtype=st.f32) if cfg.split_k > 1 else None
+    safe = ops.matmul(a, b, st.full((90, 45), float("nan"), dtype=st.bf16), weight=weight,
+                      config=cfg, workspace=ws).sync().to_torch()
+    ws = st.empty(workspace_shape(90, 45, cfg), dtype=st.f32) if cfg.split_k > 1 else None
     with st.unsafe():
-        c = matmul_unsafe(a, b, weight=weight, config=SMALL).sync()
+        raw = matmul_unsafe(a, b, st.full((90, 45), float("nan"), dtype=st.bf16),
+                            weight=weight, config=cfg, workspace=ws).sync().to_torch()
+    assert rel_err(safe, want) < 1e-2
+    assert torch.equal(raw, safe)
+
+
+def test_unsafe_twin_uses_the_default_config_and_allocates_its_workspace():
+    a, w, want = operands(16, 40, 1600, st.bf16, weight=True)
+    assert choose_config(16, 40, 1600).split_k > 1
+    with st.unsafe():
+        c = matmul_unsafe(a, w, weight=True).sync()
+    assert c.shape == (16, 40)
     assert rel_err(c.to_torch(), want) < 1e-2
 
 

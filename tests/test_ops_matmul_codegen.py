@@ -87,3 +87,55 @@ def test_loop_stages_pipelines_the_gemv_k_loop():
     assert "num_stages=4)" in k.source(w, x, y)
     compiled = k.compile(w, x, st.empty((256,), dtype=st.bf16).partition((16,)))
     assert compiled.metadata.shared >= 3 * 16 * 256 * 2       # >= 3 buffered W blocks
+
+
+# ---- the unsafe twin: the same kernel but for the store ------------------------------------
+
+def _twin(cfg, weight=True):
+    from safetile.ops import unsafe_matmul
+    return _configured(unsafe_matmul._kernels(cfg.bm, cfg.bn, cfg.bk, cfg.group_size,
+                                              weight)[0], cfg).options(grid=(16,))
+
+
+def twin_args():
+    a = st.randn((512, 256), dtype=st.bf16)
+    w = st.randn((512, 256), dtype=st.bf16)
+    return a, w, st.empty((512, 512), dtype=st.bf16), 512, 512, 0
+
+
+def test_twin_takes_the_safe_kernels_loop_hints_and_pdl():
+    cfg = MatmulConfig(128, 256, 64, 8, 3, warp_specialize=True, pdl=True)
+    safe = _configured(_kernels(64, True)[0], cfg).source(*big_args())
+    with st.unsafe():
+        raw = _twin(cfg).source(*twin_args())
+    for src in (safe, raw):
+        assert "tl.num_programs(0), warp_specialize=True)" in src
+        assert "_st_gdc_wait()" in src
+    assert "_st_dstore2(" in safe and "tl.store(_st_c_ptr + " in raw
+
+
+def _counts(ptx):
+    """Instructions of each kind in ``ptx`` (a predicate such as ``@%p1`` stripped)."""
+    keys = ["wgmma.mma_async", "cp.async.bulk.tensor.2d.shared::cluster.global",
+            "cp.async.bulk.tensor.2d.global.shared::cta", "st.global", "bar.sync", "mbarrier"]
+    ops = [line.split()[1] if line.startswith("@") else line.split()[0]
+           for line in (raw.strip() for raw in ptx.splitlines())
+           if line and not line.startswith(("//", ".")) and len(line.split()) > 1]
+    return {k: sum(op.startswith(k) for op in ops) for k in keys}
+
+
+def test_twin_ptx_differs_from_the_safe_kernel_only_in_the_store():
+    # With the TMA store the safe kernel writes C with one bulk tensor copy per tile and no
+    # st.global; the twin writes plain st.global. With tma_store off the safe kernel's
+    # instruction mix is the twin's: the price of safety is then only address arithmetic.
+    from dataclasses import replace
+    cfg = MatmulConfig(128, 256, 64, 8, 3, warp_specialize=True)
+    tma = _counts(_configured(_kernels(64, True)[0], cfg).compile(*big_args()).asm["ptx"])
+    plain = _counts(_configured(_kernels(64, True)[0], replace(cfg, tma_store=False))
+                    .compile(*big_args()).asm["ptx"])
+    with st.unsafe():
+        raw = _counts(_twin(cfg).compile(*twin_args()).asm["ptx"])
+    assert tma["cp.async.bulk.tensor.2d.global.shared::cta"] >= 1 and tma["st.global"] == 0
+    assert raw["cp.async.bulk.tensor.2d.global.shared::cta"] == 0 and raw["st.global"] > 0
+    assert plain == raw
+    assert tma["wgmma.mma_async"] == raw["wgmma.mma_async"] > 0

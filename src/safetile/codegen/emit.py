@@ -193,7 +193,18 @@ class Emitter(ViewEmitter):
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
         innermost = not any(isinstance(n, ast.For) for s in node.body for n in ast.walk(s))
-        if self.key.loop_stages and innermost:
+        # A hand-written persistent loop, `range(sl.bid(0), n, sl.num_blocks(0))`, in a kernel
+        # with no Out (an unsafe twin walking its tiles itself) takes the same
+        # scheduling hints as a `tiles()` loop, so the twin is scheduled like the safe kernel.
+        hints = ""
+        if self.lead is None and len(it.args) == 3:
+            start, _, step = (self.expr(a) for a in it.args)
+            if start == "tl.program_id(0)" and step == "tl.num_programs(0)":
+                hints = "".join(f", {h}=True" for h in ("flatten", "warp_specialize")
+                                if getattr(self.key, h))
+        if hints:
+            loop = f"tl.range({args}{hints})"
+        elif self.key.loop_stages and innermost:
             loop = f"tl.range({args}, num_stages={int(self.key.loop_stages)})"
         else:
             loop = f"range({args})"

@@ -94,7 +94,9 @@ class Kernel:
 
         ``num_warps``, ``num_stages``, ``grid``, ``tma`` (tensor-descriptor loads and stores
         where the layout allows), and two hints for the persistent ``for t in z.tiles():``
-        loop, which change scheduling but never the tile -> program map: ``flatten`` (fuse it
+        loop (in a kernel without ``Out`` parameters: a hand-written ``for t in
+        range(sl.bid(0), n, sl.num_blocks(0))``), which change scheduling but never the
+        tile -> program map: ``flatten`` (fuse it
         with the inner loop so the next tile's loads overlap this tile's epilogue) and
         ``warp_specialize`` (Triton's producer/consumer warp groups); and ``loop_stages=n``,
         which software-pipelines every innermost ``for ... in range(...)`` loop ``n`` deep,

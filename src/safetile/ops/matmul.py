@@ -48,6 +48,8 @@ class MatmulConfig:
     the remaining rows with ``tail``, as a second launch over the disjoint rest of ``C``. This
     fixes wave quantization: the head fills whole waves of wide tiles, the tail spreads the
     remainder over every SM in smaller tiles.
+    ``tma_store`` writes each owned tile with one tensor-descriptor (TMA) store; off, with
+    plain masked stores (the store instruction the unsafe twin uses, for comparisons).
     """
 
     bm: int
@@ -62,6 +64,7 @@ class MatmulConfig:
     pdl: bool = False
     head_rows: int = 0
     tail: "MatmulConfig | None" = None
+    tma_store: bool = True
 
 
 def num_sms(device=None) -> int:
@@ -301,8 +304,38 @@ def workspace_shape(m: int, n: int, cfg: MatmulConfig) -> tuple[int, int]:
 
 
 def _configured(kern, cfg: MatmulConfig):
-    return kern.options(num_warps=cfg.num_warps, num_stages=cfg.num_stages, tma_store=True,
-                        flatten=cfg.flatten, warp_specialize=cfg.warp_specialize, pdl=cfg.pdl)
+    return kern.options(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                        tma_store=cfg.tma_store, flatten=cfg.flatten,
+                        warp_specialize=cfg.warp_specialize, pdl=cfg.pdl)
+
+
+class OwnedStores:
+    """How the safe product writes: each program stores the tiles it owns of a partition of
+    ``C`` (or of the split-K workspace), so no two programs can name one element.
+
+    :func:`build_product` takes this or another writer with the same three methods (the
+    unsafe twin's raw-pointer stores); everything else about the launches is shared."""
+
+    name = "ops.matmul"
+
+    def tiles(self, cfg, weight, sms, a, b, rows, r0):
+        """``rows`` (a row range of ``C``, a Tensor view) = A's tile-rows from ``r0`` on @ B."""
+        part = rows.partition((cfg.bm, cfg.bn), order="grouped", group_size=cfg.group_size,
+                              persistent=sms)
+        return _configured(_kernels(cfg.bk, weight)[0], cfg)(a, b, part, r0)
+
+    def partials(self, cfg, weight, sms, a, b, ws, kb):
+        """The split-K partial products into the workspace view ``ws`` (``kb`` K-steps each)."""
+        part = ws.partition((cfg.bm, cfg.bn), order="grouped", group_size=cfg.group_size,
+                            persistent=sms)
+        return _configured(_kernels(cfg.bk, weight)[1], cfg)(a, b, part, kb)
+
+    def written(self, handle):
+        """The workspace as a Tensor again, from what the partials launch handed back."""
+        return handle.unpartition()
+
+
+OWNED = OwnedStores()
 
 
 def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
@@ -318,6 +351,16 @@ def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
     ``out`` but no workspace, the product runs unsplit rather than allocate one.
     ``config`` overrides :func:`choose_config`.
     """
+    return build_product(a, b, out, weight, out_dtype, config, workspace, OWNED)
+
+
+def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores) -> st.DeviceOp:
+    """The launches of one product, with ``stores`` deciding how C (or the partials) is written.
+
+    One code path for the safe op and its unsafe twin, so both run the same config the same
+    way: tile shapes, order, program count, launch options, the head/tail row split, and
+    split-K with the same workspace and the same (safe) reduction kernel."""
+    name = stores.name
     m, n, k = _dims(a, b, weight)
     device = a.device
     if out is not None and out_dtype is None:
@@ -327,40 +370,34 @@ def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
     cfg = config or choose_config(m, n, k, a.dtype, out_dtype, sms)
     if cfg.split_k > 1 and workspace is None and out is not None:
         cfg = replace(cfg, split_k=1)
-    c = host.output("ops.matmul: out", out, (m, n), out_dtype, device)
-    tiles, partial = _kernels(cfg.bk, weight)
+    c = host.output(f"{name}: out", out, (m, n), out_dtype, device)
     if cfg.tail is not None and 0 < cfg.head_rows < m and cfg.split_k == 1:
         head, tail = cfg, cfg.tail
         if head.head_rows % head.bm or head.head_rows % tail.bm or tail.split_k != 1:
-            raise ValueError(f"ops.matmul: head_rows {head.head_rows} must be a multiple of "
+            raise ValueError(f"{name}: head_rows {head.head_rows} must be a multiple of "
                              f"both tile heights, and the tail unsplit: {cfg}")
-        hv = c.view(m, n).slice(0, 0, head.head_rows).partition(
-            (head.bm, head.bn), order="grouped", group_size=head.group_size, persistent=sms)
 
-        def rest(a_, b_, _cv, _r0):
-            tv = c.view(m, n).slice(0, head.head_rows, m).partition(
-                (tail.bm, tail.bn), order="grouped", group_size=tail.group_size, persistent=sms)
-            return _configured(_kernels(tail.bk, weight)[0], tail)(
-                a_, b_, tv, head.head_rows // tail.bm)
+        def rest(a_, b_, *_):           # (the writers' launches differ past a and b)
+            return stores.tiles(tail, weight, sms, a_, b_,
+                                c.view(m, n).slice(0, head.head_rows, m),
+                                head.head_rows // tail.bm)
 
-        return host.returning(_configured(tiles, head)(a, b, hv, 0).then(rest), c)
+        first = stores.tiles(head, weight, sms, a, b, c.view(m, n).slice(0, 0, head.head_rows), 0)
+        return host.returning(first.then(rest), c)
     if cfg.split_k == 1:
-        cv = c.view(m, n).partition((cfg.bm, cfg.bn), order="grouped",
-                                    group_size=cfg.group_size, persistent=sms)
-        return host.returning(_configured(tiles, cfg)(a, b, cv, 0), c)
+        return host.returning(stores.tiles(cfg, weight, sms, a, b, c.view(m, n), 0), c)
     want = workspace_shape(m, n, cfg)
-    ws = host.output("ops.matmul: workspace", workspace, want, st.f32, device)
+    ws = host.output(f"{name}: workspace", workspace, want, st.f32, device)
     kb = _cdiv(_cdiv(k, cfg.bk), cfg.split_k)
-    pv = ws.view(*want).partition((cfg.bm, cfg.bn), order="grouped", group_size=cfg.group_size,
-                                  persistent=sms)
     gm = _cdiv(m, cfg.bm)
 
-    def reduce(_a, _b, p, _kb):
+    def reduce(_a, _b, p, *_):
         cv = c.view(m, n).partition((cfg.bm, cfg.bn))
         red = _splitk_reduce_pdl if cfg.pdl else splitk_reduce
-        return red(p.unpartition(), cv, cfg.split_k, gm)
+        return red(stores.written(p), cv, cfg.split_k, gm)
 
-    return host.returning(_configured(partial, cfg)(a, b, pv, kb).then(reduce), c)
+    partials = stores.partials(cfg, weight, sms, a, b, ws.view(*want), kb)
+    return host.returning(partials.then(reduce), c)
 
 
 def linear(x, w, out=None, *, out_dtype=None, config: MatmulConfig | None = None,
