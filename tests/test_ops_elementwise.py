@@ -104,3 +104,10 @@ def test_the_unsafe_twin_computes_the_same_sum():
 def test_the_unsafe_twin_needs_an_unsafe_block_at_the_call_site():
     with pytest.raises(st.UnsafeError):
         add_unsafe(wrap(rand(10, st.f32, 0)), wrap(rand(10, st.f32, 1)))
+
+
+def test_bad_op_arguments_raise_a_typed_safetile_error():
+    from safetile.errors import ArgumentError, SafetileError
+    with pytest.raises(ArgumentError) as info:
+        ops.add(wrap(rand(8, st.f32, 0)), rand(8, st.f32, 1))       # a torch tensor, unwrapped
+    assert isinstance(info.value, SafetileError) and "st.from_torch" in str(info.value)

@@ -57,3 +57,11 @@ class ExecutionError(SafetileError):
 
 class PartitionError(SafetileError, ValueError):
     """A tile shape or partition option is invalid for the tensor it partitions."""
+
+
+class ArgumentError(SafetileError, TypeError, ValueError):
+    """A library op or host function was given an argument of the wrong kind, shape or value.
+
+    It is also a ``TypeError`` and a ``ValueError``, so code written against Python's own
+    exceptions keeps working.
+    """

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from ..dtypes import DType
 from ..tensor import Tensor, alloc
 from . import host
@@ -64,7 +65,7 @@ def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
     """Allocate the partials :func:`argmax` needs for ``n`` logits (do it outside graphs)."""
     blocks = -(-n // block)
     if blocks > MAX_BLOCKS:
-        raise ValueError(f"argmax over {n} entries in blocks of {block} needs {blocks} partials "
+        raise ArgumentError(f"argmax over {n} entries in blocks of {block} needs {blocks} partials "
                          f"(at most {MAX_BLOCKS}); use a larger block")
     return ArgmaxWorkspace(alloc.empty((blocks,), dtype=st.f32, device=device),
                            alloc.empty((blocks,), dtype=dtype, device=device), block)
@@ -83,16 +84,16 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     else:
         x = host.borrow(x)
     if x.ndim != 1:
-        raise ValueError(f"ops.argmax: x must be (n,) or (1, n), got shape {x.shape}")
+        raise ArgumentError(f"ops.argmax: x must be (n,) or (1, n), got shape {x.shape}")
     n = x.shape[0]
     if out is not None:
         dtype = out.dtype
     if dtype not in (st.i32, st.i64):
-        raise TypeError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
+        raise ArgumentError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
     if workspace is None:
         workspace = argmax_workspace(n, dtype, x.device, block)
     if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype:
-        raise ValueError(f"ops.argmax: the workspace holds {workspace.blocks} "
+        raise ArgumentError(f"ops.argmax: the workspace holds {workspace.blocks} "
                          f"{workspace.indices.dtype!r} partials of {workspace.block}; "
                          f"{n} logits need {-(-n // workspace.block)} of {dtype!r}")
     z = host.output("ops.argmax: out", out, (1,), dtype, x.device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import safetile as st
 
+from ..errors import ArgumentError
 from . import host
 
 
@@ -32,12 +33,12 @@ def embedding(ids, table, out=None):
     host.check_value("ops.embedding: ids", ids)
     host.check_value("ops.embedding: table", table)
     if ids.ndim != 1:
-        raise ValueError(f"ops.embedding: ids must be 1-D (tokens,), got shape {ids.shape}")
+        raise ArgumentError(f"ops.embedding: ids must be 1-D (tokens,), got shape {ids.shape}")
     if table.ndim != 2:
-        raise ValueError(f"ops.embedding: table must be 2-D (vocab, dim), got shape "
+        raise ArgumentError(f"ops.embedding: table must be 2-D (vocab, dim), got shape "
                          f"{table.shape}")
     if ids.device != table.device:
-        raise ValueError(f"ops.embedding: ids on {ids.device}, table on {table.device}")
+        raise ArgumentError(f"ops.embedding: ids on {ids.device}, table on {table.device}")
     shape = (ids.shape[0], table.shape[1])
     z = host.output("ops.embedding: out", out, shape, table.dtype, table.device)
     tile = (1, min(host.next_pow2(shape[1]), host.BLOCK))

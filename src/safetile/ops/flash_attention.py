@@ -19,6 +19,7 @@ import math
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 LOG2E = 1.4426950408889634
@@ -90,16 +91,16 @@ def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
     host.check_value(f"{name}: v", v)
     host.same_dtype(name, q, k, v)
     if q.ndim != q_rank or k.ndim != 3 or v.ndim != 3:
-        raise ValueError(f"{name}: expected q of rank {q_rank} and k, v of rank 3 "
+        raise ArgumentError(f"{name}: expected q of rank {q_rank} and k, v of rank 3 "
                          f"(heads, seq, head_dim), got {q.shape}, {k.shape}, {v.shape}")
     if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"{name}: k {k.shape} and v {v.shape} differ")
+        raise ArgumentError(f"{name}: k {k.shape} and v {v.shape} differ")
     hq, hkv, d = q.shape[0], k.shape[0], k.shape[2]
     if q.shape[-1] != d or hq % hkv:
-        raise ValueError(f"{name}: q {q.shape} does not fit k {k.shape}: the head dims must "
+        raise ArgumentError(f"{name}: q {q.shape} does not fit k {k.shape}: the head dims must "
                          f"agree and the q heads must be a multiple of the kv heads")
     if d & (d - 1):
-        raise ValueError(f"{name}: head_dim {d} must be a power of two")
+        raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
     return hq, hkv, d
 
 
@@ -116,7 +117,7 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
     """
     hq, hkv, d = check_gqa("ops.flash_attention", q, k, v, 3)
     if q.shape[1] != k.shape[1]:
-        raise ValueError(f"ops.flash_attention: q has {q.shape[1]} positions, k has "
+        raise ArgumentError(f"ops.flash_attention: q has {q.shape[1]} positions, k has "
                          f"{k.shape[1]}; prefill attends a sequence to itself")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     z = host.output("ops.flash_attention: out", out, tuple(q.shape), q.dtype, q.device)

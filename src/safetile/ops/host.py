@@ -7,6 +7,7 @@ op's result tensors. Nothing here launches work.
 """
 from __future__ import annotations
 
+from ..errors import ArgumentError
 from ..dtypes import DType
 from ..tensor import Shared, Tensor
 from ..tensor import alloc
@@ -30,19 +31,19 @@ def warps_for(elements: int) -> int:
 def check_value(name: str, v) -> None:
     """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
     if not isinstance(v, (Tensor, Shared)):
-        raise TypeError(f"{name}: expected a safetile Tensor or Shared, got {type(v).__name__}"
+        raise ArgumentError(f"{name}: expected a safetile Tensor or Shared, got {type(v).__name__}"
                         f" (wrap torch tensors with st.from_torch)")
 
 
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
     """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
     if not isinstance(out, Tensor):
-        raise TypeError(f"{name}: expected a safetile Tensor, got {type(out).__name__}")
+        raise ArgumentError(f"{name}: expected a safetile Tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape) or out.dtype is not dtype:
-        raise ValueError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
+        raise ArgumentError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
                          f"shape {tuple(out.shape)} and dtype {out.dtype!r}")
     if out.device != device:
-        raise ValueError(f"{name}: on {out.device}, but the inputs are on {device}")
+        raise ArgumentError(f"{name}: on {out.device}, but the inputs are on {device}")
 
 
 def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
@@ -57,7 +58,7 @@ def same_dtype(what: str, *values) -> DType:
     """The common dtype of ``values``; nothing converts implicitly."""
     dtypes = {v.dtype for v in values}
     if len(dtypes) != 1:
-        raise TypeError(f"{what}: inputs have different dtypes {sorted(map(repr, dtypes))}; "
+        raise ArgumentError(f"{what}: inputs have different dtypes {sorted(map(repr, dtypes))}; "
                         f"convert explicitly first")
     return next(iter(dtypes))
 
@@ -81,7 +82,7 @@ def as_rows(name: str, v):
     if v.ndim == 2:
         return borrow(v)
     if isinstance(v, Shared):
-        raise ValueError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
+        raise ArgumentError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
     if v.ndim == 1:
         return v.view(1, v.shape[0])
     return v.view(-1, v.shape[-1])
@@ -97,12 +98,12 @@ def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tenso
     shape = tuple(out.shape)
     for i, v in enumerate(inputs):
         if tuple(v.shape) != shape:
-            raise ValueError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
+            raise ArgumentError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
                              f"(no broadcasting)")
     if all(v.ndim == 1 or (isinstance(v, Tensor) and v.is_contiguous()) for v in inputs):
         return [borrow(v) if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
     if len(shape) != 2 and not all(isinstance(v, Tensor) and v.ndim >= 2 for v in inputs):
-        raise ValueError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
+        raise ArgumentError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
     views = []
     for v in inputs:
         if v.ndim == 2:
@@ -111,7 +112,7 @@ def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tenso
             try:
                 views.append(v.view(-1, shape[-1]))
             except ValueError:
-                raise ValueError(f"{name}: an input of shape {shape} with strides "
+                raise ArgumentError(f"{name}: an input of shape {shape} with strides "
                                  f"{v.stride()} cannot be viewed as rows") from None
     return views, out.view(-1, shape[-1]) if len(shape) != 1 else out.view(-1)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 
@@ -69,19 +70,19 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
         host.check_value(f"{name}: {what}", x)
     host.same_dtype(name, k_new, v_new, k_cache, v_cache)
     if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
-        raise ValueError(f"{name}: pos must be an int32 tensor of shape (1,), got "
+        raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
                          f"{pos.dtype!r} {tuple(pos.shape)}")
     if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
-        raise ValueError(f"{name}: caches must both be (Hkv, max_seq, D), got "
+        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
                          f"{k_cache.shape} and {v_cache.shape}")
     hkv, _, d = k_cache.shape
     if k_new.ndim != rank or tuple(k_new.shape) != tuple(v_new.shape) or \
             k_new.shape[0] != hkv or k_new.shape[-1] != d:
         want = "(Hkv, D)" if rank == 2 else "(Hkv, S, D)"
-        raise ValueError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
+        raise ArgumentError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
                          f"got {k_new.shape} and {v_new.shape}")
     if d & (d - 1):
-        raise ValueError(f"{name}: head_dim {d} must be a power of two")
+        raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
 
 
 def kv_append(k_new, v_new, pos, k_cache, v_cache):

@@ -30,6 +30,8 @@ import torch
 
 import safetile as st
 import safetile.lang as sl
+
+from ..errors import ArgumentError
 from . import host
 
 IN_DTYPES = st.bf16 | st.f16 | st.f32
@@ -287,13 +289,13 @@ def _dims(a, b, weight: bool) -> tuple[int, int, int]:
     host.check_value("ops.matmul: a", a)
     host.check_value("ops.matmul: b", b)
     if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"ops.matmul: a and b must be matrices, got shapes {a.shape} and "
+        raise ArgumentError(f"ops.matmul: a and b must be matrices, got shapes {a.shape} and "
                          f"{b.shape}")
     (m, k), (r, s) = a.shape, b.shape
     n, kb = (r, s) if weight else (s, r)
     if kb != k:
         what = f"weight {b.shape} (N, K)" if weight else f"b {b.shape} (K, N)"
-        raise ValueError(f"ops.matmul: a {a.shape} (M, K) and {what} disagree on K")
+        raise ArgumentError(f"ops.matmul: a {a.shape} (M, K) and {what} disagree on K")
     host.same_dtype("ops.matmul", a, b)
     return m, n, k
 
@@ -374,7 +376,7 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     if cfg.tail is not None and 0 < cfg.head_rows < m and cfg.split_k == 1:
         head, tail = cfg, cfg.tail
         if head.head_rows % head.bm or head.head_rows % tail.bm or tail.split_k != 1:
-            raise ValueError(f"{name}: head_rows {head.head_rows} must be a multiple of "
+            raise ArgumentError(f"{name}: head_rows {head.head_rows} must be a multiple of "
                              f"both tile heights, and the tail unsplit: {cfg}")
 
         def rest(a_, b_, *_):           # (the writers' launches differ past a and b)

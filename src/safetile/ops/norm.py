@@ -11,6 +11,7 @@ from __future__ import annotations
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 # Longest row one program normalizes (elements); Qwen3's widest hidden size is 5120.
@@ -51,7 +52,7 @@ _ADD_RMSNORM = host.Configured(add_rmsnorm_kernel)
 def row_tile(rows: int, dim: int) -> tuple:
     """(ROWS, BLOCK) for rows of ``dim`` elements: whole rows, about 4096 elements a program."""
     if dim > MAX_ROW:
-        raise ValueError(f"rmsnorm rows longer than {MAX_ROW} elements are not supported, "
+        raise ArgumentError(f"rmsnorm rows longer than {MAX_ROW} elements are not supported, "
                          f"got {dim}")
     block = host.next_pow2(dim)
     return (max(1, min(host.next_pow2(rows), host.BLOCK // block)), block)
@@ -61,7 +62,7 @@ def _check(name: str, x, weight):
     host.check_value(f"ops.{name}: x", x)
     host.check_value(f"ops.{name}: weight", weight)
     if weight.ndim != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"ops.{name}: weight must have shape ({x.shape[-1]},), got "
+        raise ArgumentError(f"ops.{name}: weight must have shape ({x.shape[-1]},), got "
                          f"{tuple(weight.shape)}")
 
 
@@ -90,7 +91,7 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, residual_out=N
     host.check_value("ops.add_rmsnorm: residual", residual)
     dtype = host.same_dtype("ops.add_rmsnorm", x, residual)
     if tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"ops.add_rmsnorm: residual has shape {tuple(residual.shape)}, "
+        raise ArgumentError(f"ops.add_rmsnorm: residual has shape {tuple(residual.shape)}, "
                          f"expected {tuple(x.shape)}")
     z = host.output("ops.add_rmsnorm: out", out, x.shape, dtype, x.device)
     s = host.output("ops.add_rmsnorm: residual_out", residual_out, x.shape, dtype, x.device)

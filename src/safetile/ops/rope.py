@@ -19,6 +19,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from ..tensor import alloc
 from . import host
 
@@ -73,18 +74,18 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     host.check_value("ops.rope: x", x)
     host.check_value("ops.rope: positions", positions)
     if x.ndim != 3:
-        raise ValueError(f"ops.rope: x must be (seq, heads, head_dim), got shape {x.shape}")
+        raise ArgumentError(f"ops.rope: x must be (seq, heads, head_dim), got shape {x.shape}")
     seq, heads, d = x.shape
     if d < 2 or d & (d - 1):
-        raise ValueError(f"ops.rope: head_dim must be a power of two, got {d}")
+        raise ArgumentError(f"ops.rope: head_dim must be a power of two, got {d}")
     if tuple(positions.shape) != (seq,):
-        raise ValueError(f"ops.rope: positions must have shape ({seq},), got "
+        raise ArgumentError(f"ops.rope: positions must have shape ({seq},), got "
                          f"{tuple(positions.shape)}")
     if inv_freq is None:
         inv_freq = inv_freq_table(d, theta, x.device)
     host.check_value("ops.rope: inv_freq", inv_freq)
     if tuple(inv_freq.shape) != (d // 2,):
-        raise ValueError(f"ops.rope: inv_freq must have shape ({d // 2},), got "
+        raise ArgumentError(f"ops.rope: inv_freq must have shape ({d // 2},), got "
                          f"{tuple(inv_freq.shape)}")
     z = host.output("ops.rope: out", out, x.shape, x.dtype, x.device)
     tile = rope_tile(seq, heads, d)

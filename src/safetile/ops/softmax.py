@@ -16,6 +16,7 @@ from __future__ import annotations
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 ONE_PASS_MAX = 8192           # columns a program holds at once
@@ -66,7 +67,7 @@ def softmax(x, out=None, *, one_pass_max: int = ONE_PASS_MAX, chunk: int = CHUNK
     xv = host.as_rows("ops.softmax: x", x)
     rows, cols = xv.shape
     if cols > MAX_COLS:
-        raise ValueError(f"ops.softmax: rows longer than {MAX_COLS} columns are not supported")
+        raise ArgumentError(f"ops.softmax: rows longer than {MAX_COLS} columns are not supported")
     zv = host.owned_view(z, xv.shape)
     block = host.next_pow2(cols)
     if cols <= one_pass_max:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 
@@ -32,7 +33,7 @@ def add_unsafe(x, y, out=None, *, block: int = host.BLOCK, num_warps: int | None
     dtype = host.same_dtype("ops.add_unsafe", x, y)
     z = host.output("ops.add_unsafe: out", out, x.shape, dtype, x.device)
     if tuple(y.shape) != tuple(x.shape):
-        raise ValueError(f"ops.add_unsafe: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
+        raise ArgumentError(f"ops.add_unsafe: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
     n = x.numel
     grid = (max(1, -(-n // block)),)
     kernel = add_unsafe_kernel.options(grid=grid, num_warps=num_warps or host.warps_for(block))
