@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+from .errors import ArgumentError
 
 BACKENDS = ("triton", "interpret")
 
@@ -20,7 +21,7 @@ class BackendChoice:
 def _default() -> BackendChoice:
     name = os.environ.get("SAFETILE_BACKEND") or ("triton" if torch.cuda.is_available() else "interpret")
     if name not in BACKENDS:
-        raise ValueError(f"SAFETILE_BACKEND={name!r}; choose one of {BACKENDS}")
+        raise ArgumentError(f"SAFETILE_BACKEND={name!r}; choose one of {BACKENDS}")
     return BackendChoice(name)
 
 
@@ -41,7 +42,7 @@ def current() -> BackendChoice:
 def set_backend(name: str, seed: int = 0) -> None:
     """Choose the process-wide default backend: "triton" or "interpret"."""
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+        raise ArgumentError(f"unknown backend {name!r}; choose one of {BACKENDS}")
     _global[0] = BackendChoice(name, seed)
 
 
@@ -49,7 +50,7 @@ def set_backend(name: str, seed: int = 0) -> None:
 def backend(name: str, seed: int = 0):
     """Use backend ``name`` inside the block (``seed`` shuffles the CPU executor's order)."""
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS}")
+        raise ArgumentError(f"unknown backend {name!r}; choose one of {BACKENDS}")
     stack = _local.__dict__.setdefault("stack", [])
     stack.append(BackendChoice(name, seed))
     try:

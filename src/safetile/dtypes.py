@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from .errors import ArgumentError
 
 
 class DType:
@@ -48,4 +49,4 @@ def from_torch(dtype: torch.dtype) -> DType:
         return _BY_TORCH[dtype]
     except KeyError:
         supported = ", ".join(d.name for d in ALL)
-        raise TypeError(f"torch dtype {dtype} has no safetile dtype (supported: {supported})") from None
+        raise ArgumentError(f"torch dtype {dtype} has no safetile dtype (supported: {supported})") from None

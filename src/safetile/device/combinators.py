@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import ExecutionError
+from ..errors import ArgumentError, ExecutionError
 from .op import DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
 
 
@@ -31,7 +31,7 @@ class ThenOp(DeviceOp):
 
     def __init__(self, prev: DeviceOp, f):
         if not callable(f):
-            raise TypeError(f"op.then(f) needs a callable, got {f!r}")
+            raise ArgumentError(f"op.then(f) needs a callable, got {f!r}")
         self.prev, self.f = prev, f
 
     def __repr__(self) -> str:
@@ -76,7 +76,7 @@ class MapOp(DeviceOp):
 
     def __init__(self, inner: DeviceOp, f):
         if not callable(f):
-            raise TypeError(f"op.map(f) needs a callable, got {f!r}")
+            raise ArgumentError(f"op.map(f) needs a callable, got {f!r}")
         self.inner, self.f = inner, f
 
     def __repr__(self) -> str:

@@ -5,7 +5,7 @@ import contextlib
 import inspect
 import threading
 
-from ..errors import KernelDefinitionError
+from ..errors import ArgumentError, KernelDefinitionError
 from .checker import check_function, check_kernel
 from .params import parse_annotation
 from .source import KernelSource
@@ -113,7 +113,7 @@ class Kernel:
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:
-            raise TypeError(f"unknown launch option(s) {sorted(unknown)}; "
+            raise ArgumentError(f"unknown launch option(s) {sorted(unknown)}; "
                             f"known: {sorted(LAUNCH_OPTIONS)}")
         k = object.__new__(Kernel)
         k.__dict__.update(self.__dict__)

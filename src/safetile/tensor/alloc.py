@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from .. import dtypes as _dtypes
-from ..errors import GraphCaptureError
+from ..errors import ArgumentError, GraphCaptureError
 from .tensor import Tensor, _shape_tuple
 
 __all__ = ["default_device", "zeros", "ones", "full", "empty", "arange", "randn",
@@ -61,7 +61,7 @@ def _torch_dtype(dtype, default: _dtypes.DType = _dtypes.float32) -> torch.dtype
         return dtype.torch
     if isinstance(dtype, torch.dtype):
         return _dtypes.from_torch(dtype).torch          # TypeError if unsupported
-    raise TypeError(f"dtype must be a safetile dtype (st.float32, ...) or a torch dtype, "
+    raise ArgumentError(f"dtype must be a safetile dtype (st.float32, ...) or a torch dtype, "
                     f"got {dtype!r}")
 
 
@@ -162,7 +162,7 @@ def randn(shape, dtype=_dtypes.float32, device=None, seed: int | None = None) ->
     _guard("randn")
     tdt = _torch_dtype(dtype)
     if not tdt.is_floating_point:
-        raise TypeError(f"randn needs a floating dtype, got {_dtypes.from_torch(tdt)!r}")
+        raise ArgumentError(f"randn needs a floating dtype, got {_dtypes.from_torch(tdt)!r}")
     dev = _device(device)
     gen = None
     if seed is not None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import dtypes as _dtypes
-from ..errors import PartitionError
+from ..errors import ArgumentError, PartitionError
 from .ownership import LOCK, Handle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -181,7 +181,7 @@ class Partition(Handle):
     __slots__ = ("_tensor", "_tile_shape", "_order")
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("make a Partition with tensor.partition(tile_shape)")
+        raise ArgumentError("make a Partition with tensor.partition(tile_shape)")
 
     @classmethod
     def _create(cls, tensor: "Tensor", tile_shape: tuple[int, ...],

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import dtypes as _dtypes
-from ..errors import BorrowError
+from ..errors import ArgumentError, BorrowError
 from . import borrows
 from .ownership import LOCK, RELEASED, Handle
 from .tensor import _to_numpy
@@ -53,7 +53,7 @@ class Shared(Handle):
     __slots__ = ("_core",)
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("make a Shared value with tensor.share()")
+        raise ArgumentError("make a Shared value with tensor.share()")
 
     @classmethod
     def _create(cls, tensor: "Tensor") -> "Shared":

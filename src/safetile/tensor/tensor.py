@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import ArgumentError
 from .. import dtypes as _dtypes
 from . import borrows
 from .ownership import LOCK, Handle
@@ -38,7 +39,7 @@ def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     try:
         return tuple(operator.index(d) for d in shape)
     except TypeError:
-        raise TypeError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
+        raise ArgumentError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
 
 
 def _to_numpy(t: torch.Tensor):
@@ -63,16 +64,16 @@ class Tensor(Handle):
     __slots__ = ("_torch",)
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("st.Tensor is not constructed directly: use st.zeros/empty/randn/..., "
+        raise ArgumentError("st.Tensor is not constructed directly: use st.zeros/empty/randn/..., "
                         "st.from_torch(t), st.from_numpy(a) or st.from_dlpack(x)")
 
     @classmethod
     def _wrap(cls, t: torch.Tensor) -> "Tensor":
         """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype)."""
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+            raise ArgumentError(f"expected a torch.Tensor, got {type(t).__name__}")
         if t.layout != torch.strided:
-            raise TypeError(f"only strided (dense) torch tensors can be wrapped, got {t.layout}")
+            raise ArgumentError(f"only strided (dense) torch tensors can be wrapped, got {t.layout}")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
         if t.requires_grad:
             t = t.detach()                               # zero-copy; safetile has no autograd
@@ -207,7 +208,7 @@ class Tensor(Handle):
         try:
             return self._derive(self._torch.view(shp))
         except RuntimeError as e:
-            raise ValueError(
+            raise ArgumentError(
                 f"cannot view {self._describe()} (strides {tuple(self._torch.stride())}) as "
                 f"shape {shp} without copying: {e}. Views are zero-copy only; copy explicitly "
                 f"with st.from_torch(t.to_torch().reshape(...))") from None
@@ -225,7 +226,7 @@ class Tensor(Handle):
         if not -nd <= dim < nd:
             raise IndexError(f"dim {dim} out of range for a rank-{nd} tensor")
         if step is None or step <= 0:
-            raise ValueError(f"slice step must be positive, got {step}")
+            raise ArgumentError(f"slice step must be positive, got {step}")
         index = (slice(None),) * (dim % nd) + (slice(start, stop, step),)
         return self._derive(self._torch[index])
 
@@ -236,12 +237,12 @@ class Tensor(Handle):
         for it in items:
             if it is Ellipsis or it is None or isinstance(it, slice):
                 if isinstance(it, slice) and it.step is not None and it.step <= 0:
-                    raise ValueError(f"slice step must be positive, got {it.step}")
+                    raise ArgumentError(f"slice step must be positive, got {it.step}")
                 continue
             try:
                 operator.index(it)
             except TypeError:
-                raise TypeError(
+                raise ArgumentError(
                     f"Tensor indices must be ints, slices or ..., got {type(it).__name__}: "
                     f"advanced indexing would copy; use to_torch() for that") from None
         return self._derive(self._torch[index])
