@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+
 from .errors import ArgumentError
 
 BACKENDS = ("triton", "interpret")
