@@ -39,13 +39,17 @@ PREFILL_LENGTHS = (1024, 8192)
 DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
-# (num_splits, block_n, num_stages, pdl): num_stages - 1 TMA buffers of K and V are in flight;
-# pdl launches both kernels with programmatic dependent launch.
-# First sweep (2026-11-30, results/attention_decode_sweep1.json, do_bench's dirty-L2 flush):
-# every config within 1 us of (16, 64, 3) at 8k and 32k, pdl 1.2 us slower. This sweep adds a
-# clean-L2 timing and the decode-like stream.
-DECODE_CONFIGS = [(16, 64, 3, False), (16, 64, 4, False), (16, 64, 5, False),
-                  (32, 64, 3, False), (32, 64, 4, False), (16, 32, 5, False), (16, 64, 3, True)]
+# (num_splits, block_n, num_stages, pdl, cyclic, prefetch): num_stages - 1 TMA buffers of K
+# and V are in flight; pdl launches both kernels with programmatic dependent launch; cyclic
+# splits take every S-th key block, which lets each program prefetch its first `prefetch`
+# K/V blocks into L2 before it reads the length (and, with pdl, before the wait).
+# Sweeps 1-2 (2026-11-30, results/attention_decode_sweep1.json and the attention.json of
+# a6ce71b): 4/5 stages, 32 splits and 32-key blocks within 1 us of (16, 64, 3) at 8k and 32k,
+# pdl 0.2-1.2 us slower. This sweep: the default against cyclic splits with and without
+# prefetch and pdl.
+DECODE_CONFIGS = [(16, 64, 3, False, False, 0), (16, 64, 3, True, True, 2),
+                  (16, 64, 3, False, True, 0), (16, 64, 3, True, True, 4),
+                  (16, 64, 3, False, True, 2), (16, 64, 3, True, False, 0)]
 
 
 def graph_time_ms(graph_replay) -> float:
@@ -150,8 +154,8 @@ def bench_decode(n: int) -> dict:
                for i in range(r)]
     row["stream_layers"] = r
     configs = []
-    for splits, bn, stg, pdl in DECODE_CONFIGS:
-        kw = dict(block_n=bn, num_stages=stg, pdl=pdl)
+    for splits, bn, stg, pdl, cyclic, prefetch in DECODE_CONFIGS:
+        kw = dict(block_n=bn, num_stages=stg, pdl=pdl, cyclic=cyclic, prefetch=prefetch)
         if time.time() > DEADLINE[0]:
             configs.append({"num_splits": splits, **kw, "error": "skipped: out of time"})
             continue
@@ -179,7 +183,10 @@ def bench_decode(n: int) -> dict:
                             "stream_clean_fraction_of_copy": nbytes / s_clean / 1e9 / COPY_TBPS})
         except Exception as e:
             configs.append({"num_splits": splits, **kw, "error": f"{type(e).__name__}: {e}"[:300]})
-        print(f"decode {n}: {configs[-1]}", flush=True)
+        c = configs[-1]
+        print(f"decode {n}: " + (f"{kw} stream {c['stream_us']:.2f} us clean "
+                                 f"{c['stream_clean_us']:.2f} us single {c['us']:.2f} us"
+                                 if "us" in c else str(c)), flush=True)
     best = min((c for c in configs if "us" in c), key=lambda c: c["stream_clean_us"])
     sdpa_tbps = nbytes / t_sdpa / 1e9
     row.update(stream_us=best["stream_us"], stream_clean_us=best["stream_clean_us"],
@@ -190,7 +197,8 @@ def bench_decode(n: int) -> dict:
                sdpa_tbps=sdpa_tbps, fraction_of_copy=best["fraction_of_copy"],
                sdpa_fraction_of_copy=sdpa_tbps / COPY_TBPS, ratio=t_sdpa * 1e3 / best["us"],
                split_kernel_us=best["split_kernel_us"],
-               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages", "pdl")},
+               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages", "pdl",
+                                                 "cyclic", "prefetch")},
                configs=configs)
     return row
 
@@ -251,6 +259,10 @@ def main() -> int:
                    help="skip prefill; keep the prefill rows of the existing results file")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="skip the remaining decode configurations after this many seconds")
+    p.add_argument("--name", default="attention",
+                   help="results file name (another name keeps results/attention.json; no plot)")
+    p.add_argument("--contexts", type=str, default=",".join(map(str, DECODE_LENGTHS)),
+                   help="comma-separated decode contexts (default: %(default)s)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU; nothing measured")
@@ -265,13 +277,14 @@ def main() -> int:
         prefill = [bench_prefill(s) for s in PREFILL_LENGTHS]
     floor = bench_empty_graphs()
     print("empty graphs:", floor, flush=True)
-    decode = [bench_decode(n) for n in DECODE_LENGTHS]
-    path = harness.write_results("attention", {
+    decode = [bench_decode(int(n)) for n in args.contexts.split(",")]
+    path = harness.write_results(args.name, {
         "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D, "dtype": "bf16"},
         "copy_tbps": COPY_TBPS, "launch_floor": floor, "prefill": prefill,
         "prefill_measured": "earlier run (kept)" if args.decode_only else "this run",
         "decode": decode})
-    png = plot(prefill, decode, harness.RESULTS / "attention.png")
+    png = plot(prefill, decode, harness.RESULTS / "attention.png") \
+        if args.name == "attention" else None
     print(f"results: {path}" + (f", plot: {png}" if png else ""))
     harness.print_table(
         [{"case": r["case"], "safetile": f"{r['safetile_tflops']:.0f} TFLOP/s",

@@ -233,22 +233,23 @@ def tune(deadline):
 
 def gemv_sweep(deadline):
     """Decode-like (graph of back-to-back gemvs) timing of gemv configurations on the Qwen3-4B
-    shapes: the default, the default with programmatic dependent launch, and neighbours.
-    Writes results/gemv.json (gemm.json keeps the full table)."""
+    shapes: the default (pdl) against prefetching the first weight blocks before the wait.
+    Writes results/gemv_prefetch.json (results/gemv.json holds sweep 2; gemm.json the full
+    table)."""
     rows = []
-    for name, (n, k) in MODELS["4B"].items():
-        if name == "lm_head":                   # already past the copy ceiling
-            continue
-        base = gemv_config(n, k, pdl=False)
-        cfgs = [base, GemvConfig(base.bn, base.bk, base.num_warps, base.num_stages, base.tma, True)]
-        # First sweep (results/gemv_sweep1.json): 6 stages, 1024-wide blocks and 2-row
-        # programs lost everywhere; pdl gained 0.1-0.6 us.
-        for bn, bk, w, stg in [(4, 512, 4, 4), (8, 512, 4, 4)]:
-            c = GemvConfig(bn, bk, w, stg, False, True)
-            if c not in cfgs:
-                cfgs.append(c)
-        nb = (n * k + k + n) * 2
-        for cfg in cfgs:
+    # Sweeps 1-2 (results/gemv_sweep1.json, 2026-11-30): 6 stages, 1024-wide blocks and
+    # 2-row programs lost everywhere; pdl gained 0.1-0.6 us (now the default). This sweep
+    # times the default with pdl against prefetching the program's first 2 / all (masked
+    # past K) W blocks into L2 before the pdl wait; config-major, so that a short time box
+    # still compares every shape.
+    shapes = [(name, nk) for name, nk in MODELS["4B"].items()
+              if name != "lm_head"]                  # lm_head: already past the copy ceiling
+    for pf in (0, 2, 32):
+        for name, (n, k) in shapes:
+            base = gemv_config(n, k)
+            cfg = GemvConfig(base.bn, base.bk, base.num_warps, base.num_stages, base.tma,
+                             base.pdl, pf)
+            nb = (n * k + k + n) * 2
             if time.time() > deadline:
                 rows.append(dict(shape=f"{n}x{k}", proj=name, cfg=str(cfg), error="skipped: out of time"))
                 continue
@@ -263,13 +264,20 @@ def gemv_sweep(deadline):
                                  floor_us=nb / COPY_TBS / 1e6))
             except Exception as e:
                 rows.append(dict(shape=f"{n}x{k}", proj=name, cfg=str(cfg), error=repr(e)[:300]))
-            print({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in rows[-1].items()},
-                  flush=True)
+            r = rows[-1]
+            print(name, f"prefetch={pf}", *(f"{c}={r[c]:.3f}" for c in ("safe_us", "clean_us")
+                                            if c in r), r.get("error", ""), flush=True)
             torch.cuda.empty_cache()
-    write_results("gemv", {"rows": rows, "method": "graph of back-to-back gemvs over distinct "
+    gemv_defaults = {r["proj"]: r for r in rows if r.get("default")}
+    for r in rows:                      # the gain over the default (pdl, no prefetch) per row
+        d = gemv_defaults.get(r["proj"])
+        if d is not None and "safe_us" in r:
+            r["us_vs_default"] = r["safe_us"] - d["safe_us"]
+    write_results("gemv_prefetch", {"rows": rows, "method": "graph of back-to-back gemvs over distinct "
                            "weights (>= 240 MB in all), do_bench median per gemv, L2 flushed"})
-    print_table(rows, ["proj", "cfg", "safe_us", "cublas_us", "frac_copy", "clean_us",
-                       "cublas_clean_us", "clean_frac_copy", "error"])
+    print_table([{**r, "cfg": r["cfg"].split("(", 1)[-1][:60]} for r in rows],
+                ["proj", "cfg", "safe_us", "us_vs_default", "frac_copy", "clean_us",
+                 "clean_frac_copy", "error"])
 
 
 def gemv_case_check(n, k, cfg):

@@ -6,6 +6,7 @@ References run in float64 on the same (rounded) inputs. fp32 results must agree 
 so they agree to about 1e-2.
 """
 import math
+import re
 
 import pytest
 import torch
@@ -130,13 +131,16 @@ def decode_reference(q, k, v, n, scale=None) -> torch.Tensor:
     (4, 4, 64, 50, 8, 8),         # more splits than the length fills
     (4, 1, 33, 20, 1, 32),        # one split: the merge just normalizes
 ])
-def test_decode_attention_matches_reference(dtype, hq, hkv, max_seq, n, splits, bn):
+@pytest.mark.parametrize("prefetch,cyclic", [(0, False), (0, True), (2, True)],
+                         ids=["contiguous", "cyclic", "cyclic+prefetch"])
+def test_decode_attention_matches_reference(dtype, hq, hkv, max_seq, n, splits, bn, prefetch,
+                                            cyclic):
     d = 16
     q, k, v = rand((hq, d), dtype, 11), rand((hkv, max_seq, d), dtype, 12), \
         rand((hkv, max_seq, d), dtype, 13)
     out = decode_attention(st.from_torch(q.clone()), st.from_torch(k.clone()),
                            st.from_torch(v.clone()), i32(n), block_n=bn,
-                           num_splits=splits).sync()
+                           num_splits=splits, prefetch=prefetch, cyclic=cyclic).sync()
     assert out.shape == (hq, d) and out.dtype is dtype
     assert rel_err(out.to_torch(), decode_reference(q, k, v, n)) < REL[dtype]
 
@@ -170,7 +174,8 @@ def test_decode_kernel_source_does_not_depend_on_the_length():
             st.empty((32, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(n),
-            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 0)
+            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 0,
+            False, 0)
     src = source(5)
     assert src == source(4000)
     assert "_st_scalar1(_st_length_ptr" in src      # the loop bound comes from the device
@@ -181,12 +186,39 @@ def test_decode_kernel_source_does_not_depend_on_the_length():
     assert "tl.where(valid[None, :]" in tail and "tl.where(valid[:, None], vt" in tail
 
 
+def test_decode_prefetch_needs_cyclic_splits():
+    q, k = rand((4, 16), st.f32, 1), rand((2, 40, 16), st.f32, 2)
+    with pytest.raises(ValueError, match="cyclic"):
+        decode_attention(st.from_torch(q), st.from_torch(k), st.from_torch(k.clone()), i32(5),
+                         block_n=16, num_splits=2, prefetch=1, cyclic=False)
+
+
+def test_decode_prefetch_precedes_the_length_read_and_the_pdl_wait_on_sm90():
+    # The K/V prefetches of the split's first blocks are computed from the program's tile
+    # index alone, so they are issued before the length is read and before the pdl wait.
+    ws = DecodeWorkspace(8, 4, 128, 16, device="cpu")
+    args = (st.empty((32, 128), dtype=st.bf16, device="cpu"),
+            st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
+            st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
+            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1,
+            True, 2)
+    kern = decode_split_kernel.options(num_warps=4, num_stages=3, pdl=True)
+    body = kern.source(*args).split("def decode_split_kernel(")[1]
+    assert body.index("_st_prefetch3(_st_k_ptr") < body.index("_st_gdc_wait()") \
+        < body.index("_st_scalar1(_st_length_ptr")
+    ptx = kern.compile(*args).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("prefetch.global.L2") < wait
+    assert "prefetch.global.L2" not in ptx[wait:]
+    assert min(m.start() for m in re.finditer(r"\bld\.global|cp\.async", ptx)) > wait
+
+
 def test_decode_kernels_compile_for_sm90_with_tma_loads():
     ws = DecodeWorkspace(8, 4, 128, 32, device="cpu")
     args = (st.empty((32, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
-            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1)
+            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1, False, 0)
     ptx = decode_split_kernel.options(num_warps=4, num_stages=3).compile(*args).asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "mma" in ptx
 

@@ -98,16 +98,18 @@ def test_kv_appends_on_the_gpu_and_an_out_of_range_position_writes_nothing():
     assert torch.equal(kh.to_torch(), kc) and torch.equal(vh.to_torch(), vc)
 
 
-@pytest.mark.parametrize("pdl,stages,splits,block_n", [(True, 3, 16, 64), (True, 5, 16, 64),
-                                                       (False, 4, 32, 64), (True, 5, 32, 32)])
-def test_decode_configurations_and_pdl_graph_replays(pdl, stages, splits, block_n):
+@pytest.mark.parametrize("pdl,stages,splits,block_n,prefetch", [
+    (True, 3, 16, 64, 0), (True, 5, 16, 64, 0), (False, 4, 32, 64, 0), (True, 5, 32, 32, 0),
+    (True, 3, 16, 64, 2), (False, 3, 16, 64, 1)])
+def test_decode_configurations_and_pdl_graph_replays(pdl, stages, splits, block_n, prefetch):
     q, k, v = randn((32, 128), 16), randn((8, 4096, 128), 17), randn((8, 4096, 128), 18)
     qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)
     length_t = torch.tensor([5], dtype=torch.int32, device="cuda")
     ws = DecodeWorkspace.for_cache(qh, kh, num_splits=splits, block_n=block_n)
     out = st.empty((32, 128), dtype=st.bf16)
     g = decode_attention(qh, kh, vh, st.from_torch(length_t), out, ws, length_offset=1,
-                         block_n=block_n, num_stages=stages, pdl=pdl).graph()
+                         block_n=block_n, num_stages=stages, pdl=pdl,
+                         prefetch=prefetch).graph()
     for pos in (0, 63, 64, 1000, 4095):
         length_t.fill_(pos)
         got = g.launch().sync()

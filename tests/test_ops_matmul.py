@@ -159,6 +159,16 @@ def test_gemv_matches_torch_on_edge_shapes(dtype):
     assert rel_err(y.to_torch(), want) < TOL[dtype]
 
 
+@pytest.mark.parametrize("prefetch", [1, 8])
+def test_gemv_with_weight_prefetch_matches_torch(prefetch):
+    # More prefetched blocks than K has (8 x 64 > 300) are masked off.
+    w = st.randn((100, 300), dtype=st.bf16, seed=3)
+    x = st.randn((300,), dtype=st.bf16, seed=4)
+    want = w.to_torch().double() @ x.to_torch().double()
+    cfg = GemvConfig(16, 64, 4, 2, tma=False, pdl=True, prefetch=prefetch)
+    assert rel_err(ops.gemv(w, x, config=cfg).sync().to_torch(), want) < TOL[st.bf16]
+
+
 def test_gemv_of_a_row_vector_returns_a_row():
     w = st.randn((48, 80), dtype=st.bf16, seed=5)
     x = st.randn((1, 80), dtype=st.bf16, seed=6)

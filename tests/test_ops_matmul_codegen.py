@@ -89,6 +89,16 @@ def test_loop_stages_pipelines_the_gemv_k_loop():
     assert compiled.metadata.shared >= 3 * 16 * 256 * 2       # >= 3 buffered W blocks
 
 
+def test_gemv_prefetches_its_first_weight_blocks_before_the_pdl_wait():
+    w = st.randn((2560, 4096), dtype=st.bf16)
+    x = st.randn((4096,), dtype=st.bf16)
+    k = gemv_kernel(512, 2).options(loop_stages=4, num_warps=4, tma=False, pdl=True)
+    ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,))).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert "prefetch.global.L2" in ptx[:wait] and "prefetch.global.L2" not in ptx[wait:]
+    assert "ld.global" not in ptx[:wait] and "cp.async" not in ptx[:wait]
+
+
 # ---- the unsafe twin: the same kernel but for the store ------------------------------------
 
 def _twin(cfg, weight=True):

@@ -67,11 +67,13 @@ def test_unsafe_twin_matches_safe(m, n, k):
     assert torch.equal(raw, safe)
 
 
-def test_pdl_gemv_chain_in_a_graph_reads_each_previous_result():
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_pdl_gemv_chain_in_a_graph_reads_each_previous_result(prefetch):
     # Each gemv reads the vector the previous one wrote: with programmatic dependent launch
-    # the next grid starts early, so a missing device-side wait would read stale values.
+    # the next grid starts early, so a missing device-side wait would read stale values
+    # (the weight prefetch before the wait must not change that).
     from safetile.ops.gemv import GemvConfig
-    cfg = GemvConfig(4, 512, 4, 4, tma=False, pdl=True)
+    cfg = GemvConfig(4, 512, 4, 4, tma=False, pdl=True, prefetch=prefetch)
     ws = [st.randn((1024, 1024), dtype=st.f32, seed=20 + i).share() for i in range(6)]
     cur = st.randn((1024,), dtype=st.f32, seed=30)
     want = cur.to_torch().double()

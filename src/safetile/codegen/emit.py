@@ -204,7 +204,8 @@ class Emitter(ViewEmitter):
                                 if getattr(self.key, h))
         if hints:
             loop = f"tl.range({args}{hints})"
-        elif self.key.loop_stages and innermost:
+        elif self.key.loop_stages and innermost and self.touches_memory(node):
+            # (a loop of prefetches or arithmetic has no loads to pipeline)
             loop = f"tl.range({args}, num_stages={int(self.key.loop_stages)})"
         else:
             loop = f"range({args})"
@@ -226,16 +227,57 @@ class Emitter(ViewEmitter):
         head = f"{ind}for _st_t in {loop}:"
         return [head] + coords + body, _join(state, end)
 
+    def touches_memory(self, stmt) -> bool:
+        """Whether a statement may read or write memory other than through ``In.prefetch``:
+        any view method call (loads, stores, sub-partitions, ``tiles()``), ``load_like``,
+        the pointer operations, and (conservatively) calls of ``@st.function`` helpers.
+        Shapes, tile indices, program ids and tile arithmetic touch only registers."""
+        for n in ast.walk(stmt):
+            if not isinstance(n, ast.Call):
+                continue
+            f = n.func
+            if isinstance(f, ast.Attribute) and self.view_kind(f.value) is not None:
+                if not (self.view_kind(f.value) == "In" and f.attr == "prefetch"):
+                    return True
+                continue
+            r = self.scope.resolve(f) if isinstance(f, (ast.Name, ast.Attribute)) else None
+            if r is None:
+                continue
+            if r.kind in ("load_like", "function"):
+                return True
+            if r.kind == "builtin" and (r.value.unsafe or r.value.name == "load_ptr"):
+                return True
+        return False
+
     def generate(self) -> Generated:
         ind = "    "
-        body, _ = self.block(self.src.tree.body, {}, ind)
+        stmts = self.src.tree.body
+        pre, rest = [], list(stmts)
+        if self.key.pdl:
+            # The leading statements that touch no memory but prefetches run before the wait:
+            # a prefetch only warms L2 (it delivers no value, so it cannot observe what the
+            # previous grid writes), and index arithmetic reads nothing.
+            k = 0
+            while k < len(stmts) and not self.touches_memory(stmts[k]):
+                k += 1
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr == "prefetch" for s_ in stmts[:k] for n in ast.walk(s_)):
+                pre, rest = stmts[:k], stmts[k:]
+        head, state = self.block(pre, {}, ind) if pre else ([], {})
+        body, _ = self.block(rest, state, ind)
+        body = head + body
         prologue = []
         if self.key.pdl:
             # Programmatic dependent launch: this grid may start while the previous one runs.
-            # The wait comes before every other instruction, so no load or store of this
-            # program can see (or overwrite) memory that grid still uses; then the next PDL
-            # grid may be scheduled (it waits the same way).
-            prologue += [f"{ind}_st_gdc_wait()", f"{ind}_st_gdc_launch_dependents()"]
+            # The wait comes before every load and store (only index arithmetic and L2
+            # prefetches precede it), so no access of this program can see (or overwrite)
+            # memory that grid still uses; then the next PDL grid may be scheduled (it waits
+            # the same way).
+            wait = [f"{ind}_st_gdc_wait()", f"{ind}_st_gdc_launch_dependents()"]
+            if head:
+                body = head + wait + body[len(head):]
+            else:
+                prologue += wait
         if self.lead is not None:
             r = len(self.lead.tile)
             for k in range(r):

@@ -123,6 +123,34 @@ def load_scalar(r: int) -> str:
     return (f"\n@triton.jit\n{head}\n    return tl.load(ptr + ({off}), mask={m}, other=pad)\n")
 
 
+# PTX of one predicated L2 prefetch per lane: $1 the address, $2 nonzero where the lane is
+# inside the tensor. The instruction loads nothing into a register (the dummy result $0 is a
+# constant), so the value at the address cannot influence the program.
+PREFETCH_ASM = ("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; "
+                "mov.u32 $0, 0; }")
+
+
+def prefetch_tile(r: int) -> str:
+    """``_st_prefetch<r>``: prefetch into L2 the lines of tile ``(i0, ...)`` of shape
+    ``(t0, ...)``, one point every ``STEP`` elements of the last axis (a line's worth when the
+    last stride is 1). Not pure, so the compiler keeps it although its result is unused."""
+    head = (f"def _st_prefetch{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('i', r)}, "
+            f"{_cargs('t', r)}, STEP: tl.constexpr):")
+    body = []
+    for k in range(r):
+        if k == r - 1:
+            body.append(f"    o{k} = i{k} * t{k} + tl.arange(0, t{k} // STEP) * STEP")
+        else:
+            body.append(f"    o{k} = i{k} * t{k} + tl.arange(0, t{k})")
+    body.append("    off = " + " + ".join(f"o{k}{_bcast(k, r)} * s{k}" for k in range(r)))
+    body.append("    m = " + " & ".join(f"((o{k} >= 0) & (o{k} < n{k})){_bcast(k, r)}"
+                                        for k in range(r)))
+    body.append("    tl.inline_asm_elementwise(" + repr(PREFETCH_ASM) +
+                ", \"=r,l,r\", [ptr + tl.where(m, off, 0), m.to(tl.int32)], "
+                "dtype=tl.int32, is_pure=False, pack=1)")
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
 # Element-wise functions whose Triton spelling accepts only fp32/fp64 (``tl.exp`` etc.).
 FP32_MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "sigmoid")
 
@@ -151,6 +179,7 @@ def helper_source(name: str) -> str:
     for prefix, make in (("_st_substore", lambda r: sub_tile(r, True)),
                          ("_st_subload", lambda r: sub_tile(r, False)),
                          ("_st_scalar", load_scalar), ("_st_loadat", load_at),
+                         ("_st_prefetch", prefetch_tile),
                          ("_st_load", load_tile),
                          ("_st_dstore", desc_store_tile),
                          ("_st_store", store_tile)):

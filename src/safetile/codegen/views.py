@@ -9,6 +9,7 @@ from ..errors import LaunchError
 from .expressions import ExpressionEmitter, _kw
 
 TMA_MIN_INNER_BYTES = 16
+LINE_BYTES = 128           # an L2 cache line: the prefetch granule
 TMA_MAX_BOX = 256          # a tensor-map box has at most 256 elements along each axis
 
 
@@ -79,6 +80,8 @@ class ViewEmitter(ExpressionEmitter):
                 shp = ", ".join(self.parts(shape, s.rank))
                 helper = self.use(f"_st_loadat{s.rank}")
                 return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad)})"
+            if method == "prefetch":
+                return self.in_prefetch(node, f.value)
             if method == "load_scalar":
                 s = self.specs[name]
                 index = node.args[0]
@@ -129,6 +132,28 @@ class ViewEmitter(ExpressionEmitter):
         helper = self.use(f"_st_load{s.rank}")
         return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, {', '.join(shp)}, "
                 f"{pad_s}, {not nonneg})")
+
+    def in_prefetch(self, node, x) -> str:
+        """``x.prefetch(index, shape)``: an L2 prefetch of the tile ``load`` would read.
+
+        One prefetch per 128-byte line: along the last axis the points step by a line's
+        elements (``STEP``, known when the tile's last extent is a compile-time constant;
+        else every element is its own point). Lanes outside the tensor are predicated off,
+        so no address outside the view is ever touched."""
+        s = self.specs[x.id]
+        index = node.args[0] if node.args else _kw(node, "index")
+        shape = node.args[1] if len(node.args) > 1 else _kw(node, "shape")
+        block = self.static(shape)
+        if isinstance(block, int):
+            block = (block,)
+        step = 1
+        if isinstance(block, tuple) and len(block) == s.rank and block[-1] > 0:
+            step = max(1, min(block[-1], LINE_BYTES // s.dtype.itemsize))
+        idx = self.parts(index, s.rank)
+        shp = self.parts(shape, s.rank)
+        helper = self.use(f"_st_prefetch{s.rank}")
+        return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, {', '.join(shp)}, "
+                f"{step})")
 
     def coords(self, s: str, ind: str) -> list[str]:
         """Lines computing _st_i0.. (tile coordinates) from sequence position ``s``."""

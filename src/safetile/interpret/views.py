@@ -62,6 +62,17 @@ class InView:
         offset = _ints(offset, r, f"load_at of '{self.name}': offset")
         return Tile(_read_box(self._t, list(offset), shape, padding))
 
+    def prefetch(self, index, shape):
+        """An L2 prefetch hint: on the CPU nothing to do. The index and shape are checked as a
+        load's are; a box partly or wholly outside the tensor is legal (the GPU masks those
+        lanes off, as a load reads them as padding)."""
+        r = self._t.dim()
+        shape = _ints(shape, r, f"prefetch of '{self.name}': shape")
+        _ints(index, r, f"prefetch of '{self.name}': index")
+        if any(s <= 0 for s in shape):
+            raise ValueError(f"prefetch of '{self.name}': shape {shape} must be positive")
+        return None
+
     def load_scalar(self, index, padding=0):
         e = _ints(index, self._t.dim(), f"load_scalar of '{self.name}': index")
         if all(0 <= i < n for i, n in zip(e, self.shape)):

@@ -7,6 +7,8 @@ Rules (the ``rule`` tag each error carries):
 - ``param-assignment``: parameters are not assigned to.
 - ``ptr-needs-unsafe`` / ``atomic-needs-unsafe`` / ``unsafe-op``: raw pointers, atomics and
   pointer operations only in ``@st.kernel(unsafe=True)``.
+- ``prefetch``: ``x.prefetch(index, shape)`` only on ``In`` views, as a statement of its own
+  (an L2 hint that delivers no value, so it cannot observe data; see ``lang``).
 - ``call``: only ``safetile.lang`` operations, view methods, ``@st.function`` helpers and
   ``range min max abs float`` may be called.
 - ``no-out``: a safe kernel declares at least one ``Out`` (its grid is the launch grid).
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 
 from .source import KernelSource, Scope, assigned_names
 
-IN_METHODS = {"load", "load_at", "load_scalar"}
+IN_METHODS = {"load", "load_at", "load_scalar", "prefetch"}
 IN_ATTRS = {"shape"}
 OUT_METHODS = {"load", "store", "partition", "tiles"}
 OUT_ATTRS = {"shape", "index"}
@@ -50,6 +52,7 @@ class BodyChecker(ast.NodeVisitor):
         if is_function:
             local_names |= {a.arg for a in src.tree.args.args}
         self.info = BodyInfo(Scope(src.fn, params, local_names))
+        self.statement_call = None          # the call an expression statement consists of
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, node, rule, message):
@@ -118,6 +121,7 @@ class BodyChecker(ast.NodeVisitor):
             self.visit(node.value)
 
     def visit_Expr(self, node):
+        self.statement_call = node.value
         self.visit(node.value)
 
     def check_target(self, target):
@@ -299,7 +303,16 @@ class BodyChecker(ast.NodeVisitor):
                           f"declare the destination as st.Out and store its owned tile")
             if method not in IN_METHODS:
                 self.fail(node, "call", f"In '{name}' has no method '{method}'")
+            if method == "prefetch" and node is not self.statement_call:
+                self.fail(node, "prefetch",
+                          f"`{name}.prefetch(index, shape)` is a statement of its own: it "
+                          f"reads nothing into the program, so it has no value")
         elif kind in ("Out", "tile"):
+            if method == "prefetch":
+                self.fail(node, "prefetch",
+                          f"prefetch of Out '{name}': only In views may be prefetched (an "
+                          f"owned tile's reads are ordered by its token chain; a prefetch "
+                          f"outside that chain is not allowed)")
             if method not in OUT_METHODS:
                 self.fail(node, "call", f"Out '{name}' has no method '{method}'")
             if method == "store":

@@ -42,21 +42,44 @@ DEFAULT_STAGES = 3
 # Programmatic dependent launch of the split and merge kernels measured 0.2-1.2 us slower
 # per attention on the H200 (the same results), so it is off by default.
 DEFAULT_PDL = False
+# L2 prefetch of each split's first key blocks before the length read (and the pdl wait);
+# it needs the block-cyclic split assignment (see decode_split_kernel). Off until measured.
+DEFAULT_PREFETCH = 0
 
 
 @st.kernel
 def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
                         length: st.In[st.i32, 1], o: st.Out[st.f32, 4], lse: st.Out[st.f32, 4],
-                        qk_scale: float, BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int]):
-    """Partial attention of one kv head's q group over one split of the valid cache."""
+                        qk_scale: float, BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int],
+                        CYCLIC: st.Const[bool], PREFETCH: st.Const[int]):
+    """Partial attention of one kv head's q group over one split of the valid cache.
+
+    ``CYCLIC``: split ``s`` takes key blocks ``s, s + S, s + 2S, ...`` (S splits) instead of
+    one contiguous run; its blocks are then known before the length is, so the first
+    ``PREFETCH`` of them (K and V) are prefetched into L2 before the length is read (and, with
+    pdl, before the wait for the previous kernel). A prefetch delivers no value, so the rows it
+    touches (even one the previous kernel is appending) cannot change any result; blocks past
+    the cache are masked off, blocks past the valid length are wasted bandwidth (up to
+    ``PREFETCH * S`` blocks per head at a short context)."""
     kvh, split, _, _ = o.index
     group = q.shape[0] // k.shape[0]
     # The launch has one program per (kv head, split): the split count is the grid's.
     num_splits = sl.num_blocks(0) // k.shape[0]
+    if CYCLIC:
+        for p in range(PREFETCH):
+            k.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
+            v.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
     n = length.load_scalar((0,)) + LENGTH_OFFSET
-    chunk = sl.cdiv(sl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    stop = min(start + chunk, n)
+    if CYCLIC:
+        stop = n
+        # The partial last block (if any) belongs to the split its index falls to.
+        tail = (n % BLOCK_N != 0) & ((n // BLOCK_N) % num_splits == split)
+    else:
+        chunk = sl.cdiv(sl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
+        start = split * chunk
+        stop = min(start + chunk, n)
+        # Only the split holding the end of the valid length has a partial last block.
+        tail = (stop > start) & (stop % BLOCK_N != 0)
     # Rows past the group read the next heads' queries (or zeros past the last head): finite
     # values whose results the merge never reads.
     qt = q.load_at((kvh * group, 0), (o.shape[2], o.shape[3]))
@@ -64,12 +87,21 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     l_i = sl.zeros((o.shape[2],), st.f32)
     acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
     # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
-    for j in range(start // BLOCK_N, stop // BLOCK_N):
-        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-        m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i, acc)
-    # Only the split holding the end of the valid length has a partial last block.
-    if (stop > start) & (stop % BLOCK_N != 0):
+    # (The two loops differ only in their range: a compile-time step of 1 keeps the
+    # contiguous loop exactly as it was.)
+    if CYCLIC:
+        for j in range(split, n // BLOCK_N, num_splits):
+            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
+                                                acc)
+    else:
+        for j in range(start // BLOCK_N, stop // BLOCK_N):
+            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
+                                                acc)
+    if tail:
         j = stop // BLOCK_N
         kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
         vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
@@ -157,9 +189,13 @@ def _check_length(length) -> None:
 def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspace, *,
                            scale: float | None = None, length_offset: int = 0,
                            block_n: int = 64, num_warps: int = 4,
-                           num_stages: int = DEFAULT_STAGES, pdl: bool = False):
+                           num_stages: int = DEFAULT_STAGES, pdl: bool = False,
+                           prefetch: int = 0, cyclic: bool | None = None):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
-    ``pdl``: launch with programmatic dependent launch (see ``Kernel.options``)."""
+    ``pdl``: launch with programmatic dependent launch (see ``Kernel.options``).
+    ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
+    (default: when prefetching); ``prefetch``: how many of those blocks of K and V each program
+    prefetches into L2 before it reads the length (needs ``cyclic``)."""
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     _check_length(length)
     ws = workspace
@@ -167,11 +203,16 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
         raise ValueError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
+    cyclic = prefetch > 0 if cyclic is None else bool(cyclic)
+    if prefetch < 0 or (prefetch and not cyclic):
+        raise ValueError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
+                         f"count >= 0 (a contiguous split's first block depends on the length)")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
     op = _split_kernel(num_warps, num_stages, pdl)(q, k_cache, v_cache, length, po, pl,
-                                              scale * LOG2E, block_n, length_offset)
+                                              scale * LOG2E, block_n, length_offset, cyclic,
+                                              int(prefetch))
     return host.returning(op, ws)
 
 
@@ -193,19 +234,22 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0, block_n: int = 64,
                      num_splits: int | None = None, num_warps: int = 4,
-                     num_stages: int = DEFAULT_STAGES, pdl: bool = DEFAULT_PDL):
+                     num_stages: int = DEFAULT_STAGES, pdl: bool = DEFAULT_PDL,
+                     prefetch: int = DEFAULT_PREFETCH, cyclic: bool | None = None):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
     given; pass both inside graph scopes. ``pdl`` launches both kernels with programmatic
-    dependent launch. Returns a ``DeviceOp`` whose output is ``out``.
+    dependent launch; ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
+    ``DeviceOp`` whose output is ``out``.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
-                                   num_warps=num_warps, num_stages=num_stages, pdl=pdl)
+                                   num_warps=num_warps, num_stages=num_stages, pdl=pdl,
+                                   prefetch=prefetch, cyclic=cyclic)
     return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl))

@@ -26,7 +26,10 @@ OUT_DTYPES = st.bf16 | st.f16 | st.f32
 class GemvConfig:
     """Rows per program ``bn``, K block ``bk``, warps, and the K loop's pipeline depth;
     ``pdl``: programmatic dependent launch (scheduled during the previous kernel's tail,
-    waiting for it on the device; see ``Kernel.options``)."""
+    waiting for it on the device; see ``Kernel.options``); ``prefetch``: how many of the
+    program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
+    its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
+    only issued at the program's start)."""
 
     bn: int
     bk: int
@@ -34,6 +37,7 @@ class GemvConfig:
     num_stages: int
     tma: bool = True
     pdl: bool = False
+    prefetch: int = 0
 
 
 def _pdl_default() -> bool:
@@ -59,13 +63,18 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(BK: int):
-    """The gemv kernel for K block ``BK`` (a compile-time constant of the body)."""
+def _kernel(BK: int, PREFETCH: int = 0):
+    """The gemv kernel for K block ``BK`` that prefetches its first ``PREFETCH`` blocks of
+    ``W`` (compile-time constants of the body)."""
 
     @st.kernel
     def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1]):
         """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32."""
         i = y.index[0]
+        # W is an In: nothing this launch can observe depends on when it reaches L2, so
+        # these hints go before the programmatic-launch wait (blocks past K are masked off).
+        for p in range(PREFETCH):
+            w.prefetch((i, p), (y.shape[0], BK))
         acc = sl.zeros((y.shape[0], BK), st.f32)
         for k in range(sl.cdiv(w.shape[1], BK)):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
@@ -99,6 +108,6 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = _kernel(cfg.bk).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
+    kern = _kernel(cfg.bk, cfg.prefetch).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
                                    tma=cfg.tma, pdl=cfg.pdl)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,))), y)
