@@ -45,8 +45,8 @@ PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # K/V blocks into L2 before it reads the length (and, with pdl, before the wait).
 # Sweeps 1-2 (2026-11-30, results/attention_decode_sweep1.json and the attention.json of
 # a6ce71b): 4/5 stages, 32 splits and 32-key blocks within 1 us of (16, 64, 3) at 8k and 32k,
-# pdl 0.2-1.2 us slower. This sweep: the default against cyclic splits with and without
-# prefetch and pdl.
+# pdl 0.2-1.2 us slower. Sweep 3 (results/attention_prefetch.json): contiguous splits (the
+# default then) against cyclic splits (now the default) with and without prefetch and pdl.
 DECODE_CONFIGS = [(16, 64, 3, False, False, 0), (16, 64, 3, True, True, 2),
                   (16, 64, 3, False, True, 0), (16, 64, 3, True, True, 4),
                   (16, 64, 3, False, True, 2), (16, 64, 3, True, False, 0)]

@@ -15,9 +15,11 @@ head, too little work for one program per head. Two kernels:
    takes every q head of its group at once (a (GP, D) tile, GP = G padded to a power of two
    >= 16 for the tensor cores), so each KV block is read once per group, not once per q head;
    the owned tile is (1, 1, GP, D) over a G-row axis, so the padding rows are masked off at the
-   store and the partials cost G/GP of the bytes (a quarter for Qwen3's G = 4). The
-   splits divide the valid length evenly at run time, in whole key blocks; a split past the
-   end stores an empty result (output 0, log-sum-exp -inf).
+   store and the partials cost G/GP of the bytes (a quarter for Qwen3's G = 4). By default
+   split ``s`` of ``S`` takes key blocks ``s, s + S, s + 2S, ...`` of the valid length
+   (block-cyclic; ``cyclic=False``: the valid length divided evenly at run time into
+   contiguous runs of whole blocks); a split with no block stores an empty result (output 0,
+   log-sum-exp -inf).
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
    partial rows weighted by ``exp2(lse_s - max lse)``.
 """
@@ -42,8 +44,16 @@ DEFAULT_STAGES = 3
 # Programmatic dependent launch of the split and merge kernels measured 0.2-1.2 us slower
 # per attention on the H200 (the same results), so it is off by default.
 DEFAULT_PDL = False
-# L2 prefetch of each split's first key blocks before the length read (and the pdl wait);
-# it needs the block-cyclic split assignment (see decode_split_kernel). Off until measured.
+# Block-cyclic splits (every S-th key block) against contiguous runs: on the H200
+# (results/attention_prefetch.json, 2026-11-30, 8k context) the decode-like stream took 15.22
+# vs 15.56 us per attention (14.35 vs 14.83 us with a clean L2); a single attention tied. All
+# 16 splits of a head then stream neighbouring blocks at once, and the blocks spread evenly
+# over the splits at any length (contiguous runs round up to whole blocks per split).
+DEFAULT_CYCLIC = True
+# L2 prefetch of each split's first K/V blocks before the length read (and the pdl wait);
+# it needs cyclic splits. Measured there: 2 blocks with pdl 15.18 us (a tie with cyclic
+# alone), 4 blocks with pdl 15.55, 2 without pdl 16.08: off. The prefetched bytes compete
+# with the previous kernel's stream, and past a short valid length they are wasted.
 DEFAULT_PREFETCH = 0
 
 
@@ -190,11 +200,11 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            scale: float | None = None, length_offset: int = 0,
                            block_n: int = 64, num_warps: int = 4,
                            num_stages: int = DEFAULT_STAGES, pdl: bool = False,
-                           prefetch: int = 0, cyclic: bool | None = None):
+                           prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
     ``pdl``: launch with programmatic dependent launch (see ``Kernel.options``).
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
-    (default: when prefetching); ``prefetch``: how many of those blocks of K and V each program
+    (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``)."""
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     _check_length(length)
@@ -203,7 +213,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
         raise ValueError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
-    cyclic = prefetch > 0 if cyclic is None else bool(cyclic)
+    cyclic = bool(cyclic)
     if prefetch < 0 or (prefetch and not cyclic):
         raise ValueError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
                          f"count >= 0 (a contiguous split's first block depends on the length)")
@@ -235,7 +245,7 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0, block_n: int = 64,
                      num_splits: int | None = None, num_warps: int = 4,
                      num_stages: int = DEFAULT_STAGES, pdl: bool = DEFAULT_PDL,
-                     prefetch: int = DEFAULT_PREFETCH, cyclic: bool | None = None):
+                     prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 

@@ -55,7 +55,12 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch: in a
     graph of back-to-back gemvs (results/gemv.json, H200, 2026-11-30) it took 0.1-0.6 us off
-    each, the most on the shortest (o: 8.09 -> 7.49 us)."""
+    each, the most on the shortest (o: 8.09 -> 7.49 us).
+
+    ``prefetch`` stays 0: prefetching the first 2 W blocks into L2 before the pdl wait took
+    -0.2 (qkv) to +1.0 us (down) per gemv in that stream, and the whole slab +2.4 to +11 us
+    (results/gemv_prefetch.json, H200, 2026-11-30): the early bytes compete with the previous
+    gemv's own stream rather than filling an idle gap."""
     bn = 16
     while bn > 4 and n // bn < 3 * sms:
         bn //= 2
