@@ -108,8 +108,9 @@ class Kernel:
         scheduled while the previous kernel on the stream still runs, so its launch latency
         hides behind that kernel's tail. Every program first executes ``griddepcontrol.wait``
         (it returns once the previous grids have completed and their writes are visible)
-        before anything else, so ordering is exactly that of a plain launch; it then signals
-        that the next PDL kernel may be scheduled.
+        before any load or store (only index arithmetic and ``x.prefetch`` L2 hints of In
+        views may precede it: they deliver no value), so ordering is exactly that of a plain
+        launch; it then signals that the next PDL kernel may be scheduled.
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:

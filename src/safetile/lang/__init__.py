@@ -4,8 +4,10 @@ Inside an ``@st.kernel`` body, parameters are views:
 - ``st.In`` x: ``x.shape[i]``, ``x.load(index, shape, padding=0)`` (tile-grid index; elements
   outside the tensor read as ``padding``), ``x.load_at(offset, shape, padding=0)`` (the box at
   an element offset, e.g. a window starting at a position read from the device),
-  ``x.load_scalar(index, padding=0)`` (one element at an element index), and
-  ``sl.load_like(x, z)``.
+  ``x.load_scalar(index, padding=0)`` (one element at an element index),
+  ``sl.load_like(x, z)``, and ``x.prefetch(index, shape)`` (a statement: an L2 prefetch hint
+  of the tile ``load`` would read; it delivers no value, so it cannot observe data or race,
+  and under ``pdl=True`` leading prefetches are issued before the wait for the previous grid).
 - ``st.Out`` z: ``z.shape`` (tile shape), ``z.index`` (tile index), ``z.load()``,
   ``z.store(tile)``, ``z.partition(sub_shape)`` (stores inside the owned slab:
   ``.store(tile, sub_index)``), and ``for t in z.tiles():`` (the owned tiles of a persistent
