@@ -30,6 +30,7 @@ import math
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 from .flash_attention import LOG2E, check_gqa, online_softmax_step
 
@@ -192,7 +193,7 @@ def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False):
 def _check_length(length) -> None:
     host.check_value("ops.decode_attention: length", length)
     if length.dtype is not st.i32 or tuple(length.shape) != (1,):
-        raise ValueError(f"ops.decode_attention: length must be an int32 tensor of shape (1,), "
+        raise ArgumentError(f"ops.decode_attention: length must be an int32 tensor of shape (1,), "
                          f"got {length.dtype!r} {tuple(length.shape)}")
 
 
@@ -210,12 +211,12 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     _check_length(length)
     ws = workspace
     if (tuple(ws.partial.shape) != (hkv, ws.num_splits, ws.group, d) or ws.group != hq // hkv):
-        raise ValueError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
+        raise ArgumentError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
     cyclic = bool(cyclic)
     if prefetch < 0 or (prefetch and not cyclic):
-        raise ValueError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
+        raise ArgumentError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
                          f"count >= 0 (a contiguous split's first block depends on the length)")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))

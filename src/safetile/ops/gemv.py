@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import safetile as st
 import safetile.lang as sl
 
+from ..errors import ArgumentError
 from . import host
 
 IN_DTYPES = st.bf16 | st.f16 | st.f32
@@ -99,16 +100,16 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     host.check_value("ops.gemv: w", w)
     host.check_value("ops.gemv: x", x)
     if w.ndim != 2:
-        raise ValueError(f"ops.gemv: w must be an (N, K) matrix, got shape {w.shape}")
+        raise ArgumentError(f"ops.gemv: w must be an (N, K) matrix, got shape {w.shape}")
     n, k = w.shape
     row = x.ndim == 2
     if tuple(x.shape) not in ((k,), (1, k)):
-        raise ValueError(f"ops.gemv: x must have shape ({k},) or (1, {k}) for w {w.shape}, got "
+        raise ArgumentError(f"ops.gemv: x must have shape ({k},) or (1, {k}) for w {w.shape}, got "
                          f"{x.shape}")
     host.same_dtype("ops.gemv", w, x)
     if row:
         if not hasattr(x, "view"):
-            raise ValueError("ops.gemv: a Shared x must be 1-D (K,)")
+            raise ArgumentError("ops.gemv: a Shared x must be 1-D (K,)")
         x = x.view(k)
     out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
