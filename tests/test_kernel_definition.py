@@ -258,3 +258,37 @@ def test_unsafe_kernel_runs_inside_unsafe_block():
     buf, n = op.sync()
     assert n == 5
     assert torch.equal(buf.to_torch(), torch.tensor([1.0] * 5 + [0.0] * 3))
+
+
+def test_slicing_a_tile_with_bounds_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+            t = sl.load_like(x, z)
+            z.store(t[:, :1])  # <- tile-slice
+    assert_definition_error(ei, "tile-slice", "tile-slice")
+
+
+def test_adding_axes_with_none_and_colon_is_allowed():
+    @st.kernel
+    def good(x: st.In[st.f32], z: st.Out[st.f32, 2]):
+        row = x.load(z.index[1], z.shape[1])
+        z.store(sl.broadcast_to(row[None, :], z.shape))
+    assert good.name == "good"
+
+
+def test_comprehensions_and_lambdas_are_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            parts = [sl.load_like(x, z) for _ in range(2)]  # <- comprehension
+            z.store(parts[0])
+    assert_definition_error(ei, "expression", "comprehension")
+
+
+def test_walrus_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store((t := sl.load_like(x, z)) * t)  # <- walrus
+    assert_definition_error(ei, "expression", "walrus")

@@ -12,6 +12,8 @@ Rules (the ``rule`` tag each error carries):
 - ``call``: only ``safetile.lang`` operations, view methods, ``@st.function`` helpers and
   ``range min max abs float`` may be called.
 - ``no-out``: a safe kernel declares at least one ``Out`` (its grid is the launch grid).
+- ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts or
+  sets; tiles are indexed only with ``:`` and ``None`` (Triton cannot slice a tile).
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
   ``pass`` (and ``return`` in functions); every name must resolve.
 """
@@ -22,6 +24,9 @@ from dataclasses import dataclass, field
 
 from .source import KernelSource, Scope, assigned_names
 
+ALLOWED_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call,
+                       ast.Constant, ast.Attribute, ast.Subscript, ast.Name, ast.Tuple, ast.List,
+                       ast.Slice)
 IN_METHODS = {"load", "load_at", "load_scalar", "prefetch"}
 IN_ATTRS = {"shape"}
 OUT_METHODS = {"load", "store", "partition", "tiles"}
@@ -109,7 +114,22 @@ class BodyChecker(ast.NodeVisitor):
             self.fail(node, "statement",
                       f"`{type(node).__name__}` statements are not allowed in a kernel; use "
                       f"assignments, expressions, `for ... in range(...)`, `if` and `pass`")
+        if isinstance(node, ast.expr) and not isinstance(node, ALLOWED_EXPRESSIONS):
+            self.fail(node, "expression",
+                      f"`{ast.unparse(node)}`: {type(node).__name__} expressions are not part of "
+                      f"the kernel language (no lambdas, comprehensions, `:=`, f-strings, dicts "
+                      f"or sets); write the loop or the value out")
         super().generic_visit(node)
+
+    def visit_Subscript(self, node):
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        for part in parts:
+            if isinstance(part, ast.Slice) and (part.lower or part.upper or part.step):
+                self.fail(node, "tile-slice",
+                          f"`{ast.unparse(node)}`: tiles cannot be sliced on the GPU (only `:` "
+                          f"and `None` index a tile, to add axes); load the part you need with "
+                          f"its own shape instead")
+        self.generic_visit(node)
 
     def visit_Pass(self, node):
         pass
