@@ -190,3 +190,40 @@ def test_an_op_dropped_without_running_hands_its_arguments_back():
     gc.collect()
     assert x.to_torch().tolist() == [1, 2, 3, 4]
     assert active_holds() == []
+
+
+def test_borrows_outlive_the_early_hand_back_until_the_execution_finishes():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    seen = {}
+
+    def after(x, y, z):
+        seen["holders"] = [h for h, *_ in active_holds()]
+        t = z.unpartition()
+        seen["read"] = t.to_torch().tolist()                    # same execution: allowed
+        return add(x, y, t.partition((2,)))                     # same storage, same execution
+
+    add(x, y, out()).then(after).sync()
+    assert any("add" in h for h in seen["holders"])
+    assert seen["read"] == [2, 3, 4, 5]
+    assert active_holds() == []
+
+
+def test_another_thread_cannot_write_storage_an_unfinished_execution_still_borrows():
+    import threading
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    errors = []
+
+    def after(x, y, z):
+        t = z.unpartition()
+        def other_thread():
+            try:
+                add(x, y, t.view(4).partition((2,))).sync()
+            except Exception as e:               # AliasError: the first add is not finished
+                errors.append(e)
+        th = threading.Thread(target=other_thread)
+        th.start()
+        th.join()
+        return add(x, y, t.partition((2,)))
+
+    add(x, y, out()).then(after).sync()
+    assert len(errors) == 1 and type(errors[0]).__name__ == "AliasError"

@@ -5,7 +5,8 @@ submitted in one loop iteration are batched: at the end of the iteration one CUD
 stream is recorded after all of them and handed to the *reactor*, a daemon thread that
 waits on events in order (``event.synchronize()``, which releases the GIL) and then posts
 one ``call_soon_threadsafe`` per batch to the loop. The loop thread never spins or blocks;
-the completion step settles each op (hands its values back) and resolves its future.
+the completion step finishes each op (ends its borrows, hands its values back) and resolves
+its future.
 
 Shapes: ``await op`` submits at once and waits on the op's future (no coroutine or Task of
 its own). ``st.submit(op)`` returns that ``asyncio.Future``: ``asyncio.gather`` of futures
@@ -25,6 +26,7 @@ import queue
 import threading
 import weakref
 
+from ..tensor import borrows
 from . import streams
 from .op import RunContext, _state, executing
 
@@ -49,8 +51,11 @@ def submit(op, stream=None) -> "asyncio.Future":
         with executing("await op"):             # raises ExecutionError
             pass
     _state.busy = "execution"
+    owner = borrows._owner
+    outer_owner = getattr(owner, "ctx", None)
     try:
         ctx = RunContext(streams.resolve(stream))
+        owner.ctx = ctx                         # `with borrows.owned_by(ctx)`, inlined
         try:
             if stream is None:
                 out = op._run(ctx)
@@ -60,9 +65,10 @@ def submit(op, stream=None) -> "asyncio.Future":
         except BaseException:
             op._abandon()
             ctx.stream.synchronize()            # rare: let enqueued work finish, then hand back
-            ctx.settle()
+            ctx.finish()
             raise
     finally:
+        owner.ctx = outer_owner
         _state.busy = None
     fut = loop.create_future()
     b = _last[0]
@@ -125,7 +131,7 @@ def _complete(entries, error) -> None:
     """On the loop thread: hand values back and resolve the futures."""
     for ctx, out, fut in entries:
         try:
-            ctx.settle()
+            ctx.finish()
         except BaseException as e:            # a release failed: report it to the awaiter
             if not fut.done():
                 fut.set_exception(e)
@@ -162,7 +168,7 @@ class _Reactor:
             except RuntimeError:              # the loop was closed: hand values back here
                 for ctx, _, _ in entries:
                     try:
-                        ctx.settle()
+                        ctx.finish()
                     except BaseException:
                         pass
 

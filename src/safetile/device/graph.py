@@ -55,12 +55,13 @@ class GraphScope:
         with executing(f"a record into {self.reason}"):
             ctx = RunContext(None, recording=self.records)
             try:
-                out = op._run(ctx)
+                with borrows.owned_by(ctx):
+                    out = op._run(ctx)
             except BaseException:
                 op._abandon()
-                ctx.settle()
+                ctx.finish()
                 raise
-            ctx.settle()
+            ctx.finish()
         self.outputs.append(out)
         return out
 
@@ -214,7 +215,8 @@ class GraphLaunchOp(DeviceOp):
             return g.output
         reads, writes = g._borrows
         hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes)
-        ctx.defer(hold.release)
+        hold.owner = ctx
+        ctx.at_finish(hold.release)
         g._replay(ctx)
         return g.output
 

@@ -11,8 +11,8 @@ class KernelOp(DeviceOp):
     Built by ``kernel(...)`` (``kernel/launch.py``) with the arguments already checked, moved
     in and their storage borrowed (``hold``): ``values`` are the arguments in parameter order
     (what the op hands back), ``plan`` the ``LaunchPlan`` of their checked facts. Running it
-    enqueues the kernel and defers the hand-back (``_release``) to the execution's settle
-    step. Inside a graph recording it appends itself to the recording instead of executing;
+    enqueues the kernel, defers the hand-back of the handles (``_hand_back``) to the
+    execution's settle step and the end of its storage borrows to the execution's finish. Inside a graph recording it appends itself to the recording instead of executing;
     a graph replays it through ``_execute``, which launches without touching ownership.
     """
 
@@ -41,18 +41,21 @@ class KernelOp(DeviceOp):
     def _values(self) -> tuple:
         return self.values
 
-    def _release(self) -> None:
-        """Hand every argument back (idempotent): end the borrows, then make the handles
-        live again (in that order, so a relaunch from another thread never meets this op's
-        own borrows)."""
+    def _hand_back(self) -> None:
+        """Make the argument handles live again (idempotent). The storage borrows stay until
+        the execution finishes (``hold.release``), so other launches still see them."""
         if self._released:
             return
         self._released = True
         values = self.values
         with LOCK:
-            self.hold.release()
             for i, _ in self.plan.moves:
                 values[i]._restore_locked()
+
+    def _release(self) -> None:
+        """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
+        self.hold.release()
+        self._hand_back()
 
     def _execute(self, stream: int = 0) -> None:
         """Launch on the raw CUDA stream handle ``stream`` (or run on the CPU executor)."""
@@ -72,7 +75,10 @@ class KernelOp(DeviceOp):
         if self._consumed:
             self._take()                          # raises: an op runs once
         self._consumed = True
-        ctx._settle.append(self._release)
+        hold = self.hold
+        hold.owner = ctx                          # ordered with the rest of this execution
+        ctx._finish.append(hold.release)
+        ctx._settle.append(self._hand_back)
         if ctx.recording is not None:
             ctx.recording.append(self)
             return self.values

@@ -1,10 +1,15 @@
 """``DeviceOp``: a lazy unit of device work whose output is the values it hands back.
 
-An op runs inside a ``RunContext`` (a stream and the releases still owed). ``_run`` enqueues
-the work and returns the op's output; the values' ownership is restored by the context's
-*settle* step, after the work is known to be ordered before any later use: at ``sync`` (after
-the stream is synchronized), at completion of ``await``, or before a ``then`` callback (whose
-next op runs on the same stream, so it is ordered after this one).
+An op runs inside a ``RunContext`` (a stream and what is still owed). ``_run`` enqueues the
+work and returns the op's output. Two things are owed back, at two different times:
+
+- *settle*: the argument handles become usable again. This happens once the work is ordered
+  before any later use: before a ``then``/``map`` callback (the next op runs on the same
+  stream, after this one) and when the execution finishes.
+- *finish*: the storage borrows end. This happens only when the work is complete: after the
+  stream is synchronized (``sync``), or when the CUDA event of an ``await`` has fired. Until
+  then every other launch, thread or host read still meets the borrows (``AliasError`` /
+  ``BorrowError``), while ops of the same execution, ordered on its stream, do not.
 
 Output convention: a ``KernelOp``'s output is the tuple of all its arguments; combinators
 produce whatever they say (``map``: what ``f`` returns; ``zip``: a tuple of outputs). When an
@@ -21,6 +26,7 @@ import contextlib
 import threading
 
 from ..errors import ExecutionError
+from ..tensor import borrows
 from . import streams
 
 _state = threading.local()
@@ -39,17 +45,37 @@ class RunContext:
     list while a graph records (ops append their launches instead of executing them).
     """
 
-    __slots__ = ("stream", "handle", "recording", "_settle")
+    __slots__ = ("stream", "handle", "recording", "_settle", "_finish")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
         self.handle = stream.cuda_stream if stream is not None else 0
         self.recording = recording
         self._settle: list = []
+        self._finish: list = []
 
     def defer(self, fn) -> None:
         """Run ``fn`` when the work enqueued so far is ordered before host use."""
         self._settle.append(fn)
+
+    def at_finish(self, fn) -> None:
+        """Run ``fn`` when the execution's work is complete (before the final settle)."""
+        self._finish.append(fn)
+
+    def finish(self) -> None:
+        """The work is complete: end every borrow, then hand every value back."""
+        pending, self._finish = self._finish, []
+        error = None
+        for fn in pending:
+            try:
+                fn()
+            except BaseException as e:            # keep releasing; report the first failure
+                error = error or e
+        try:
+            self.settle()
+        finally:
+            if error is not None:
+                raise error
 
     def settle(self) -> None:
         """Run every deferred release (in order; all of them, even if one raises)."""
@@ -175,8 +201,11 @@ class DeviceOp:
             with executing("op.sync()"):          # raises ExecutionError
                 pass
         _state.busy = "execution"
+        owner = borrows._owner
+        outer_owner = getattr(owner, "ctx", None)
         try:
             ctx = RunContext(streams.resolve(stream))
+            owner.ctx = ctx                         # `with borrows.owned_by(ctx)`, inlined
             try:
                 if stream is None:                  # already torch's current stream
                     out = self._run(ctx)
@@ -189,10 +218,11 @@ class DeviceOp:
                 self._abandon()
                 if ctx.stream is not None:          # let enqueued work finish before handing back
                     ctx.stream.synchronize()
-                ctx.settle()
+                ctx.finish()
                 raise
-            ctx.settle()
+            ctx.finish()
         finally:
+            owner.ctx = outer_owner
             _state.busy = None
         return out
 

@@ -29,6 +29,8 @@ extents, which it re-verifies) and calls :func:`register` directly.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Sequence
 
 import torch
@@ -46,6 +48,28 @@ __all__ = ["acquire", "prepare", "register", "by_device", "Extent", "Hold", "che
 
 #: Holds per device scanned directly; above this many in flight, an address index is kept.
 SMALL = 4
+
+# The execution running on this thread (the device layer's RunContext), or None. Holds of
+# operations that run in one execution are ordered by that execution's stream, so they never
+# conflict with each other, nor with host reads made from its callbacks (which are ordered on
+# the same stream); they still conflict with everything else until the execution finishes.
+_owner = threading.local()
+
+
+def current_owner():
+    """The execution running on this thread, or None (see ``owned_by``)."""
+    return getattr(_owner, "ctx", None)
+
+
+@contextlib.contextmanager
+def owned_by(ctx):
+    """Mark ``ctx`` as the execution running on this thread while the block runs."""
+    outer = getattr(_owner, "ctx", None)
+    _owner.ctx = ctx
+    try:
+        yield
+    finally:
+        _owner.ctx = outer
 
 
 class _Index:
@@ -118,14 +142,17 @@ class _Registry:
             return self.index.near(lo, hi)
         return [(e, h) for h, extents in self.holds.items() for e in extents]
 
-    def conflict(self, x: Extent):
+    def conflict(self, x: Extent, owner=None):
         """The first held ``(extent, hold)`` that conflicts with the new extent ``x`` (a new
         write conflicts with any held extent it overlaps, a new read only with held writes),
-        or None. The per-launch query: the index walk and the interval test are inlined."""
+        or None. Holds of the execution ``owner`` (not None) are ordered with it and skipped.
+        The per-launch query: the index walk and the interval test are inlined."""
         lo, hi, write = x.lo, x.hi, x.write
         index = self.index
         if index is None:
             for h, extents in self.holds.items():
+                if owner is not None and h.owner is owner:
+                    continue
                 for e in extents:
                     if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
                         return e, h
@@ -138,12 +165,14 @@ class _Registry:
                     bucket = get(b)
                     if bucket is not None:
                         for e, h in bucket:
-                            if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                            if (write or e.write) and e.lo < hi and lo < e.hi and \
+                                    (owner is None or h.owner is not owner) and _overlap(x, e):
                                 return e, h
             else:
                 for bucket in level.values():
                     for e, h in bucket:
-                        if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                        if (write or e.write) and e.lo < hi and lo < e.hi and \
+                                (owner is None or h.owner is not owner) and _overlap(x, e):
                             return e, h
         return None
 
@@ -221,12 +250,14 @@ def _where(a: Extent, b: Extent) -> str:
 class Hold:
     """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent).
 
-    ``tensors`` keeps the held tensors alive (extents refer to them weakly)."""
+    ``tensors`` keeps the held tensors alive (extents refer to them weakly); ``owner`` is the
+    execution the operation runs in (set when it runs), whose own launches it never blocks."""
 
-    __slots__ = ("holder", "_regs", "_released", "tensors", "__weakref__")
+    __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "__weakref__")
 
-    def __init__(self, holder: str, tensors=()):
+    def __init__(self, holder: str, tensors=(), owner=None):
         self.holder = holder
+        self.owner = owner
         self.tensors = tensors
         self._regs: list = []                 # the registries this hold is in
         self._released = False
@@ -290,7 +321,8 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
     them: a write may overlap no held extent, a read no held write (``AliasError``, and
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it. The caller need not hold ``LOCK``."""
-    hold = Hold(holder, tensors)
+    owner = getattr(_owner, "ctx", None)
+    hold = Hold(holder, tensors, owner)
     if groups is None:
         groups = by_device(extents)
     with LOCK:
@@ -301,7 +333,7 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
             if not reg.holds:
                 continue
             for x in mine:
-                found = reg.conflict(x)
+                found = reg.conflict(x, owner)
                 if found is not None:
                     _raise_external(holder, x, found[0], found[1])
         for device, mine in groups:
@@ -341,14 +373,16 @@ def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
 
 def _conflicting(t: torch.Tensor, writes_only: bool):
     """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``)."""
-    if not any(reg.holds for reg in _REGISTRIES.values()):   # fast path: nothing in flight
+    if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
+    owner = getattr(_owner, "ctx", None)
     with LOCK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
             for e, h in reg.near(x.lo, x.hi):
-                if (e.write or not writes_only) and _overlap(x, e):
+                if (e.write or not writes_only) and (owner is None or h.owner is not owner) \
+                        and _overlap(x, e):
                     return e, h
     return None
 
