@@ -143,3 +143,10 @@ def test_an_out_whose_elements_overlap_is_rejected():
     repeated = st.from_torch(torch.zeros(1, 8).expand(8, 8))  # stride 0: rows share memory
     with pytest.raises(st.LaunchError, match=r"parameter 'z'.*overlapping elements"):
         scale(x2(), repeated.partition((4, 4)), 2.0, 1)
+
+
+def test_a_tensor_whose_offsets_pass_2_to_the_31_is_refused_before_launch():
+    # A strided view on the meta device: the shape and strides of a 12 GB tensor, no memory.
+    wide = torch.empty(0, device="meta").as_strided((3, 1 << 20), (1 << 30, 1))
+    with pytest.raises(st.LaunchError, match="2\\*\\*31"):
+        scale(st.from_torch(wide), z2(), 1.0, 1)

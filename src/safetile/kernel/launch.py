@@ -23,6 +23,7 @@ from . import plan as _plans
 from .kernel import in_unsafe_block
 
 TMA_MAX_RANK = 5
+MAX_OFFSET = 2**31 - 1      # the largest element offset a generated kernel computes safely
 
 
 @dataclass(slots=True)
@@ -88,6 +89,13 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         if kind == "Out" and not t.is_contiguous() and self_overlapping(t):
             raise _fail(kernel, name, f"the partitioned tensor has overlapping elements (strides "
                                       f"{t.stride()}): distinct tiles would share memory")
+        if kind != "Ptr" and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) > MAX_OFFSET:
+            # Generated kernels compute element offsets in 32-bit integers: past this an
+            # offset would wrap around and a masked store could land outside the tensor.
+            raise _fail(kernel, name, f"shape {tuple(t.shape)} with strides {t.stride()} "
+                                      f"reaches element offsets past 2**31 - 1, which generated "
+                                      f"kernels cannot address; split the tensor into views "
+                                      f"of fewer elements")
         if kind == "Out":
             return BoundArg(name, spec, v, t, v._tile_shape, v._order)
         return BoundArg(name, spec, v, t)
