@@ -66,6 +66,21 @@ def test_tma_store_refused_when_the_owned_tile_is_read_back():
     assert "_st_dstore2(" not in src and "tl.debug_barrier()" in src
 
 
+@st.kernel
+def store_in_a_loop(x: st.In[st.f32, 2], z: st.Out[st.f32, 2], n: int):
+    t = sl.load_like(x, z)
+    for k in range(n):
+        z.store(t * k)
+
+
+def test_tma_store_refused_when_a_loop_repeats_the_store():
+    # Two asynchronous bulk stores to one box are not ordered by a CTA barrier.
+    x = st.randn((64, 64))
+    src = store_in_a_loop.options(tma_store=True).source(
+        x, st.empty((64, 64)).partition((32, 32)), 3)
+    assert "_st_dstore2(" not in src and "tl.debug_barrier()" in src
+
+
 def test_tma_store_refused_for_boxes_wider_than_256():
     x = st.randn((8, 1024))
     src = store_once.options(tma_store=True).source(x, st.empty((8, 1024)).partition((8, 512)))

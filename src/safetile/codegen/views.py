@@ -22,12 +22,18 @@ class ViewEmitter(ExpressionEmitter):
         A TMA store writes the whole box and drops elements outside the tensor, so edge
         tiles stay inside the partition, as the masked store does. It is asynchronous and its
         completion is not ordered by a CTA barrier, so it is used only where no token chain
-        can need that order: the kernel stores the Out in exactly one statement and never
-        reads it back (no ``z.load()``, no sub-partition views).
+        can need that order: the kernel stores the Out in exactly one statement, which no
+        ``range`` loop repeats (each tile of a ``tiles()`` loop is a different box), and
+        never reads it back (no ``z.load()``, no sub-partition views).
         """
         if not (self.key.tma and self.key.tma_store):
             return set()
         stores, other = {}, set()
+        repeated = {id(n) for loop in ast.walk(self.src.tree) if isinstance(loop, ast.For)
+                    and not (isinstance(loop.iter, ast.Call)
+                             and isinstance(loop.iter.func, ast.Attribute)
+                             and loop.iter.func.attr == "tiles")
+                    for n in ast.walk(loop)}
         for node in ast.walk(self.src.tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
@@ -38,7 +44,7 @@ class ViewEmitter(ExpressionEmitter):
             out = self.out_name(base)
             if node.func.attr == "tiles":
                 continue
-            if kind == "sub" or node.func.attr != "store":
+            if kind == "sub" or node.func.attr != "store" or id(node) in repeated:
                 other.add(out)
             else:
                 stores[out] = stores.get(out, 0) + 1
