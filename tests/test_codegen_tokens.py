@@ -169,3 +169,17 @@ def test_examples_have_no_barriers():
     assert BARRIER not in softmax.source(x2, st.empty((8, 32), device="cpu").partition((4, 32)))
     a, b = st.randn((32, 32), device="cpu"), st.randn((32, 32), device="cpu")
     assert BARRIER not in matmul.source(a, b, st.empty((32, 32), device="cpu").partition((16, 16)), 16)
+
+
+@st.kernel
+def bound_from_owned_tile(z: st.Out[st.i32]):
+    z.store(sl.full(z.shape, 3, st.i32))
+    for i in range(sl.max(z.load(), 0)):
+        z.store(z.load() + 1)
+
+
+def test_a_load_in_a_loop_bound_is_ordered_after_an_earlier_store():
+    src = bound_from_owned_tile.source(st.zeros((64,), dtype=st.i32).partition((64,)))
+    head = src.index("for i in range(")
+    before = src[:head]
+    assert before.rstrip().splitlines()[-1].strip().startswith("tl.debug_barrier()")

@@ -188,7 +188,11 @@ class Emitter(ViewEmitter):
         it = node.iter
         if isinstance(it.func, ast.Attribute) and it.func.attr == "tiles":
             return self.tiles_loop(node, state, ind)
-        args = ", ".join(self.expr(a) for a in it.args)
+        self.accesses = []
+        args = ", ".join(self.expr(a) for a in it.args)           # evaluated once, before the loop
+        need, state = self.barrier_check(state, self.accesses)
+        pre = [f"{ind}tl.debug_barrier()  # token: read of an owned tile after a store"] \
+            if any(need) else []
         _, end = self.block(node.body, state, ind + "    ")        # first pass: loop-carried state
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
@@ -209,7 +213,7 @@ class Emitter(ViewEmitter):
             loop = f"tl.range({args}, num_stages={int(self.key.loop_stages)})"
         else:
             loop = f"range({args})"
-        return [f"{ind}for {node.target.id} in {loop}:"] + body, _join(state, end)
+        return pre + [f"{ind}for {node.target.id} in {loop}:"] + body, _join(state, end)
 
     def tiles_loop(self, node, state, ind):
         if not self.persistent:
