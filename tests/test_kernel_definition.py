@@ -292,3 +292,25 @@ def test_walrus_is_rejected():
         def bad(x: st.In[st.f32], z: st.Out[st.f32]):
             z.store((t := sl.load_like(x, z)) * t)  # <- walrus
     assert_definition_error(ei, "expression", "walrus")
+
+
+def test_a_sub_partition_bound_in_two_branches_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.f32], wide: st.Const[bool], flag: int):
+            if flag > 0:
+                s = z.partition((16,))
+            else:
+                s = z.partition((32,))  # <- sub-rebound
+            s.store(sl.zeros((16,), st.f32), (0,))
+    assert_definition_error(ei, "view-rebinding", "sub-rebound")
+
+
+def test_a_tile_assigned_over_a_view_name_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.f32]):
+            s = z.partition((16,))
+            s = sl.zeros((16,), st.f32)  # <- view-overwritten
+            z.store(s)
+    assert_definition_error(ei, "view-rebinding", "view-overwritten")

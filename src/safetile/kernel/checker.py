@@ -4,7 +4,8 @@ Rules (the ``rule`` tag each error carries):
 - ``in-read-only``: no store through an ``In`` parameter.
 - ``free-index-store``: stores go through an ``Out`` (``z.store(tile)``) or a sub-partition of
   one (``z.partition(s).store(tile, sub_index)``); never ``z[i] = ...`` or ``z.store(t, index)``.
-- ``param-assignment``: parameters are not assigned to.
+- ``param-assignment`` / ``view-rebinding``: parameters are not assigned to; a view name
+  (a sub-partition, a ``tiles()`` loop variable) is bound exactly once.
 - ``ptr-needs-unsafe`` / ``atomic-needs-unsafe`` / ``unsafe-op``: raw pointers, atomics and
   pointer operations only in ``@st.kernel(unsafe=True)``.
 - ``prefetch``: ``x.prefetch(index, shape)`` only on ``In`` views, as a statement of its own
@@ -102,6 +103,19 @@ class BodyChecker(ast.NodeVisitor):
                     if not isinstance(node.target, ast.Name):
                         self.fail(node, "statement", "write `for t in z.tiles():` with one name")
                     self.info.views[node.target.id] = ("tile", f.value.id)
+        # A view is a compile-time name for part of an Out: bound once, never rebound (a
+        # second binding in another branch, or a tile assigned over it, would make the name
+        # mean different regions on different paths).
+        binds: dict = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and \
+                    node.id in self.info.views:
+                binds.setdefault(node.id, []).append(node)
+        for name, nodes in binds.items():
+            if len(nodes) > 1:
+                self.fail(nodes[1], "view-rebinding",
+                          f"'{name}' names a view of Out '{self.info.views[name][1]}' and is bound "
+                          f"again here; bind each view once and use a new name for other values")
 
     def out_of(self, node) -> str:
         if node.id in self.params:
