@@ -76,6 +76,20 @@ def test_the_variant_cache_returns_the_variant_the_launcher_would_build(shape, t
     assert launcher.variant_for(k, bound) is _variant(k, bound)
 
 
+def test_an_out_whose_layout_cannot_take_a_tma_store_gets_its_own_variant():
+    k = mm.options(tma_store=True)
+    base = st.zeros((64, 68))
+    aligned = st.empty((64, 64)).partition((32, 32))
+    shifted = base.slice(1, 1, 65).partition((32, 32))       # rows 272 bytes apart, offset 4
+    a = st.randn((64, 64))
+    first = launcher.variant_for(k, bind(k, (a, aligned, 5, 16), {}))
+    bound = bind(k, (a, shifted, 5, 16), {})
+    second = launcher.variant_for(k, bound)
+    assert second is _variant(k, bound) and second is not first
+    assert "_st_dstore2(" in first.generated.source
+    assert "_st_dstore2(" not in second.generated.source
+
+
 def test_kernel_options_copies_get_their_own_variants():
     a = st.randn((8, 12))
     z = st.empty((8, 12)).partition((4, 4))

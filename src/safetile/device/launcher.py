@@ -49,8 +49,8 @@ def _fast_variant_key(bound) -> tuple:
         t = b.torch
         if t is None:
             key.append(b.value if b.spec.kind == "Const" else None)
-        elif b.tile is not None:                          # Out
-            key.append((t.dtype, t.dim(), b.tile, b.order))
+        elif b.tile is not None:                          # Out (TMA store fitness too)
+            key.append((t.dtype, t.dim(), b.tile, b.order, t.dim() >= 2 and _tma_ok(t)))
         elif b.spec.kind == "In" and t.dim() >= 2:        # TMA fitness depends on layout
             key.append((t.dtype, t.dim(), _tma_ok(t)))
         else:
