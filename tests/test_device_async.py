@@ -148,3 +148,21 @@ def test_submit_needs_a_running_loop_and_moves_nothing_without_one():
         st.submit(op)
     rx, _, _ = op.sync()              # the op was not consumed: it still runs once
     assert rx is x
+
+
+def test_an_awaited_op_keeps_the_backend_and_unsafe_marking_of_the_awaiting_code():
+    buf = st.ones((8,))
+    seeds = []
+
+    def then_poke(x, y, z):
+        from safetile import backends
+        seeds.append(backends.current().seed)
+        return poke(buf, 0)                         # unsafe: needs the caller's st.unsafe()
+
+    async def main():
+        with st.unsafe(), st.backend("interpret", seed=7):
+            return await add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(then_poke)
+
+    p, at = asyncio.run(main())
+    assert seeds == [7] and at == 0
+    assert p.to_torch().tolist() == [0, 0, 0, 0, 1, 1, 1, 1]

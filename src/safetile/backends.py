@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -27,14 +27,16 @@ def _default() -> BackendChoice:
 
 
 _global = [None]
-_local = threading.local()
+# The innermost `with st.backend(...)` in force. A context variable, not a thread-local, so
+# that work handed to another thread with its context (an awaited op on the CPU) keeps it.
+_scoped: contextvars.ContextVar = contextvars.ContextVar("safetile_backend", default=None)
 
 
 def current() -> BackendChoice:
-    """The backend in force on this thread."""
-    stack = getattr(_local, "stack", None)
-    if stack:
-        return stack[-1]
+    """The backend in force in this context."""
+    choice = _scoped.get()
+    if choice is not None:
+        return choice
     if _global[0] is None:
         _global[0] = _default()
     return _global[0]
@@ -52,9 +54,8 @@ def backend(name: str, seed: int = 0):
     """Use backend ``name`` inside the block (``seed`` shuffles the CPU executor's order)."""
     if name not in BACKENDS:
         raise ArgumentError(f"unknown backend {name!r}; choose one of {BACKENDS}")
-    stack = _local.__dict__.setdefault("stack", [])
-    stack.append(BackendChoice(name, seed))
+    token = _scoped.set(BackendChoice(name, seed))
     try:
         yield
     finally:
-        stack.pop()
+        _scoped.reset(token)

@@ -22,6 +22,7 @@ after every argument has been handed back (``e.recovered`` holds the values, see
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 import weakref
@@ -45,7 +46,8 @@ def submit(op, stream=None) -> "asyncio.Future":
     loop = asyncio.get_running_loop()
     if not (streams._cuda[0] if streams._cuda[0] is not None else streams.cuda_available()) \
             or op._host_bound():
-        return loop.run_in_executor(None, op.sync, stream)
+        # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
+        return loop.run_in_executor(None, contextvars.copy_context().run, op.sync, stream)
     # `with executing("await op")`, inlined: submission is the per-op hot path of async code.
     if getattr(_state, "busy", None) is not None:
         with executing("await op"):             # raises ExecutionError

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
-import threading
 
 from ..errors import ArgumentError, KernelDefinitionError
 from .checker import check_function, check_kernel
 from .params import parse_annotation
 from .source import KernelSource
 
-_unsafe_depth = threading.local()
+# How many `with st.unsafe():` blocks are open in this context (a context variable, so that
+# an awaited op run on another thread keeps the marking of the code that awaited it).
+_unsafe_depth: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=0)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
                   "loop_stages", "tma_store", "pdl"}
@@ -19,15 +21,15 @@ LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_spe
 @contextlib.contextmanager
 def unsafe():
     """Marks the call sites where ``unsafe=True`` kernels may be launched."""
-    _unsafe_depth.n = getattr(_unsafe_depth, "n", 0) + 1
+    token = _unsafe_depth.set(_unsafe_depth.get() + 1)
     try:
         yield
     finally:
-        _unsafe_depth.n -= 1
+        _unsafe_depth.reset(token)
 
 
 def in_unsafe_block() -> bool:
-    return getattr(_unsafe_depth, "n", 0) > 0
+    return _unsafe_depth.get() > 0
 
 
 class Function:
