@@ -107,3 +107,30 @@ def test_a_raw_pointer_is_held_exclusively_while_in_flight():
         p.to_torch()
     x, p, _ = op.sync()
     assert torch.equal(p.to_torch(), x.to_torch())
+
+
+def test_a_view_made_before_share_cannot_write_the_shared_value():
+    t = st.zeros((64,))
+    early_view = t.view(64)
+    s = t.share()
+    with pytest.raises(AliasError, match="shared value.*try_unwrap"):
+        scale(st.randn((64,)), early_view.partition((16,)), 1.0)
+    assert s.to_torch().abs().sum() == 0
+
+
+def test_the_storage_is_writable_again_once_the_shared_value_is_unwrapped():
+    t = st.zeros((64,))
+    early_view = t.view(64)
+    s = t.share()
+    back = s.try_unwrap()
+    x, z, _ = scale(st.ones((64,)), early_view.partition((16,)), 2.0).sync()
+    assert back.to_torch().tolist() == [2.0] * 64
+
+
+def test_a_graph_cannot_replay_into_storage_that_was_shared_since_it_was_recorded():
+    x, z = st.ones((64,)), st.zeros((64,)).partition((16,))
+    g = scale(x, z, 2.0).graph()
+    shared = g.output[1].unpartition().share()
+    with pytest.raises(AliasError, match="shared value"):
+        g.launch().sync()
+    assert shared.to_torch().abs().sum() == 0

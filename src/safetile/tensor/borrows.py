@@ -39,7 +39,8 @@ from ..errors import AliasError, BorrowError
 from .ownership import LOCK
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 
-__all__ = ["acquire", "prepare", "register", "by_device", "Extent", "Hold", "check_host_read",
+__all__ = ["acquire", "prepare", "register", "hold_shared", "by_device", "Extent", "Hold",
+           "check_host_read",
            "check_host_write", "overlaps", "active_holds", "EXACT_LIMIT"]
 
 # ---------------------------------------------------------------------------------------
@@ -253,12 +254,16 @@ class Hold:
     ``tensors`` keeps the held tensors alive (extents refer to them weakly); ``owner`` is the
     execution the operation runs in (set when it runs), whose own launches it never blocks."""
 
-    __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "__weakref__")
+    __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "remedy", "__weakref__")
+
+    #: What a message tells the user to do about a conflict with an operation's hold.
+    SYNC = "synchronize that operation first (op.sync() or await op)"
 
     def __init__(self, holder: str, tensors=(), owner=None):
-        self.holder = holder
+        self.holder = holder                  # "in-flight kernel 'add'", "Shared value ..."
         self.owner = owner
         self.tensors = tensors
+        self.remedy = Hold.SYNC
         self._regs: list = []                 # the registries this hold is in
         self._released = False
 
@@ -322,7 +327,7 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it. The caller need not hold ``LOCK``."""
     owner = getattr(_owner, "ctx", None)
-    hold = Hold(holder, tensors, owner)
+    hold = Hold(f"in-flight {holder}", tensors, owner)
     if groups is None:
         groups = by_device(extents)
     with LOCK:
@@ -357,6 +362,15 @@ def acquire(holder: str,
     return register(holder, extents, tuple(t for _, t in writes) + tuple(t for _, t in reads))
 
 
+def hold_shared(t: torch.Tensor, what: str) -> Hold:
+    """A read borrow of ``t`` for as long as a Shared value holds it (``what`` names the
+    value): while it lasts, no launch may write the storage, through any view."""
+    hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
+    hold.holder = f"the shared value {what}"
+    hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
+    return hold
+
+
 def _raise_internal(holder: str, w: Extent, other: Extent):
     raise AliasError(
         f"{holder}: {_label(w.name, True)} overlaps {_label(other.name, other.write)} "
@@ -367,8 +381,7 @@ def _raise_internal(holder: str, w: Extent, other: Extent):
 def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
     raise AliasError(
         f"{holder}: {_label(new.name, new.write)} overlaps {_label(held.name, held.write)} "
-        f"held by in-flight {hold.holder} ({_where(new, held)}); "
-        f"synchronize that operation first (op.sync() or await op) or use separate storage")
+        f"held by {hold.holder} ({_where(new, held)}); {hold.remedy} or use separate storage")
 
 
 def _conflicting(t: torch.Tensor, writes_only: bool):
@@ -397,8 +410,8 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
     if found is not None:
         e, h = found
         raise BorrowError(
-            f"cannot {what}: in-flight {h.holder} is writing this memory through "
-            f"{_label(e.name, True)}; synchronize that operation first (op.sync() or await op)")
+            f"cannot {what}: {h.holder} is writing this memory through "
+            f"{_label(e.name, True)}; {h.remedy}")
 
 
 def check_host_write(t: torch.Tensor, what: str) -> None:
@@ -409,9 +422,8 @@ def check_host_write(t: torch.Tensor, what: str) -> None:
         e, h = found
         verb = "writing" if e.write else "reading"
         raise BorrowError(
-            f"cannot {what}: in-flight {h.holder} is {verb} this memory through "
-            f"{_label(e.name, e.write)}; synchronize that operation first "
-            f"(op.sync() or await op)")
+            f"cannot {what}: {h.holder} is {verb} this memory through "
+            f"{_label(e.name, e.write)}; {h.remedy}")
 
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:

@@ -35,12 +35,21 @@ __all__ = ["Shared"]
 class _SharedCore:
     """State common to all handles of one shared value (guarded by ``LOCK``)."""
 
-    __slots__ = ("tensor", "handles", "in_flight")
+    __slots__ = ("tensor", "handles", "in_flight", "hold")
 
-    def __init__(self, tensor: "Tensor"):
+    def __init__(self, tensor: "Tensor", hold):
         self.tensor = tensor                    # moved into this shared value
         self.handles = 1
         self.in_flight: dict[int, str] = {}     # id(handle) -> where it went
+        # A read borrow of the storage for the value's whole life: views made before
+        # share() (or a graph that recorded one) cannot write it while it is shared.
+        self.hold = hold
+
+    def drop_handle(self) -> None:
+        """One handle fewer (caller holds LOCK); the last one ends the read borrow."""
+        self.handles -= 1
+        if self.handles == 0:
+            self.hold.release()
 
 
 class Shared(Handle):
@@ -56,8 +65,8 @@ class Shared(Handle):
         raise ArgumentError("make a Shared value with tensor.share()")
 
     @classmethod
-    def _create(cls, tensor: "Tensor") -> "Shared":
-        return cls._new_handle(_SharedCore(tensor))
+    def _create(cls, tensor: "Tensor", hold) -> "Shared":
+        return cls._new_handle(_SharedCore(tensor, hold))
 
     @classmethod
     def _new_handle(cls, core: _SharedCore) -> "Shared":
@@ -162,7 +171,7 @@ class Shared(Handle):
             self._check("release it")
             self._release("release()", "use another handle of the shared value (clone "
                                        "before releasing)")
-            self._core.handles -= 1
+            self._core.drop_handle()
 
     def __del__(self):
         # A dropped handle must not block try_unwrap forever. Never raise from __del__.
@@ -171,7 +180,7 @@ class Shared(Handle):
                 if self._state is not RELEASED:
                     self._core.in_flight.pop(id(self), None)
                     self._state = RELEASED
-                    self._core.handles -= 1
+                    self._core.drop_handle()
         except Exception:  # pragma: no cover - interpreter shutdown, half-built handle
             pass
 
@@ -198,8 +207,14 @@ class Shared(Handle):
                 f"cannot {action} {self._describe()}: {others} other handle"
                 f"{'s are' if others != 1 else ' is'} alive ({', '.join(parts)}); "
                 f"{' and '.join(todo)} first")
-        # Zero-copy views made before share() are separate handles: check the bytes too.
-        borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}")
+        # Zero-copy views made before share() are separate handles: check the bytes too,
+        # setting this value's own read borrow aside (it ends when the value is unwrapped).
+        core.hold.release()
+        try:
+            borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}")
+        except BorrowError:
+            core.hold = borrows.hold_shared(core.tensor._torch, self._describe())
+            raise
 
     def try_unwrap(self) -> "Tensor":
         """The Tensor back, if this is the last handle and nothing in flight holds it.
@@ -214,7 +229,7 @@ class Shared(Handle):
 
     def _unwrap_locked(self, by: str, hint: str) -> "Tensor":
         self._release(by, hint)
-        self._core.handles -= 1
+        self._core.handles -= 1                 # the last one; its borrow already ended
         tensor = self._core.tensor
         tensor._restore()
         return tensor

@@ -188,10 +188,16 @@ class Tensor(Handle):
     def share(self) -> "Shared":
         """Consume the tensor and return a read-only, cloneable :class:`Shared` handle."""
         from .shared import Shared
-        self._move("a Shared value by .share()",
-                   hint="use the Shared handle share() returned; its .try_unwrap() gives "
-                        "the Tensor back once no other handle holds it")
-        return Shared._create(self)
+        self._check("share it")
+        hold = borrows.hold_shared(self._torch, self._describe())   # AliasError if written
+        try:
+            self._move("a Shared value by .share()",
+                       hint="use the Shared handle share() returned; its .try_unwrap() gives "
+                            "the Tensor back once no other handle holds it")
+        except BaseException:
+            hold.release()
+            raise
+        return Shared._create(self, hold)
 
     # -- zero-copy views (do not consume) --------------------------------------------------
     def _derive(self, t: torch.Tensor) -> "Tensor":
