@@ -559,3 +559,21 @@ def test_st_function_helpers_call_each_other_from_a_kernel(dtype):
     _, z = gelu(In(x), Out((30,), dtype, (16,))).sync()
     ref = torch.nn.functional.gelu(x.float(), approximate="tanh")
     assert_close(result(z), rounded(ref, dtype), dtype)
+
+
+@st.kernel
+def scatter_inline(x: st.In[st.f32], idx: st.In[st.i32], z: st.Out[st.f32]):
+    j = idx.load_scalar((z.index[0],))
+    z.partition((4,)).store(x.load(z.index[0], 4), (j,))
+
+
+def test_the_inline_sub_partition_store_of_the_design_works_and_compiles():
+    x = st.from_torch(torch.arange(8.0))
+    idx = st.from_torch(torch.tensor([2, 1], dtype=torch.int32))
+    x, idx, z = scatter_inline(x, idx, st.zeros((32,)).partition((16,))).sync()
+    got = z.unpartition().to_torch()
+    want = torch.zeros(32)
+    want[8:12], want[20:24] = torch.arange(4.0), torch.arange(4.0, 8.0)
+    assert torch.equal(got, want)
+    ptx = scatter_inline.compile(x, idx, st.zeros((32,)).partition((16,))).asm["ptx"]
+    assert "st.global" in ptx

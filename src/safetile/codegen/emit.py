@@ -152,7 +152,8 @@ class Emitter(ViewEmitter):
             value = tmp
         if kind == "sub":
             helper = self.use(f"_st_substore{r}")
-            lines.append(f"{ind}{helper}({self.sub_args(f.value.id, out, r, call.args[1])}, {value})")
+            sub = f.value if isinstance(f.value, ast.Call) else f.value.id
+            lines.append(f"{ind}{helper}({self.sub_args(sub, out, r, call.args[1])}, {value})")
         elif out.name in self.tma_outs:
             d = self.descs.setdefault((out.name, tuple(out.tile)), f"_st_{out.name}_d{len(self.descs)}")
             helper = self.use(f"_st_dstore{r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 
 from ..errors import KernelDefinitionError
+from ..kernel.checker import inline_partition
 from .prelude import helper_source
 
 
@@ -41,6 +42,8 @@ class ExpressionEmitter:
 
     def out_name(self, node) -> str:
         """The Out parameter a view expression refers to."""
+        if inline_partition(node):
+            return self.out_name(node.func.value)
         name = node.id
         if name in self.specs:
             return name
@@ -52,6 +55,8 @@ class ExpressionEmitter:
                 return self.specs[node.id].kind
             if node.id in self.info.views:
                 return self.info.views[node.id][0]
+        elif inline_partition(node) and self.view_kind(node.func.value) in ("Out", "tile"):
+            return "sub"
         return None
 
     def static(self, node):

@@ -68,7 +68,7 @@ class ViewEmitter(ExpressionEmitter):
         return f"_st_i{k}"
 
     def view_call(self, node, f, kind):
-        name, method = f.value.id, f.attr
+        name, method = getattr(f.value, "id", None), f.attr      # None: an inline partition
         if kind == "In":
             if method == "load":
                 index = node.args[0] if node.args else _kw(node, "index")
@@ -105,15 +105,18 @@ class ViewEmitter(ExpressionEmitter):
         if kind == "sub" and method == "load":
             self.accesses.append((out.name, "load"))
             helper = self.use(f"_st_subload{r}")
-            return f"{helper}({self.sub_args(name, out, r, node.args[0])}, 0)"
+            sub = f.value if name is None else name
+            return f"{helper}({self.sub_args(sub, out, r, node.args[0])}, 0)"
         raise self.fail(node, f"`{ast.unparse(node)}` must be a statement of its own")
 
     def tensor_args(self, name: str, r: int) -> str:
         return (f"_st_{name}_ptr, " + ", ".join(f"_st_{name}_n{k}" for k in range(r)) + ", " +
                 ", ".join(f"_st_{name}_s{k}" for k in range(r)))
 
-    def sub_args(self, sub: str, out, r: int, index_node) -> str:
-        shape = self.subs[sub][1]
+    def sub_args(self, sub, out, r: int, index_node) -> str:
+        """Arguments of a sub-tile access; ``sub`` is the view's name or an inline
+        ``z.partition(shape)`` call."""
+        shape = self.parts(sub.args[0], r) if isinstance(sub, ast.Call) else self.subs[sub][1]
         j = self.parts(index_node, r)
         return (f"{self.tensor_args(out.name, r)}, {', '.join(self.idx(k) for k in range(r))}, "
                 f"{', '.join(f'_st_{out.name}_t{k}' for k in range(r))}, {', '.join(j)}, "

@@ -65,12 +65,15 @@ class BodyChecker(ast.NodeVisitor):
         raise self.src.error(node, rule, message)
 
     def kind_of(self, node):
-        """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals, else None."""
+        """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals and for an
+        inline ``z.partition(shape)``, else None."""
         if isinstance(node, ast.Name):
             if node.id in self.params:
                 return self.params[node.id].kind
             if node.id in self.info.views:
                 return self.info.views[node.id][0]
+        elif inline_partition(node) and self.kind_of(node.func.value) in ("Out", "tile"):
+            return "sub"
         return None
 
     def check(self) -> BodyInfo:
@@ -118,6 +121,8 @@ class BodyChecker(ast.NodeVisitor):
                           f"again here; bind each view once and use a new name for other values")
 
     def out_of(self, node) -> str:
+        if inline_partition(node):
+            return self.out_of(node.func.value)
         if node.id in self.params:
             return node.id
         return self.info.views[node.id][1]
@@ -326,7 +331,11 @@ class BodyChecker(ast.NodeVisitor):
                                 f"inline it")
 
     def check_view_call(self, node, f, kind):
-        name, method = f.value.id, f.attr
+        name, method = ast.unparse(f.value), f.attr
+        if inline_partition(f.value):             # z.partition(shape).store(tile, sub_index)
+            if len(f.value.args) != 1 or f.value.keywords:
+                self.fail(f.value, "call", f"`{name}`: partition takes the sub-tile shape")
+            self.visit(f.value.args[0])
         if kind == "Ptr":
             self.fail(node, "unsafe-op", f"raw pointer '{name}' has no methods; use "
                                          f"sl.load_ptr / sl.store_ptr")
@@ -371,6 +380,12 @@ class BodyChecker(ast.NodeVisitor):
             self.visit(a)
         for k in node.keywords:
             self.visit(k.value)
+
+
+def inline_partition(node) -> bool:
+    """Whether ``node`` is a call ``<view>.partition(...)`` (a sub-partition used inline)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr == "partition" and isinstance(node.func.value, ast.Name)
 
 
 def check_kernel(src: KernelSource, params: dict, unsafe: bool) -> BodyInfo:
