@@ -521,16 +521,14 @@ def test_sub_partition_store_outside_the_slab_raises_out_of_bounds():
 
 
 @st.kernel
-def sub_thirds(z: st.Out[st.f32]):
-    parts = z.partition((3,))
-    for j in range(3):
-        parts.store(sl.full((3,), 1.0, st.f32) + z.index[0], (j,))
+def sub_wider_than_slab(z: st.Out[st.f32]):
+    z.partition((16,)).store(sl.full((16,), 1.0, st.f32) + z.index[0], (0,))
 
 
 def test_sub_tile_overhanging_the_slab_is_clipped_to_it():
-    # Slabs of 8 split into sub-tiles of 3: the third sub-tile covers slab elements 6..8,
-    # and element 8 belongs to the next program: it must not be written by this one.
-    z, = sub_thirds(Out((16,), st.f32, (8,))).sync()
+    # Slabs of 8 with a sub-tile of 16: its second half covers the next program's slab,
+    # which this program must not write.
+    z, = sub_wider_than_slab(Out((16,), st.f32, (8,))).sync()
     expected = torch.tensor([1.0] * 8 + [2.0] * 8)
     assert torch.equal(result(z), expected)
 
@@ -577,3 +575,12 @@ def test_the_inline_sub_partition_store_of_the_design_works_and_compiles():
     assert torch.equal(got, want)
     ptx = scatter_inline.compile(x, idx, st.zeros((32,)).partition((16,))).asm["ptx"]
     assert "st.global" in ptx
+
+
+def test_tile_sizes_that_are_not_powers_of_two_are_refused_on_the_cpu_as_on_the_gpu():
+    @st.kernel
+    def odd(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(sl.zeros(z.shape, st.f32) + sl.sum(x.load(0, 3), 0))
+
+    with pytest.raises(st.errors.ArgumentError, match="powers of two"):
+        odd(st.randn((8,)), st.zeros((8,)).partition((8,))).sync()

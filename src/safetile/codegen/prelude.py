@@ -17,7 +17,10 @@ FIXED = {
     "_st_tanh": '''
 @triton.jit
 def _st_tanh(x):
-    return libdevice.tanh(x.to(tl.float32)).to(x.dtype)
+    if x.dtype.is_fp16() or x.dtype.is_bf16() or x.dtype.is_fp32():
+        return libdevice.tanh(x.to(tl.float32)).to(x.dtype)
+    else:
+        return libdevice.tanh(x.to(tl.float32))       # integers give fp32, as other math does
 ''',
     "_st_sum": '''
 @triton.jit

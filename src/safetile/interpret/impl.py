@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from .tile import HALF, Tile, as_tensor, binary, raw, unary_math
+from .views import tile_shape
 
 
 def _t(x, like=None) -> torch.Tensor:
@@ -104,13 +105,16 @@ class Implementation:
 
     # construction and geometry
     def arange(self, n):
-        return Tile(torch.arange(int(n), dtype=torch.int32))
+        (n,) = tile_shape((n,), 1, "sl.arange")
+        return Tile(torch.arange(n, dtype=torch.int32))
 
     def full(self, shape, value, dtype):
-        return Tile(torch.full(tuple(int(s) for s in shape), raw(value), dtype=dtype.torch))
+        shape = tile_shape(shape, len(tuple(shape)), "sl.full shape")
+        return Tile(torch.full(shape, raw(value), dtype=dtype.torch))
 
     def zeros(self, shape, dtype):
-        return Tile(torch.zeros(tuple(int(s) for s in shape), dtype=dtype.torch))
+        shape = tile_shape(shape, len(tuple(shape)), "sl.zeros shape")
+        return Tile(torch.zeros(shape, dtype=dtype.torch))
 
     def bid(self, axis):
         return _unravel(self.program, self.grid)[axis]

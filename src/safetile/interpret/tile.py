@@ -11,6 +11,7 @@ import operator
 import torch
 
 from ..dtypes import DType, from_torch
+from ..errors import ArgumentError
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -92,7 +93,7 @@ class Tile:
     @property
     def T(self) -> "Tile":
         if self.t.dim() != 2:
-            raise ValueError(f"t.T needs a 2-D tile, got shape {self.shape}")
+            raise ArgumentError(f"t.T needs a 2-D tile, got shape {self.shape}")
         return Tile(self.t.t())
 
     def astype(self, dtype: DType) -> "Tile":
@@ -104,7 +105,7 @@ class Tile:
     # -- scalar conversion (loop bounds, if conditions, gather indices) -------------------------
     def _scalar(self):
         if self.t.numel() != 1:
-            raise ValueError(f"a tile of shape {self.shape} is not a scalar")
+            raise ArgumentError(f"a tile of shape {self.shape} is not a scalar")
         return self.t.reshape(()).item()
 
     def __bool__(self):

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..errors import OutOfBoundsError, RaceError
+from ..errors import ArgumentError, LaunchError, OutOfBoundsError, RaceError
 from .tile import Tile, as_tensor
 
 NONE, MANY, ATOMIC = -1, -2, -3
@@ -29,8 +29,18 @@ def _ints(index, rank: int, what: str) -> tuple:
     if not isinstance(index, (tuple, list)):
         index = (index,)
     if len(index) != rank:
-        raise ValueError(f"{what} needs {rank} entries, got {len(index)}")
+        raise ArgumentError(f"{what} needs {rank} entries, got {len(index)}")
     return tuple(int(i) for i in index)
+
+
+def tile_shape(shape, rank: int, what: str) -> tuple:
+    """``shape`` as ints, each a positive power of two: the GPU builds every tile from
+    ``tl.arange``, which needs that, so the CPU executor refuses what the GPU cannot compile."""
+    dims = _ints(shape, rank, what)
+    if any(d < 1 or d & (d - 1) for d in dims):
+        raise ArgumentError(f"{what} {dims}: tile sizes must be powers of two (the GPU builds "
+                            f"tiles from tl.arange); pad to the next power of two and mask")
+    return dims
 
 
 class Launch:
@@ -51,14 +61,14 @@ class InView:
 
     def load(self, index, shape, padding=0):
         r = self._t.dim()
-        shape = _ints(shape, r, f"load of '{self.name}': shape")
+        shape = tile_shape(shape, r, f"load of '{self.name}': shape")
         index = _ints(index, r, f"load of '{self.name}': index")
         return Tile(_read_box(self._t, [i * s for i, s in zip(index, shape)], shape, padding))
 
     def load_at(self, offset, shape, padding=0):
         """The box of ``shape`` starting at element ``offset`` (any ints, negative too)."""
         r = self._t.dim()
-        shape = _ints(shape, r, f"load_at of '{self.name}': shape")
+        shape = tile_shape(shape, r, f"load_at of '{self.name}': shape")
         offset = _ints(offset, r, f"load_at of '{self.name}': offset")
         return Tile(_read_box(self._t, list(offset), shape, padding))
 
@@ -70,7 +80,7 @@ class InView:
         shape = _ints(shape, r, f"prefetch of '{self.name}': shape")
         _ints(index, r, f"prefetch of '{self.name}': index")
         if any(s <= 0 for s in shape):
-            raise ValueError(f"prefetch of '{self.name}': shape {shape} must be positive")
+            raise ArgumentError(f"prefetch of '{self.name}': shape {shape} must be positive")
         return None
 
     def load_scalar(self, index, padding=0):
@@ -113,7 +123,7 @@ class OutView:
 
     def _start(self):
         if self.index is None:
-            raise RuntimeError(f"kernel '{self.launch.kernel}': Out '{self.name}' is a persistent "
+            raise LaunchError(f"kernel '{self.launch.kernel}': Out '{self.name}' is a persistent "
                                f"partition; reach its tiles with `for t in {self.name}.tiles():`")
         return [i * s for i, s in zip(self.index, self.shape)]
 
@@ -124,13 +134,18 @@ class OutView:
         self._checked_write(self._start(), self.shape, value, slab=None)
 
     def partition(self, sub_shape):
-        return SubView(self, _ints(sub_shape, len(self.shape), f"partition of '{self.name}'"))
+        return SubView(self, tile_shape(sub_shape, len(self.shape),
+                                        f"partition of '{self.name}': sub-tile shape"))
 
     def tiles(self):
+        persistent = self.index is None
         for coords in self.tiles_of:
             for v in self.group:
                 v.index = coords
             yield self
+        if persistent:                   # as on the GPU: no owned tile after the loop
+            for v in self.group:
+                v.index = None
 
     # -- checked access ----------------------------------------------------------------------
     def _checked_read(self, start, shape):
@@ -144,7 +159,7 @@ class OutView:
         try:
             v = torch.broadcast_to(v, shape)
         except RuntimeError:
-            raise ValueError(f"kernel '{self.launch.kernel}': store of a tile of shape "
+            raise ArgumentError(f"kernel '{self.launch.kernel}': store of a tile of shape "
                              f"{tuple(v.shape)} into '{self.name}' region of shape {shape}") from None
         bounds = list(self._t.shape)
         if slab is not None:                    # a sub-tile never leaves the owned slab

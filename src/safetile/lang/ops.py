@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Callable
 
+from ..errors import ExecutionError
+
 # The implementation table in force while the CPU executor runs a kernel body.
 _IMPL: contextvars.ContextVar[Any] = contextvars.ContextVar("safetile_lang_impl", default=None)
 
@@ -30,7 +32,7 @@ class Builtin:
     def __call__(self, *args, **kwargs):
         impl = _IMPL.get()
         if impl is None:
-            raise RuntimeError(
+            raise ExecutionError(
                 f"sl.{self.name}() is a tile operation: call it inside an @st.kernel or "
                 f"@st.function body, not from host code")
         return getattr(impl, self.name)(*args, **kwargs)
