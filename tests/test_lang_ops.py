@@ -584,3 +584,14 @@ def test_tile_sizes_that_are_not_powers_of_two_are_refused_on_the_cpu_as_on_the_
 
     with pytest.raises(st.errors.ArgumentError, match="powers of two"):
         odd(st.randn((8,)), st.zeros((8,)).partition((8,))).sync()
+
+
+def test_a_python_number_meeting_a_half_tile_is_rounded_to_the_tiles_type_first():
+    @st.kernel
+    def times(x: st.In[st.f16], z: st.Out[st.f16]):
+        z.store(sl.load_like(x, z) * 100000.0)     # 1e5 is inf in fp16, as on the GPU
+
+    x = st.from_torch(torch.tensor([0.0, 1e-3, -2.0, 0.5], dtype=torch.float16))
+    x, z = times(x, st.empty((4,), dtype=st.f16).partition((4,))).sync()
+    got = z.unpartition().to_torch()
+    assert torch.isnan(got[0]) and got[1] == float("inf") and got[2] == float("-inf")

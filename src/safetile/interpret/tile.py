@@ -1,8 +1,11 @@
 """Tiles of the CPU executor: torch tensors with the GPU's arithmetic rules.
 
 fp16 and bf16 values are computed in fp32 and rounded back after every operation, as Triton
-does on the GPU (unlike Triton's own interpreter, which does integer math on bf16 bits).
-Integer ``//`` and ``%`` truncate toward zero, as in Triton.
+does on the GPU (unlike Triton's own interpreter, which does integer math on bf16 bits); a
+Python number meeting a half tile is first rounded to the tile's type, as Triton does.
+Integer ``//`` and ``%`` of tiles truncate toward zero, as in Triton. (Plain Python ints in a
+kernel body, such as loop indices and int parameters, follow Python's rules on the CPU:
+negative operands of ``//``/``%`` and int32 overflow are where the two can differ.)
 """
 from __future__ import annotations
 
@@ -56,6 +59,13 @@ def binary(op, a, b):
         mode = torch.div(ta, tb, rounding_mode="trunc")
         r = mode if op is operator.floordiv else ta - mode * tb
         return Tile(r.to(dtype))
+    if dtype in HALF:
+        # Triton first converts a Python number to the tile's half type (0.1 becomes
+        # bf16(0.1), 1e5 becomes fp16 inf), then computes; so does this.
+        if not isinstance(a, torch.Tensor):
+            a = torch.tensor(a, dtype=dtype)
+        if not isinstance(b, torch.Tensor):
+            b = torch.tensor(b, dtype=dtype)
     r = op(_up(a), _up(b))
     if isinstance(r, torch.Tensor) and r.dtype.is_floating_point and dtype in HALF:
         r = r.to(dtype)
