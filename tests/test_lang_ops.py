@@ -595,3 +595,18 @@ def test_a_python_number_meeting_a_half_tile_is_rounded_to_the_tiles_type_first(
     x, z = times(x, st.empty((4,), dtype=st.f16).partition((4,))).sync()
     got = z.unpartition().to_torch()
     assert torch.isnan(got[0]) and got[1] == float("inf") and got[2] == float("-inf")
+
+
+def test_max_and_maximum_skip_nan_as_the_gpu_does():
+    @st.kernel
+    def nan_max(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+        t = sl.load_like(x, z)
+        m = sl.max(t, 1)
+        z.store(sl.maximum(t, 0.5) + m[:, None] * 0.0 + sl.broadcast_to(m[:, None], z.shape))
+
+    nan = float("nan")
+    x = st.from_torch(torch.tensor([[1.0, nan, 3.0, 2.0], [nan, nan, nan, nan]]))
+    x, z = nan_max(x, st.empty((2, 4)).partition((2, 4))).sync()
+    got = z.unpartition().to_torch()
+    assert got[0].tolist() == [4.0, 3.5, 6.0, 5.0]     # maximum(nan, 0.5) = 0.5; max skips nan
+    assert torch.isnan(got[1]).all()                  # a row of NaN has a NaN max

@@ -18,6 +18,16 @@ def matmul(a, b):
     return Tile((ta.to(torch.int64) @ tb.to(torch.int64)).to(torch.int32))
 
 
+def _ignoring_nan(fn, v: torch.Tensor, axis: int, neutral: float) -> torch.Tensor:
+    """``fn`` (amax/amin) along ``axis`` with NaN elements skipped, NaN only if all are NaN:
+    what Triton's reductions (maxnum/minnum combine) give."""
+    if not v.is_floating_point():
+        return fn(v, axis)
+    nan = torch.isnan(v)
+    r = fn(torch.where(nan, torch.tensor(neutral, dtype=v.dtype), v), axis)
+    return torch.where(nan.all(axis), torch.tensor(float("nan"), dtype=v.dtype), r)
+
+
 def _reduce(t: torch.Tensor, axis, fn):
     if axis is None:
         return fn(t.reshape(-1), 0)
@@ -55,11 +65,12 @@ class Implementation:
     def abs(self, x):
         return Tile(_t(x).abs())
 
+    # NaN: Triton's defaults (maxnum/minnum) let the other operand win, so these do too.
     def maximum(self, a, b):
-        return binary(torch.maximum, Tile(_t(a)), Tile(_t(b)))
+        return binary(torch.fmax, Tile(_t(a)), Tile(_t(b)))
 
     def minimum(self, a, b):
-        return binary(torch.minimum, Tile(_t(a)), Tile(_t(b)))
+        return binary(torch.fmin, Tile(_t(a)), Tile(_t(b)))
 
     # reductions
     def sum(self, t, axis=None):
@@ -71,10 +82,10 @@ class Implementation:
         return Tile(_reduce(x, axis, torch.sum).to(x.dtype))
 
     def max(self, t, axis=None):
-        return Tile(_reduce(_t(t), axis, lambda v, a: torch.amax(v, a)))
+        return Tile(_reduce(_t(t), axis, lambda v, a: _ignoring_nan(torch.amax, v, a, float("-inf"))))
 
     def min(self, t, axis=None):
-        return Tile(_reduce(_t(t), axis, lambda v, a: torch.amin(v, a)))
+        return Tile(_reduce(_t(t), axis, lambda v, a: _ignoring_nan(torch.amin, v, a, float("inf"))))
 
     def argmax(self, t, axis):
         return Tile(torch.argmax(_t(t), axis).to(torch.int32))

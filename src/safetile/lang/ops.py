@@ -110,11 +110,11 @@ def abs(x):
 
 @builtin("tl.maximum")
 def maximum(a, b):
-    """Element-wise maximum."""
+    """Element-wise maximum; where one operand is NaN the other wins (as Triton's default)."""
 
 @builtin("tl.minimum")
 def minimum(a, b):
-    """Element-wise minimum."""
+    """Element-wise minimum; where one operand is NaN the other wins (as Triton's default)."""
 
 
 # ---- reductions ----------------------------------------------------------------------------
@@ -125,11 +125,11 @@ def sum(t, axis=None):
 
 @builtin("tl.max")
 def max(t, axis=None):
-    """Maximum along ``axis``."""
+    """Maximum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
 
 @builtin("tl.min")
 def min(t, axis=None):
-    """Minimum along ``axis``."""
+    """Minimum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
 
 @builtin("tl.argmax")
 def argmax(t, axis):
