@@ -314,3 +314,12 @@ def test_a_tile_assigned_over_a_view_name_is_rejected():
             s = sl.zeros((16,), st.f32)  # <- view-overwritten
             z.store(s)
     assert_definition_error(ei, "view-rebinding", "view-overwritten")
+
+
+def test_a_bare_annotation_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            t: int  # <- bare-annotation
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "statement", "bare-annotation")

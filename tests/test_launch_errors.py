@@ -150,3 +150,9 @@ def test_a_tensor_whose_offsets_pass_2_to_the_31_is_refused_before_launch():
     wide = torch.empty(0, device="meta").as_strided((3, 1 << 20), (1 << 30, 1))
     with pytest.raises(st.LaunchError, match="2\\*\\*31"):
         scale(st.from_torch(wide), z2(), 1.0, 1)
+
+
+def test_a_persistent_partition_needs_a_kernel_that_iterates_its_tiles():
+    z = st.empty((8, 8), device="cpu").partition((4, 4), persistent=2)
+    with pytest.raises(st.LaunchError, match="tiles\\(\\)"):
+        scale(x2(), z, 1.0, 1)

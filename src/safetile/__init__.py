@@ -14,9 +14,9 @@ from .backends import backend, set_backend  # noqa: F401
 from .device import DeviceOp, Graph, graph_scope, submit, zip  # noqa: F401,A004
 from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
-from .errors import (AliasError, BorrowError, ExecutionError, GraphCaptureError,  # noqa: F401
-                     KernelDefinitionError, LaunchError, MovedError, OutOfBoundsError,
-                     PartitionError, RaceError, SafetileError, UnsafeError)
+from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # noqa: F401
+                     GraphCaptureError, KernelDefinitionError, LaunchError, MovedError,
+                     OutOfBoundsError, PartitionError, RaceError, SafetileError, UnsafeError)
 from .kernel.kernel import Kernel, function, kernel, unsafe  # noqa: F401
 from .kernel.params import Const, In, Out, Ptr  # noqa: F401
 from .tensor import (Partition, Shared, Tensor, arange, empty, from_dlpack,  # noqa: F401

@@ -200,8 +200,9 @@ class BodyChecker(ast.NodeVisitor):
 
     def visit_AnnAssign(self, node):
         self.check_target(node.target)
-        if node.value is not None:
-            self.visit(node.value)
+        if node.value is None:
+            self.fail(node, "statement", "a bare annotation binds nothing; assign a value")
+        self.visit(node.value)
 
     def visit_If(self, node):
         self.visit(node.test)

@@ -97,6 +97,11 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                       f"kernels cannot address; split the tensor into views "
                                       f"of fewer elements")
         if kind == "Out":
+            grid = tuple(-(-n // k) for n, k in zip(t.shape, v._tile_shape))
+            if grid != v._order.grid:        # resized through a torch alias since partition()
+                raise _fail(kernel, name, f"the partitioned tensor now has shape "
+                                          f"{tuple(t.shape)} (grid {grid}) but was partitioned "
+                                          f"with grid {v._order.grid}; partition it again")
             return BoundArg(name, spec, v, t, v._tile_shape, v._order)
         return BoundArg(name, spec, v, t)
     if kind == "Const":
@@ -149,6 +154,12 @@ def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
         if kernel.opts.get("grid") is not None:
             raise LaunchError(f"kernel '{kernel.name}': the grid of a kernel with Out parameters "
                               f"is its Out partition; drop the grid= option")
+        if first.persistent is not None and \
+                not any(kind == "tile" for kind, _ in kernel.info.views.values()):
+            raise LaunchError(f"kernel '{kernel.name}': Out '{outs[0].name}' is a persistent "
+                              f"partition ({first.persistent} programs), but the kernel never "
+                              f"iterates `for t in {outs[0].name}.tiles():`; partition without "
+                              f"persistent=, or loop over the tiles")
     elif kernel.opts.get("grid") is None:
         raise LaunchError(f"kernel '{kernel.name}' has no Out parameter: give the launch grid "
                           f"with kernel.options(grid=(n,))")
