@@ -21,8 +21,42 @@ class DType:
     def __repr__(self) -> str:
         return f"st.{self.name}"
 
+    def __or__(self, other) -> "DTypeSet":
+        """``st.f32 | st.bf16``: several admissible types (``st.In[st.f32 | st.bf16]``)."""
+        return DTypeSet(dtype_members(self) + dtype_members(other))
+
+    def __ror__(self, other) -> "DTypeSet":
+        return DTypeSet(dtype_members(other) + dtype_members(self))
+
     def __reduce__(self):
         return (from_name, (self.name,))
+
+
+class DTypeSet:
+    """Several admissible element types: ``st.In[st.f32 | st.bf16]`` specializes per dtype."""
+
+    def __init__(self, members):
+        self.members = tuple(dict.fromkeys(members))
+
+    def __or__(self, other) -> "DTypeSet":
+        return DTypeSet(self.members + dtype_members(other))
+
+    __ror__ = __or__
+
+    def __contains__(self, d) -> bool:
+        return d in self.members
+
+    def __repr__(self) -> str:
+        return " | ".join(repr(d) for d in self.members)
+
+
+def dtype_members(d) -> tuple:
+    """The dtypes a DType or DTypeSet stands for."""
+    if isinstance(d, DType):
+        return (d,)
+    if isinstance(d, DTypeSet):
+        return d.members
+    raise ArgumentError(f"expected a safetile dtype (st.float32, ...), got {d!r}")
 
 
 float32 = DType("float32", torch.float32, "float32")

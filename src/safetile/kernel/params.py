@@ -4,38 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..dtypes import DType
-
-
-class DTypeSet:
-    """Several admissible element types: ``st.In[st.f32 | st.bf16]`` specializes per dtype."""
-
-    def __init__(self, members):
-        self.members = tuple(dict.fromkeys(members))
-
-    def __or__(self, other):
-        return DTypeSet(self.members + _dtype_members(other))
-
-    __ror__ = __or__
-
-    def __contains__(self, d) -> bool:
-        return d in self.members
-
-    def __repr__(self) -> str:
-        return " | ".join(repr(d) for d in self.members)
-
-
-def _dtype_members(d) -> tuple:
-    if isinstance(d, DType):
-        return (d,)
-    if isinstance(d, DTypeSet):
-        return d.members
-    raise TypeError(f"expected a safetile dtype, got {d!r}")
-
-
-# `st.f32 | st.bf16` builds a DTypeSet.
-DType.__or__ = lambda self, other: DTypeSet(_dtype_members(self) + _dtype_members(other))
-DType.__ror__ = lambda self, other: DTypeSet(_dtype_members(other) + _dtype_members(self))
+from ..dtypes import DType, dtype_members
 
 
 @dataclass(frozen=True)
@@ -64,7 +33,7 @@ class _TensorParam:
         args = item if isinstance(item, tuple) else (item,)
         if not 1 <= len(args) <= 2:
             raise TypeError(f"st.{cls.kind}[dtype] or st.{cls.kind}[dtype, rank], got {item!r}")
-        dtypes = _dtype_members(args[0])
+        dtypes = dtype_members(args[0])
         rank = args[1] if len(args) == 2 else None
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
             raise TypeError(f"st.{cls.kind} rank must be a positive int, got {rank!r}")
