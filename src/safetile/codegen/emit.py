@@ -10,7 +10,7 @@ Each tile of ``for t in z.tiles()`` starts a fresh chain, since distinct tiles a
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .prelude import HEADER
 from .spec import VariantKey
@@ -24,7 +24,6 @@ class Generated:
     source: str
     entry: str
     layout: list                 # ("ptr"|"shape"|"stride"|"const"|"scalar"|"tile"|"desc", ...)
-    descriptors: list = field(default_factory=list)   # (param name, block shape)
 
 
 def _join(a: dict, b: dict) -> dict:
@@ -330,8 +329,7 @@ class Emitter(ViewEmitter):
         text += funcs
         text.append(f"\n@triton.jit\ndef {entry}({', '.join(params)}):")
         text += prologue + body
-        descriptors = [(p, blk) for (p, blk) in self.descs]
-        return Generated("\n".join(text) + "\n", entry, layout, descriptors)
+        return Generated("\n".join(text) + "\n", entry, layout)
 
     def function_sources(self) -> list[str]:
         out, done = [], set()

@@ -38,9 +38,6 @@ class KernelOp(DeviceOp):
         return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
                 for (name, spec, tile, order, is_tensor), v in zip(self.plan.params, self.values)]
 
-    def _values(self) -> tuple:
-        return self.values
-
     def _hand_back(self) -> None:
         """Make the argument handles live again (idempotent). The storage borrows stay until
         the execution finishes (``hold.release``), so other launches still see them."""

@@ -75,8 +75,3 @@ def using(stream):
     if stream is None or stream == current_on(stream.device):
         return _NULL
     return _switch(stream)
-
-
-def new_stream():
-    """A fresh CUDA stream (for work that should not be ordered with the current one)."""
-    return torch.cuda.Stream() if cuda_available() else None

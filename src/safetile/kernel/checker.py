@@ -46,7 +46,6 @@ class BodyInfo:
     scope: Scope
     views: dict = field(default_factory=dict)       # local name -> ("sub"|"tile", out param)
     functions: list = field(default_factory=list)   # @st.function helpers called
-    stores: bool = False
 
 
 class BodyChecker(ast.NodeVisitor):
@@ -360,7 +359,6 @@ class BodyChecker(ast.NodeVisitor):
             if method not in OUT_METHODS:
                 self.fail(node, "call", f"Out '{name}' has no method '{method}'")
             if method == "store":
-                self.info.stores = True
                 if len(node.args) != 1 or node.keywords:
                     self.fail(node, "free-index-store",
                               f"`{name}.store` takes exactly the tile: the destination is the "
@@ -373,7 +371,6 @@ class BodyChecker(ast.NodeVisitor):
             if method not in SUB_METHODS:
                 self.fail(node, "call", f"sub-partition '{name}' has no method '{method}'")
             if method == "store":
-                self.info.stores = True
                 if len(node.args) != 2 or node.keywords:
                     self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
                                                         f"sub-index is within the owned slab")

@@ -5,7 +5,6 @@ that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -292,6 +291,3 @@ def _kernel_op():
     _KernelOp[0] = KernelOp
     return KernelOp
 
-
-def num_programs(grid) -> int:
-    return math.prod(grid)

@@ -100,18 +100,6 @@ class _Index:
         else:
             bucket.append((e, hold))
 
-    def remove(self, e: Extent, hold: "Hold") -> None:
-        c = (e.hi - e.lo - 1).bit_length()
-        level = self.levels[c]
-        bucket = level[e.lo >> c]
-        for i, entry in enumerate(bucket):
-            if entry[0] is e and entry[1] is hold:
-                del bucket[i]
-                break
-        if not bucket:
-            del level[e.lo >> c]
-            if not level:
-                del self.levels[c]
 
     def near(self, lo: int, hi: int):
         """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
@@ -206,7 +194,7 @@ class _Registry:
             if not self.holds:
                 self.index = None
                 return
-            levels = index.levels                 # _Index.remove, inlined (per hand-back)
+            levels = index.levels                 # the extents leave their buckets (per hand-back)
             for e in extents:
                 c = (e.hi - e.lo - 1).bit_length()
                 level = levels[c]
