@@ -323,3 +323,28 @@ def test_a_bare_annotation_is_rejected():
             t: int  # <- bare-annotation
             z.store(sl.load_like(x, z))
     assert_definition_error(ei, "statement", "bare-annotation")
+
+
+def test_a_view_hidden_in_a_tuple_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            pair = (z, x)  # <- view-in-tuple
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "view-value", "view-in-tuple")
+
+
+def test_a_view_passed_to_a_helper_by_keyword_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(twice(t=x))  # <- view-keyword
+    assert_definition_error(ei, "view-value", "view-keyword")
+
+
+def test_load_like_takes_an_in_then_an_out():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.load_like(z, x))  # <- load-like-order
+    assert_definition_error(ei, "call", "load-like-order")

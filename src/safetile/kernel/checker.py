@@ -83,12 +83,29 @@ class BodyChecker(ast.NodeVisitor):
         if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs:
             self.fail(tree, "statement", "kernels take plain positional parameters only")
         self.collect_views(tree)
+        self.view_uses = self.allowed_view_uses(tree)
         body = tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]                                    # docstring
         for stmt in body:
             self.visit(stmt)
         return self.info
+
+    def allowed_view_uses(self, tree) -> set:
+        """ids of the Name nodes where a view may appear: as the receiver of its methods and
+        attributes, as the arguments of ``sl.load_like``, as the pointer of an unsafe op.
+        Anywhere else (a tuple, an assignment, a helper's argument) a view is not a value."""
+        ok = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                ok.add(id(node.value))
+            elif isinstance(node, ast.Call):
+                r = self.info.scope.resolve(node.func)
+                if r is not None and r.kind == "load_like":
+                    ok.update(id(a) for a in node.args)
+                elif r is not None and r.kind == "builtin" and r.value.unsafe and node.args:
+                    ok.add(id(node.args[0]))
+        return ok
 
     def collect_views(self, tree):
         for node in ast.walk(tree):
@@ -244,6 +261,13 @@ class BodyChecker(ast.NodeVisitor):
                                     f"safetile.lang and @st.function helpers")
         if r.kind == "param" and self.params[node.id].kind == "Ptr" and not self.unsafe:
             self.fail(node, "ptr-needs-unsafe", "raw pointers need @st.kernel(unsafe=True)")
+        kind = self.kind_of(node)
+        if kind in ("In", "Out", "Ptr", "sub", "tile") and isinstance(node.ctx, ast.Load) \
+                and id(node) not in self.view_uses:
+            self.fail(node, "view-value",
+                      f"'{node.id}' is a view ({kind}), not a value: use its methods "
+                      f"({node.id}.load(...), {node.id}.shape ...) or sl.load_like(x, z); views "
+                      f"cannot be stored in tuples, assigned, or passed to helpers")
 
     def visit_Attribute(self, node):
         kind = self.kind_of(node.value)
@@ -307,6 +331,11 @@ class BodyChecker(ast.NodeVisitor):
 
     def check_callee(self, node, f, r):
         name = ast.unparse(f)
+        if r.kind == "load_like" and (len(node.args) != 2 or node.keywords
+                                      or self.kind_of(node.args[0]) != "In"
+                                      or self.kind_of(node.args[1]) not in ("Out", "tile")):
+            self.fail(node, "call", "sl.load_like(x, z) takes an In view x and an Out view z "
+                                    "(the tile of x at z's position and shape)")
         if r.kind in ("builtin", "load_like", "pybuiltin"):
             self.check_resolved_value(f, r)
             if r.kind == "builtin" and r.value.unsafe and node.args:
