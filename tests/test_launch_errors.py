@@ -156,3 +156,15 @@ def test_a_persistent_partition_needs_a_kernel_that_iterates_its_tiles():
     z = st.empty((8, 8), device="cpu").partition((4, 4), persistent=2)
     with pytest.raises(st.LaunchError, match="tiles\\(\\)"):
         scale(x2(), z, 1.0, 1)
+
+
+def test_the_same_handle_twice_is_refused_with_a_hint():
+    x = x2()
+    with pytest.raises(st.LaunchError, match="same handle.*'x'.*'y'.*clone"):
+        add2(x, x, z2())
+    assert x.shape == (8, 8)                             # nothing was moved
+
+
+@st.kernel
+def add2(x: st.In[st.f32, 2], y: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))

@@ -60,6 +60,20 @@ def bind(kernel, args, kwargs) -> list[BoundArg]:
     return [_check_arg(kernel, n, kernel.params[n], values[n]) for n in names]
 
 
+def _refuse_repeats(kernel, pairs) -> None:
+    """A launch moves each handle in once: the same handle at two parameters is refused."""
+    seen: dict = {}
+    for n, v in pairs:
+        if isinstance(v, (Tensor, Shared, Partition)):
+            if id(v) in seen:
+                hint = (" (to read one Shared value twice, pass s and s.clone())"
+                        if isinstance(v, (Tensor, Shared)) else "")
+                raise LaunchError(f"kernel '{kernel.name}': the same handle is passed as "
+                                  f"'{seen[id(v)]}' and '{n}'; a launch moves each handle in "
+                                  f"once{hint}")
+            seen[id(v)] = n
+
+
 def _check_arg(kernel, name, spec, v) -> BoundArg:
     kind = spec.kind
     if kind in ("In", "Out", "Ptr"):
@@ -251,6 +265,7 @@ def launch(kernel, args, kwargs):
     plan = None if kwargs else _plans.cached(kernel, args, choice)
     if plan is None:
         bound = bind(kernel, args, kwargs)
+        _refuse_repeats(kernel, [(b.name, b.value) for b in bound])
         check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
         grid = launch_grid(kernel, bound)
         holder, where = _messages(kernel)
