@@ -27,9 +27,8 @@ import queue
 import threading
 import weakref
 
-from ..tensor import borrows
 from . import streams
-from .op import RunContext, _state, executing
+from .op import enqueue
 
 
 def submit(op, stream=None) -> "asyncio.Future":
@@ -48,30 +47,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             or op._host_bound():
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         return loop.run_in_executor(None, contextvars.copy_context().run, op.sync, stream)
-    # `with executing("await op")`, inlined: submission is the per-op hot path of async code.
-    if getattr(_state, "busy", None) is not None:
-        with executing("await op"):             # raises ExecutionError
-            pass
-    _state.busy = "execution"
-    owner = borrows._owner
-    outer_owner = getattr(owner, "ctx", None)
-    try:
-        ctx = RunContext(streams.resolve(stream))
-        owner.ctx = ctx                         # `with borrows.owned_by(ctx)`, inlined
-        try:
-            if stream is None:
-                out = op._run(ctx)
-            else:
-                with streams.using(ctx.stream):
-                    out = op._run(ctx)
-        except BaseException:
-            op._abandon()
-            ctx.stream.synchronize()            # rare: let enqueued work finish, then hand back
-            ctx.finish()
-            raise
-    finally:
-        owner.ctx = outer_owner
-        _state.busy = None
+    ctx, out = enqueue(op, stream, "await op")
     fut = loop.create_future()
     b = _last[0]
     if b is None or b.loop_ref() is not loop:

@@ -138,6 +138,39 @@ def attach_recovered(error: BaseException, values) -> None:
             pass
 
 
+def enqueue(op, stream, what: str):
+    """Start an execution of ``op`` on ``stream`` (default: torch's current stream) and
+    enqueue its work; returns ``(ctx, output)``, the caller finishes ``ctx`` once the work is
+    complete. If enqueueing fails, the work already enqueued completes, every value is handed
+    back and the error propagates. ``what`` names the caller for the re-entrancy error."""
+    # `with executing(what)`, inlined: this is the per-op hot path of eager and async code.
+    if getattr(_state, "busy", None) is not None:
+        with executing(what):                    # raises ExecutionError
+            pass
+    _state.busy = "execution"
+    owner = borrows._owner
+    outer_owner = getattr(owner, "ctx", None)
+    try:
+        ctx = RunContext(streams.resolve(stream))
+        owner.ctx = ctx                          # `with borrows.owned_by(ctx)`, inlined
+        try:
+            if stream is None:                   # already torch's current stream
+                out = op._run(ctx)
+            else:
+                with streams.using(ctx.stream):
+                    out = op._run(ctx)
+        except BaseException:
+            op._abandon()
+            if ctx.stream is not None:           # let enqueued work finish before handing back
+                ctx.stream.synchronize()
+            ctx.finish()
+            raise
+    finally:
+        owner.ctx = outer_owner
+        _state.busy = None
+    return ctx, out
+
+
 class DeviceOp:
     """Lazy device work. ``sync()`` runs it and returns its output; ``await op`` too."""
 
@@ -196,34 +229,12 @@ class DeviceOp:
         """Run, block until the work is done, and return the output (every value handed back).
 
         ``stream``: a ``torch.cuda.Stream`` to run on; default: torch's current stream."""
-        # `executing("op.sync()")`, inlined: sync is the per-op hot path of eager code.
-        if getattr(_state, "busy", None) is not None:
-            with executing("op.sync()"):          # raises ExecutionError
-                pass
-        _state.busy = "execution"
-        owner = borrows._owner
-        outer_owner = getattr(owner, "ctx", None)
+        ctx, out = enqueue(self, stream, "op.sync()")
         try:
-            ctx = RunContext(streams.resolve(stream))
-            owner.ctx = ctx                         # `with borrows.owned_by(ctx)`, inlined
-            try:
-                if stream is None:                  # already torch's current stream
-                    out = self._run(ctx)
-                else:
-                    with streams.using(ctx.stream):
-                        out = self._run(ctx)
-                if ctx.stream is not None:
-                    ctx.stream.synchronize()
-            except BaseException:
-                self._abandon()
-                if ctx.stream is not None:          # let enqueued work finish before handing back
-                    ctx.stream.synchronize()
-                ctx.finish()
-                raise
-            ctx.finish()
+            if ctx.stream is not None:
+                ctx.stream.synchronize()
         finally:
-            owner.ctx = outer_owner
-            _state.busy = None
+            ctx.finish()
         return out
 
     def __await__(self):
