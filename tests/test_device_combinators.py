@@ -227,3 +227,34 @@ def test_another_thread_cannot_write_storage_an_unfinished_execution_still_borro
 
     add(x, y, out()).then(after).sync()
     assert len(errors) == 1 and type(errors[0]).__name__ == "AliasError"
+
+
+def test_a_long_chain_on_the_same_buffers_keeps_one_borrow_per_buffer():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    counts = []
+
+    def again(x, y, z):
+        counts.append(len(active_holds()))
+        return add(x, y, z)
+
+    op = add(x, y, out())
+    for _ in range(20):
+        op = op.then(again)
+    op.sync()
+    assert counts[-1] == counts[0] == 3          # x, y and z, held once for the execution
+    assert active_holds() == []
+
+
+def test_a_new_buffer_in_a_chain_is_borrowed_until_the_execution_finishes():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    seen = []
+
+    def into_new(x, y, z):
+        return add(x, y, out())                  # z2: bytes the execution did not hold yet
+
+    def look(x, y, z2):
+        seen.append(sorted(name for _, name, _, _ in active_holds()))
+        return add(x, y, z2.unpartition().partition((2,)))
+
+    add(x, y, out()).then(into_new).then(look).sync()
+    assert seen[0].count("z") == 2               # the first z and the new one, both held

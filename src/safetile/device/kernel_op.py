@@ -74,7 +74,10 @@ class KernelOp(DeviceOp):
         self._consumed = True
         hold = self.hold
         hold.owner = ctx                          # ordered with the rest of this execution
-        ctx._finish.append(hold.release)
+        if ctx.keeps(self.plan.extents):
+            hold.release()                        # the execution already borrows these bytes
+        else:
+            ctx._finish.append(hold.release)
         ctx._settle.append(self._hand_back)
         if ctx.recording is not None:
             ctx.recording.append(self)

@@ -45,7 +45,7 @@ class RunContext:
     list while a graph records (ops append their launches instead of executing them).
     """
 
-    __slots__ = ("stream", "handle", "recording", "_settle", "_finish")
+    __slots__ = ("stream", "handle", "recording", "_settle", "_finish", "_held")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
@@ -53,6 +53,23 @@ class RunContext:
         self.recording = recording
         self._settle: list = []
         self._finish: list = []
+        self._held: dict = {}                     # (device, lo, hi) of dense extents -> write
+
+    def keeps(self, extents) -> bool:
+        """Whether this execution already borrows, until it finishes, every byte of
+        ``extents`` at least as strongly (a write for a write). Then an op's own borrow of them
+        adds nothing, and dropping it keeps a long ``then`` chain on the same buffers from
+        piling up borrows that every later launch would walk. Otherwise the extents are noted
+        as borrowed (the caller keeps the op's borrow until the execution finishes)."""
+        held = self._held
+        if all(e.dense and (e.device, e.lo, e.hi) in held and
+               held[(e.device, e.lo, e.hi)] >= e.write for e in extents):
+            return True
+        for e in extents:
+            if e.dense:
+                key = (e.device, e.lo, e.hi)
+                held[key] = held.get(key, False) or e.write
+        return False
 
     def defer(self, fn) -> None:
         """Run ``fn`` when the work enqueued so far is ordered before host use."""
