@@ -32,20 +32,12 @@ import sys
 
 import torch
 
-import harness  # noqa: E402  (also puts src/ on sys.path)
+import harness  # noqa: F401  (puts src/ on sys.path)
 import safetile as st
-import safetile.lang as sl
 from safetile.device import launcher, streams
 from safetile.kernel import launch as launch_mod
 
-N = 1024
-CHAIN = 1000
-REPEATS = 7
-
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+from bench_launch import CHAIN, N, add, median_us  # the same kernel and sizes as on the GPU
 
 
 # ---- stubs (benchmark only) -------------------------------------------------------------
@@ -124,10 +116,6 @@ def install_stubs() -> None:
 
 
 # ---- scenarios --------------------------------------------------------------------------
-def median_us(fn, per: int, repeats: int = REPEATS) -> float:
-    return harness.median_us(fn, per, repeats)
-
-
 def main() -> int:
     install_stubs()
     state = {"x": st.randn((N,)), "y": st.randn((N,)), "z": st.empty((N,)).partition((N,))}
