@@ -23,6 +23,16 @@ import safetile.lang as sl
 from .matmul import IN_DTYPES, MatmulConfig, _cdiv, _configured, build_product
 
 
+@st.function
+def grouped_tile(t, gm, gn, group):
+    """Tile (i, j) of sequence position t in the grouped order of a (gm, gn) tile grid: the
+    walk a grouped partition's ``tiles()`` loop compiles to (``ProgramOrder.tile_coords``)."""
+    width = group * gn
+    first = (t // width) * group
+    size = min(gm - first, group)
+    return first + (t % width) % size, (t % width) // size
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels(BM: int, BN: int, BK: int, GROUP: int, TRANS_B: bool):
     """The twins of ``matmul_tiles`` and ``matmul_partial`` for one tile shape, group size
@@ -35,11 +45,7 @@ def _kernels(BM: int, BN: int, BK: int, GROUP: int, TRANS_B: bool):
         gm = sl.cdiv(m, BM)
         gn = sl.cdiv(n, BN)
         for t in range(sl.bid(0), gm * gn, sl.num_blocks(0)):
-            width = GROUP * gn
-            first = (t // width) * GROUP
-            size = min(gm - first, GROUP)
-            i = first + (t % width) % size
-            j = (t % width) // size
+            i, j = grouped_tile(t, gm, gn, GROUP)
             acc = sl.zeros((BM, BN), st.f32)
             for k in range(sl.cdiv(a.shape[1], BK)):
                 if TRANS_B:
@@ -61,11 +67,7 @@ def _kernels(BM: int, BN: int, BK: int, GROUP: int, TRANS_B: bool):
         gn = sl.cdiv(n, BN)
         gm = sl.cdiv(a.shape[0], BM)
         for t in range(sl.bid(0), gs * gn, sl.num_blocks(0)):
-            width = GROUP * gn
-            first = (t // width) * GROUP
-            size = min(gs - first, GROUP)
-            si = first + (t % width) % size
-            j = (t % width) // size
+            si, j = grouped_tile(t, gs, gn, GROUP)
             s = si // gm
             i = si - s * gm
             acc = sl.zeros((BM, BN), st.f32)
