@@ -17,7 +17,6 @@ reported (all are in the JSON). Writes benchmarks/results/attention.json (+ atte
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -56,17 +55,6 @@ def graph_time_ms(graph_replay) -> float:
     return harness.time_ms(graph_replay, warmup_ms=20, rep_ms=60)
 
 
-def torch_graph(fn):
-    """Capture ``fn`` (already warmed up) into a CUDA graph; returns its replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
 
 
 def st_graph(op):
@@ -91,7 +79,7 @@ def bench_prefill(s: int) -> dict:
         return F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
                                               enable_gqa=True)
     harness.check_close(f"sdpa prefill {s}", sdpa()[0], ref, 2e-2)
-    t_sdpa = graph_time_ms(torch_graph(sdpa))
+    t_sdpa = graph_time_ms(harness.graph_replay(sdpa))
 
     qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)
     out = st.empty((HQ, s, D), dtype=st.bf16)
@@ -139,7 +127,7 @@ def bench_decode(n: int) -> dict:
     def sdpa():
         return F.scaled_dot_product_attention(q4, k[None], v[None], enable_gqa=True)
     harness.check_close(f"sdpa decode {n}", sdpa()[0, :, 0], ref, 2e-2)
-    sdpa_replay = torch_graph(sdpa)
+    sdpa_replay = harness.graph_replay(sdpa)
     t_sdpa = graph_time_ms(sdpa_replay)
     row["sdpa_clean_us"] = harness.time_ms_clean(sdpa_replay) * 1e3
 

@@ -53,18 +53,6 @@ def raw_add_kernel(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
     tl.store(z_ptr + offsets, x + y, mask=mask)
 
 
-def torch_graph(fn):
-    """Capture ``fn`` (run once first, to compile and warm up) into a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    return g.replay
 
 
 def st_graph(op):
@@ -99,9 +87,9 @@ class Inputs:
                                            block=block, num_warps=warps)), z
         if variant == "triton":
             grid = (triton.cdiv(self.n, block),)
-            return torch_graph(lambda: raw_add_kernel[grid](self.x, self.y, z, self.n,
+            return harness.graph_replay(lambda: raw_add_kernel[grid](self.x, self.y, z, self.n,
                                                             BLOCK=block, num_warps=warps)), z
-        return torch_graph(lambda: torch.add(self.x, self.y, out=z)), z
+        return harness.graph_replay(lambda: torch.add(self.x, self.y, out=z)), z
 
     def measure(self, variant: str, block: int = 0, warps: int = 0) -> dict:
         replay, z = self.replay(variant, block, warps)

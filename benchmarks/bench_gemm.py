@@ -30,7 +30,8 @@ from dataclasses import replace
 
 import torch
 
-from harness import check_close, env_info, print_table, time_ms, write_results  # noqa: E402
+from harness import (check_close, env_info, graph_replay, print_table, time_ms,  # noqa: E402
+                     write_results)
 
 import safetile as st  # noqa: E402
 from safetile import ops  # noqa: E402
@@ -61,19 +62,6 @@ def plain_stores(cfg):
     return replace(cfg, tma_store=False, tail=tail)
 
 
-def graph_of(fn):
-    """A CUDA graph of ``fn()``'s launches, and its replay."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return g.replay
 
 
 def op_replay(make_op):
@@ -117,7 +105,7 @@ class Case:
 
     def run_cublas(self):
         y = torch.empty_like(self.ref)
-        return time_ms(graph_of(lambda: torch.nn.functional.linear(self.xt, self.wt, out=y)),
+        return time_ms(graph_replay(lambda: torch.nn.functional.linear(self.xt, self.wt, out=y)),
                        **TIMING)
 
     def tflops(self, ms):
@@ -135,7 +123,7 @@ def gemv_case(n, k, cfg=None):
     check_close(f"gemv {n}x{k} {cfg}", y.to_torch(), ref, 1e-2)
     safe = time_ms(op_replay(make))
     yt = torch.empty_like(ref)
-    cublas = time_ms(graph_of(lambda: torch.nn.functional.linear(xt, wt, out=yt)))
+    cublas = time_ms(graph_replay(lambda: torch.nn.functional.linear(xt, wt, out=yt)))
     nbytes = (n * k + k + n) * 2
     return safe, cublas, nbytes
 
@@ -158,7 +146,7 @@ def gemv_stream(n, k, cfg=None, clean=False):
     wts = [w.to_torch() for w in ws]
     xt = x.to_torch()
     yts = [torch.empty((n,), dtype=torch.bfloat16, device="cuda") for _ in range(r)]
-    cub = graph_of(lambda: [torch.nn.functional.linear(xt, wt, out=yt)
+    cub = graph_replay(lambda: [torch.nn.functional.linear(xt, wt, out=yt)
                             for wt, yt in zip(wts, yts)])
     safe_ms = time_ms(replay) / r if replay is not None else None
     if clean:                           # also with L2 left clean (harness.time_ms_clean)

@@ -75,6 +75,23 @@ def time_ms_clean(fn, reps: int = 60, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def graph_replay(fn):
+    """Run ``fn`` once on a side stream (compiles, warms up), capture its launches into a CUDA
+    graph, and return the graph's replay (host launch cost out of the figures)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    return g.replay
+
+
 def median_us(fn, per: int, repeats: int = 7) -> float:
     """Median over ``repeats`` of ``fn()``'s wall time divided by the ``per`` ops it runs.
 
