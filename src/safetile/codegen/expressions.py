@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 
 from ..errors import KernelDefinitionError
-from ..kernel.checker import inline_partition
+from ..kernel.checker import inline_partition, kind_of
 from .prelude import helper_source
 
 
@@ -50,14 +50,9 @@ class ExpressionEmitter:
         return self.info.views[name][1]
 
     def view_kind(self, node):
-        if isinstance(node, ast.Name):
-            if node.id in self.specs and self.specs[node.id].kind in ("In", "Out", "Ptr"):
-                return self.specs[node.id].kind
-            if node.id in self.info.views:
-                return self.info.views[node.id][0]
-        elif inline_partition(node) and self.view_kind(node.func.value) in ("Out", "tile"):
-            return "sub"
-        return None
+        """'In'/'Out'/'Ptr'/'sub'/'tile' if ``node`` names a view, else None."""
+        kind = kind_of(node, self.specs, self.info.views)
+        return kind if kind in ("In", "Out", "Ptr", "sub", "tile") else None
 
     def static(self, node):
         if isinstance(node, ast.Constant) and isinstance(node.value, int):

@@ -66,14 +66,7 @@ class BodyChecker(ast.NodeVisitor):
     def kind_of(self, node):
         """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals and for an
         inline ``z.partition(shape)``, else None."""
-        if isinstance(node, ast.Name):
-            if node.id in self.params:
-                return self.params[node.id].kind
-            if node.id in self.info.views:
-                return self.info.views[node.id][0]
-        elif inline_partition(node) and self.kind_of(node.func.value) in ("Out", "tile"):
-            return "sub"
-        return None
+        return kind_of(node, self.params, self.info.views)
 
     def check(self) -> BodyInfo:
         tree = self.src.tree
@@ -407,6 +400,20 @@ class BodyChecker(ast.NodeVisitor):
             self.visit(a)
         for k in node.keywords:
             self.visit(k.value)
+
+
+def kind_of(node, params: dict, views: dict):
+    """What ``node`` names: a parameter's kind ('In', 'Out', 'Ptr', 'Const', 'int', ...), a
+    view local's ('sub', 'tile'), 'sub' for an inline ``z.partition(shape)``, or None.
+    ``params`` maps names to objects with a ``kind`` (ParamSpec or the codegen's ArgSpec)."""
+    if isinstance(node, ast.Name):
+        if node.id in params:
+            return params[node.id].kind
+        if node.id in views:
+            return views[node.id][0]
+    elif inline_partition(node) and kind_of(node.func.value, params, views) in ("Out", "tile"):
+        return "sub"
+    return None
 
 
 def inline_partition(node) -> bool:
