@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 import safetile as st
-from safetile.errors import ExecutionError, GraphCaptureError
+from safetile.errors import AliasError, ExecutionError, GraphCaptureError
 
 import support
 from support import add, vec
@@ -128,3 +128,25 @@ def test_launching_before_the_scope_closes_raises():
     with st.graph_scope() as s:
         with pytest.raises(GraphCaptureError, match="still recording"):
             s.launch()
+
+
+
+def test_a_replay_rewrites_values_shared_while_recording_before_the_launches_that_read_them():
+    # Each add reads, as a Shared value, the vector the previous one wrote (a decode step).
+    cur, one = vec(1, 2, 3, 4), vec(1, 1, 1, 1).share()
+    bufs = [st.empty((4,)) for _ in range(3)]
+    with st.graph_scope() as s:
+        for buf in bufs:
+            _, one, zp = s.record(add(cur.share(), one, buf.partition((2,))))
+            cur = zp.unpartition()
+    for _ in range(2):
+        s.launch().sync()
+    assert cur.to_torch().tolist() == [4, 5, 6, 7]
+
+
+def test_a_replay_may_not_rewrite_a_value_shared_after_recording():
+    g = inc(st.zeros((4,)).partition((2,))).graph()
+    shared = g.output[0].unpartition().share()
+    with pytest.raises(AliasError, match="shared value"):
+        g.launch().sync()
+    assert shared.try_unwrap().to_torch().tolist() == [0, 0, 0, 0]

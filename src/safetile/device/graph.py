@@ -16,7 +16,10 @@ When the scope closes, the recording becomes a ``Graph``:
 
 ``g.launch()`` is a ``DeviceOp`` (sync, await, chain with ``then``). While a replay is in
 flight the graph borrows every storage it touches (whole storages: reads, and writes where
-any launch writes), so host access and other launches are checked as for any op.
+any launch writes), so host access and other launches are checked as for any op. A value
+shared while the scope records (``x.share()`` of a recorded op's result, read by a later
+record) is the graph's own: each replay rewrites it, in recorded order, before the launches
+that read it; a value shared after recording still keeps every replay from writing it.
 
 ``g.update(op)`` re-records from a new op of the same structure (same kernels, variants and
 grids, in the same order) and re-captures: every argument baked into the graph (tensor
@@ -45,6 +48,7 @@ class GraphScope:
         self.outputs: list = []          # one output per record() call
         self.graph: Graph | None = None
         self._closed = False
+        self.shared_holds: list = []     # read borrows of values shared while recording
 
     def record(self, op: DeviceOp):
         """Record ``op`` and return its output (its values are handed back now)."""
@@ -73,16 +77,16 @@ def graph_scope(reason: str = "st.graph_scope()"):
     After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
     output) and ``s.launch()`` replays it."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason):
+    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds):
         yield scope
     scope._closed = True
-    scope.graph = Graph(scope.records, tuple(scope.outputs))
+    scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
 
 
 def _record(ops, reason: str) -> GraphScope:
     """Record ``ops`` into a fresh scope (not yet captured)."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason):
+    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds):
         for op in ops:
             scope.record(op)
     scope._closed = True
@@ -92,7 +96,7 @@ def _record(ops, reason: str) -> GraphScope:
 def record_graph(op: DeviceOp) -> "Graph":
     """``op.graph()``: a graph of one op whose output is that op's output."""
     scope = _record((op,), "op.graph()")
-    return Graph(scope.records, scope.outputs[0], single=True)
+    return Graph(scope.records, scope.outputs[0], single=True, shared_holds=scope.shared_holds)
 
 
 def _launch(scope: GraphScope) -> DeviceOp:
@@ -118,20 +122,23 @@ def _structure(records) -> tuple:
 class Graph:
     """Recorded launches replayed by ``launch()``; ``output`` is the recorded output."""
 
-    def __init__(self, records: list, output, single: bool = False):
+    def __init__(self, records: list, output, single: bool = False, shared_holds=()):
         self.output = output
         self._single = single
-        self._set(records)
+        self._set(records, shared_holds)
 
     def __repr__(self) -> str:
         return f"<Graph of {len(self.records)} launches on {self.backend}>"
 
-    def _set(self, records: list) -> None:
+    def _set(self, records: list, shared_holds) -> None:
         names = {r.backend.name for r in records}
         if len(names) > 1:
             raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
                                     f"record ops of one backend")
         self.records = list(records)
+        # Values shared while recording are the graph's own: a replay may rewrite them
+        # (borrows.collect_shared); every other shared value's borrow still applies.
+        self._own_shared = frozenset(shared_holds)
         self.backend = names.pop() if names else "none"
         self._borrows = self._borrow_plan()
         self._cuda = None
@@ -193,7 +200,7 @@ class Graph:
                 f"kernels, argument dtypes and shapes, grids, in order): recorded "
                 f"{[r.kernel.name for r in self.records]}, got "
                 f"{[r.kernel.name for r in scope.records]}")
-        self._set(scope.records)
+        self._set(scope.records, scope.shared_holds)
         outs = tuple(scope.outputs)
         self.output = outs[0] if self._single else outs
 
@@ -214,7 +221,8 @@ class GraphLaunchOp(DeviceOp):
             ctx.recording.extend(g.records)
             return g.output
         reads, writes = g._borrows
-        hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes)
+        hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes,
+                               exempt=g._own_shared)
         hold.owner = ctx
         ctx.at_finish(hold.release)
         g._replay(ctx)

@@ -39,8 +39,8 @@ from ..errors import AliasError, BorrowError
 from .ownership import LOCK
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 
-__all__ = ["acquire", "prepare", "register", "hold_shared", "by_device", "Extent", "Hold",
-           "check_host_read",
+__all__ = ["acquire", "prepare", "register", "hold_shared", "collect_shared", "by_device",
+           "Extent", "Hold", "check_host_read",
            "check_host_write", "overlaps", "active_holds", "EXACT_LIMIT"]
 
 # ---------------------------------------------------------------------------------------
@@ -163,6 +163,14 @@ class _Registry:
                         if (write or e.write) and e.lo < hi and lo < e.hi and \
                                 (owner is None or h.owner is not owner) and _overlap(x, e):
                             return e, h
+        return None
+
+    def conflict_except(self, x: Extent, owner, exempt):
+        """``conflict`` that also skips the holds in ``exempt`` (graph replays, not per launch)."""
+        for e, h in self.near(x.lo, x.hi):
+            if (x.write or e.write) and e.lo < x.hi and x.lo < e.hi and h not in exempt and \
+                    (owner is None or h.owner is not owner) and _overlap(x, e):
+                return e, h
         return None
 
     def add(self, hold: "Hold", extents: tuple) -> None:
@@ -309,11 +317,12 @@ def by_device(extents: tuple) -> tuple:
     return tuple((device, tuple(mine)) for device, mine in groups.items())
 
 
-def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
+def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozenset()) -> Hold:
     """Check ``extents`` (from :func:`prepare`) against the holds in flight and register
     them: a write may overlap no held extent, a read no held write (``AliasError``, and
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
-    ``by_device(extents)`` when the caller has it. The caller need not hold ``LOCK``."""
+    ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
+    against. The caller need not hold ``LOCK``."""
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)
     if groups is None:
@@ -326,7 +335,8 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
             if not reg.holds:
                 continue
             for x in mine:
-                found = reg.conflict(x, owner)
+                found = reg.conflict_except(x, owner, exempt) if exempt else \
+                    reg.conflict(x, owner)
                 if found is not None:
                     _raise_external(holder, x, found[0], found[1])
         for device, mine in groups:
@@ -338,24 +348,48 @@ def register(holder: str, extents: tuple, tensors=(), groups=None) -> Hold:
 
 def acquire(holder: str,
             reads: Sequence[tuple[str, torch.Tensor]] = (),
-            writes: Sequence[tuple[str, torch.Tensor]] = ()) -> Hold:
+            writes: Sequence[tuple[str, torch.Tensor]] = (), exempt=frozenset()) -> Hold:
     """Register the storage an operation reads and writes while it is in flight.
 
     ``holder`` names the operation (``"kernel 'add' (examples/01.py:12)"``); ``reads`` and
     ``writes`` are ``(name, torch_tensor)`` pairs, names as in :func:`_label`. Raises
     :class:`AliasError` (and registers nothing) if a write overlaps another argument of the
-    same call, or conflicts with a hold already registered.
+    same call, or conflicts with a hold already registered (other than those in ``exempt``).
     """
     extents = prepare(holder, reads, writes)
-    return register(holder, extents, tuple(t for _, t in writes) + tuple(t for _, t in reads))
+    return register(holder, extents, tuple(t for _, t in writes) + tuple(t for _, t in reads),
+                    exempt=exempt)
+
+
+# Where the read borrows of Shared values made on this thread go while a graph scope
+# records (see ``collect_shared``).
+_collecting = threading.local()
+
+
+@contextlib.contextmanager
+def collect_shared(into: list):
+    """While the block runs, append to ``into`` the read borrow of every Shared value made
+    on this thread. A graph scope collects them: a value shared while it records comes from
+    the recording (a write recorded after the share is refused at record time), so the
+    graph's replays may rewrite it, in recorded order, before the launches that read it."""
+    outer = getattr(_collecting, "into", None)
+    _collecting.into = into
+    try:
+        yield
+    finally:
+        _collecting.into = outer
 
 
 def hold_shared(t: torch.Tensor, what: str) -> Hold:
     """A read borrow of ``t`` for as long as a Shared value holds it (``what`` names the
-    value): while it lasts, no launch may write the storage, through any view."""
+    value): while it lasts, no launch may write the storage, through any view (but the
+    replays of a graph that recorded the sharing, see ``collect_shared``)."""
     hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
+    into = getattr(_collecting, "into", None)
+    if into is not None:
+        into.append(hold)
     return hold
 
 
