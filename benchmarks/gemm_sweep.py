@@ -197,7 +197,6 @@ def short(c) -> str:
 # ---- timing -----------------------------------------------------------------------------------
 
 def sweep(deadline, case_cls, write_results, print_table, pdl_top=3):
-    from harness import time_ms
     shapes = sweep_shapes()
     jobs = []
     for _, m, n, k, cands in shapes:
@@ -217,7 +216,7 @@ def sweep(deadline, case_cls, write_results, print_table, pdl_top=3):
         case = case_cls(m, n, k)
         cub = case.run_cublas()
 
-        def timed(cfg, tag):
+        def timed(cfg, tag, case=case):
             if time.time() > shape_deadline:
                 return None
             try:

@@ -75,6 +75,28 @@ def time_ms_clean(fn, reps: int = 60, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def time_ms_steady(replay, reps: int = 20, trials: int = 9) -> float:
+    """Median time in milliseconds of one ``replay()`` when replays run back to back.
+
+    This is a decode loop's situation: each step's graph follows the previous one on the
+    stream, so the launch of one replay hides behind the one before, and L2 holds only what
+    the previous step read (clean lines), not the 256 MB of dirty lines ``time_ms``'s flush
+    leaves. ``replay`` should stream more than L2 holds, so nothing is an L2 hit from one
+    replay to the next."""
+    replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            replay()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) / reps)
+    return statistics.median(samples)
+
+
 def graph_replay(fn):
     """Run ``fn`` once on a side stream (compiles, warms up), capture its launches into a CUDA
     graph, and return the graph's replay (host launch cost out of the figures)."""

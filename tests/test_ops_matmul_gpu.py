@@ -87,3 +87,27 @@ def test_pdl_gemv_chain_in_a_graph_reads_each_previous_result(prefetch):
         want = w.to_torch().double() @ want
     got = outs[-1].to_torch().double()
     assert rel_err(got, want) < 1e-4
+
+
+def test_a_gemv_reads_the_weights_the_kernel_before_it_just_wrote():
+    # The gemv loads its first weight blocks before its programmatic-launch wait; when the
+    # launch just before it writes those weights it must go without PDL, or it could read
+    # the old ones. Each step overwrites w (an add) and multiplies by it, in a graph.
+    n, k = 4096, 4096
+    news = [st.randn((n, k), dtype=st.bf16, seed=40 + i).share() for i in range(4)]
+    zero = st.zeros((n, k), dtype=st.bf16).share()
+    x = st.randn((k,), dtype=st.bf16, seed=50).share()
+    w = st.zeros((n, k), dtype=st.bf16)
+    ys = [st.empty((n,), dtype=st.bf16) for _ in news]
+    with st.graph_scope() as scope:
+        for new, y in zip(news, ys):
+            w = scope.record(ops.add(new, zero, w))
+            shared = w.share()
+            scope.record(ops.gemv(shared, x, y))
+            w = shared.try_unwrap()
+    assert all(r.serial for r in scope.graph.records[1::2])
+    for _ in range(3):
+        outs = scope.graph.launch().sync()
+    xt = x.to_torch().float()
+    for new, y in zip(news, outs[1::2]):
+        assert rel_err(y.to_torch(), new.to_torch().float() @ xt) < 1e-2

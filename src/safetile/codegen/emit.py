@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ..kernel.checker import IN_METHODS
 from .prelude import HEADER
 from .spec import VariantKey
 from .views import ViewEmitter
@@ -29,6 +30,26 @@ class Generated:
 def _join(a: dict, b: dict) -> dict:
     keys = set(a) | set(b)
     return {k: a.get(k, frozenset()) | b.get(k, frozenset()) for k in keys}
+
+
+def helper_touches_memory(helper, seen=None) -> bool:
+    """Whether an ``@st.function`` helper may read or write memory: views cannot be passed
+    to helpers, so only through the pointer builtins, in its body or in a helper it calls."""
+    seen = seen if seen is not None else set()
+    if id(helper) in seen:
+        return False
+    seen.add(id(helper))
+    scope = helper.info.scope
+    for n in ast.walk(helper.src.tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)):
+            r = scope.resolve(n.func)
+            if r is None:
+                continue
+            if r.kind == "builtin" and (r.value.unsafe or r.value.name == "load_ptr"):
+                return True
+            if r.kind == "function" and helper_touches_memory(r.value, seen):
+                return True
+    return False
 
 
 class Emitter(ViewEmitter):
@@ -231,23 +252,37 @@ class Emitter(ViewEmitter):
         head = f"{ind}for _st_t in {loop}:"
         return [head] + coords + body, _join(state, end)
 
+    def early_access(self, call) -> bool:
+        """Whether ``call`` may run before the programmatic-launch wait: an L2 prefetch of an
+        In view (it delivers no value), or a load of an In named in the ``early`` option (the
+        launcher drops programmatic launch whenever the previous launch of the execution may
+        write one of those, so nothing running concurrently writes what they read)."""
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and self.view_kind(f.value) == "In"):
+            return False
+        if f.attr == "prefetch":
+            return True
+        return f.attr in IN_METHODS and isinstance(f.value, ast.Name) and \
+            f.value.id in self.key.early
+
     def touches_memory(self, stmt) -> bool:
-        """Whether a statement may read or write memory other than through ``In.prefetch``:
-        any view method call (loads, stores, sub-partitions, ``tiles()``), ``load_like``,
-        the pointer operations, and (conservatively) calls of ``@st.function`` helpers.
-        Shapes, tile indices, program ids and tile arithmetic touch only registers."""
+        """Whether a statement may read or write memory other than through an early access
+        (``early_access``): any other view method call (loads, stores, sub-partitions,
+        ``tiles()``), ``load_like``, the pointer operations, and calls of ``@st.function``
+        helpers that use them. Shapes, tile indices, program ids and tile arithmetic touch
+        only registers."""
         for n in ast.walk(stmt):
             if not isinstance(n, ast.Call):
                 continue
             f = n.func
             if isinstance(f, ast.Attribute) and self.view_kind(f.value) is not None:
-                if not (self.view_kind(f.value) == "In" and f.attr == "prefetch"):
+                if not self.early_access(n):
                     return True
                 continue
             r = self.scope.resolve(f) if isinstance(f, (ast.Name, ast.Attribute)) else None
             if r is None:
                 continue
-            if r.kind in ("load_like", "function"):
+            if r.kind == "load_like" or (r.kind == "function" and helper_touches_memory(r.value)):
                 return True
             if r.kind == "builtin" and (r.value.unsafe or r.value.name == "load_ptr"):
                 return True
@@ -258,14 +293,15 @@ class Emitter(ViewEmitter):
         stmts = self.src.tree.body
         pre, rest = [], list(stmts)
         if self.key.pdl:
-            # The leading statements that touch no memory but prefetches run before the wait:
-            # a prefetch only warms L2 (it delivers no value, so it cannot observe what the
-            # previous grid writes), and index arithmetic reads nothing.
+            # The leading statements whose only memory accesses are early ones run before
+            # the wait: a prefetch only warms L2 (it delivers no value, so it cannot observe
+            # what the previous grid writes), loads of `early` Ins read nothing that grid
+            # writes (the launcher's check), and index arithmetic reads nothing.
             k = 0
             while k < len(stmts) and not self.touches_memory(stmts[k]):
                 k += 1
-            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr == "prefetch" for s_ in stmts[:k] for n in ast.walk(s_)):
+            if any(isinstance(n, ast.Call) and self.early_access(n)
+                   for s_ in stmts[:k] for n in ast.walk(s_)):
                 pre, rest = stmts[:k], stmts[k:]
         head, state = self.block(pre, {}, ind) if pre else ([], {})
         body, _ = self.block(rest, state, ind)
@@ -273,10 +309,11 @@ class Emitter(ViewEmitter):
         prologue = []
         if self.key.pdl:
             # Programmatic dependent launch: this grid may start while the previous one runs.
-            # The wait comes before every load and store (only index arithmetic and L2
-            # prefetches precede it), so no access of this program can see (or overwrite)
-            # memory that grid still uses; then the next PDL grid may be scheduled (it waits
-            # the same way).
+            # The wait comes before every load and store but the early accesses (index
+            # arithmetic, L2 prefetches and loads of `early` Ins precede it), so no access of
+            # this program can see (or overwrite) memory that grid still writes; then the next
+            # PDL grid may be scheduled (it waits the same way, so when it starts, every grid
+            # before this one has completed).
             wait = [f"{ind}_st_gdc_wait()", f"{ind}_st_gdc_launch_dependents()"]
             if head:
                 body = head + wait + body[len(head):]

@@ -36,3 +36,4 @@ class VariantKey:
     loop_stages: Optional[int] = None  # innermost range loops: tl.range(..., num_stages=n)
     tma_store: bool = False            # the owned tile's single store through a descriptor
     pdl: bool = False                  # programmatic dependent launch: wait first, then signal
+    early: tuple = ()                  # pdl: In parameters whose leading loads precede the wait

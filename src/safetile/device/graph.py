@@ -226,6 +226,8 @@ class GraphLaunchOp(DeviceOp):
         hold.owner = ctx
         ctx.at_finish(hold.release)
         g._replay(ctx)
+        if g.records:
+            ctx.last = g.records[-1]
         return g.output
 
     def _host_bound(self) -> bool:

@@ -1,6 +1,7 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
+from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
 from .op import DeviceOp, RunContext
 
@@ -16,11 +17,15 @@ class KernelOp(DeviceOp):
     a graph replays it through ``_execute``, which launches without touching ownership.
     """
 
-    __slots__ = ("kernel", "plan", "values", "backend", "hold", "_released", "_consumed")
+    __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "_released",
+                 "_consumed")
 
     def __init__(self, kernel, plan, values, backend, hold):
         self.kernel, self.plan, self.values, self.backend, self.hold = \
             kernel, plan, values, backend, hold
+        # Launch without programmatic launch even if the kernel is compiled for it: set by
+        # _run when the launch before may write what this one loads before its wait.
+        self.serial = False
         self._released = False
         self._consumed = False
 
@@ -60,7 +65,7 @@ class KernelOp(DeviceOp):
             from ..interpret.executor import run
             run(self.kernel, self.bound, self.grid, self.backend.seed)
         else:
-            (_launch[0] or _launcher())(self.kernel, self.plan, self.values, stream)
+            (_launch[0] or _launcher())(self.kernel, self.plan, self.values, stream, self.serial)
 
     def _prepare(self) -> None:
         """Compile and load the binary without launching (before a graph capture)."""
@@ -79,6 +84,11 @@ class KernelOp(DeviceOp):
         else:
             ctx._finish.append(hold.release)
         ctx._settle.append(self._hand_back)
+        opts = self.kernel.opts
+        if opts.get("early") and opts.get("pdl"):
+            prev = ctx.recording[-1] if ctx.recording else ctx.last
+            self.serial = prev is not None and writes_early_reads(prev, self)
+        ctx.last = self
         if ctx.recording is not None:
             ctx.recording.append(self)
             return self.values
@@ -103,6 +113,16 @@ class KernelOp(DeviceOp):
 
     def _host_bound(self) -> bool:
         return self.backend.name == "interpret"
+
+
+def writes_early_reads(prev: KernelOp, op: KernelOp) -> bool:
+    """Whether ``prev``, the launch just before ``op`` on its stream, may write bytes that
+    ``op`` loads before its programmatic-launch wait (its ``early`` In parameters). Only
+    ``prev`` can still be running then: ``op``'s grid starts once every program of ``prev``
+    has passed its own wait, i.e. once every launch before ``prev`` has completed."""
+    early = op.kernel.opts["early"]
+    mine = [e for e in op.plan.extents if not e.write and e.name in early]
+    return any(_overlap(w, e) for w in prev.plan.extents if w.write for e in mine)
 
 
 _launch = [None]

@@ -141,10 +141,13 @@ class VariantLauncher:
         _launch_general(self.binary(spec, args, grid), grid, stream, args)
 
 
-def _launch_general(compiled, grid, stream: int, args) -> None:
+def _launch_general(compiled, grid, stream: int, args, serial: bool = False) -> None:
     """What ``CompiledKernel.__getitem__(grid)(*args)`` does, on ``stream``: launch metadata
-    and hooks when a hook is installed, scratch buffers allocated by ``CudaLauncher``."""
+    and hooks when a hook is installed, scratch buffers allocated by ``CudaLauncher``;
+    ``serial``: without programmatic dependent launch."""
     rt = _RT[0] or _runtime()
+    if serial and getattr(compiled.run, "launch_pdl", False):
+        compiled = _serial_copy(compiled)
     gx = grid[0]
     gy = grid[1] if len(grid) > 1 else 1
     gz = grid[2] if len(grid) > 2 else 1
@@ -174,12 +177,12 @@ class DirectLaunch:
     plan that needs per-launch work (tensor descriptors, scratch): it takes the general entry.
     """
 
-    __slots__ = ("compiled", "grid", "c_launch", "tail")
+    __slots__ = ("compiled", "grid", "c_launch", "tail", "serial_tail")
 
     def __init__(self, compiled, grid, args):
         self.compiled = compiled
         self.grid = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-        self.c_launch = self.tail = None
+        self.c_launch = self.tail = self.serial_tail = None
         L = compiled.run
         if (getattr(L, "global_scratch_size", 1) == 0 and getattr(L, "profile_scratch_size", 1) == 0
                 and hasattr(L, "launch")
@@ -187,6 +190,8 @@ class DirectLaunch:
             ints = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in args)
             self.tail = (compiled.function, L.launch_cooperative_grid, L.launch_pdl, None, None,
                          compiled.packed_metadata, None, None, None) + ints
+            # the same launch without programmatic dependent launch (KernelOp.serial)
+            self.serial_tail = self.tail[:2] + (False,) + self.tail[3:]
             self.c_launch = L.launch
 
 
@@ -205,19 +210,19 @@ def _bound(plan, values):
             for (name, spec, tile, order, is_tensor), v in zip(plan.params, values)]
 
 
-def launch(kernel, plan, values, stream: int) -> None:
+def launch(kernel, plan, values, stream: int, serial: bool = False) -> None:
     """Launch ``kernel`` with the arguments ``values`` (checked into ``plan``) on the raw
-    stream handle ``stream``."""
+    stream handle ``stream``; ``serial``: without programmatic dependent launch."""
     d = plan.gpu or _plan_launch(kernel, plan, values)
     rt = _RT[0] or _runtime()
     if d.c_launch is not None and _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
         gx, gy, gz = d.grid
-        d.c_launch(gx, gy, gz, stream, *d.tail)
+        d.c_launch(gx, gy, gz, stream, *(d.serial_tail if serial else d.tail))
         return
     bound = _bound(plan, values)
     L = launcher_for(kernel, bound)
     args, _ = L.args(bound)
-    _launch_general(d.compiled, plan.grid, stream, args)
+    _launch_general(d.compiled, plan.grid, stream, args, serial)
 
 
 def prepare(kernel, plan, values) -> None:
@@ -232,6 +237,19 @@ def _compile(variant, args, grid, options):
     compiled = variant.jit.warmup(*args, grid=grid, **options)
     compiled._init_handles()
     return compiled
+
+
+def _serial_copy(compiled):
+    """A view of ``compiled`` whose launcher does not ask for programmatic dependent launch
+    (``CudaLauncher`` reads its ``launch_pdl`` attribute at each call); made once."""
+    serial = getattr(compiled, "_st_serial", None)
+    if serial is None:
+        import copy
+        serial = copy.copy(compiled)
+        serial.run = copy.copy(compiled.run)
+        serial.run.launch_pdl = False
+        compiled._st_serial = serial
+    return serial
 
 
 _RT = [None]

@@ -45,12 +45,13 @@ class RunContext:
     list while a graph records (ops append their launches instead of executing them).
     """
 
-    __slots__ = ("stream", "handle", "recording", "_settle", "_finish", "_held")
+    __slots__ = ("stream", "handle", "recording", "last", "_settle", "_finish", "_held")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
         self.handle = stream.cuda_stream if stream is not None else 0
         self.recording = recording
+        self.last = None                          # the last KernelOp launched on the stream
         self._settle: list = []
         self._finish: list = []
         self._held: dict = {}                     # (device, lo, hi) of dense extents -> write

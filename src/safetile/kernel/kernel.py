@@ -15,7 +15,7 @@ from .source import KernelSource
 _unsafe_depth: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=0)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
-                  "loop_stages", "tma_store", "pdl"}
+                  "loop_stages", "tma_store", "pdl", "early"}
 
 
 @contextlib.contextmanager
@@ -113,11 +113,27 @@ class Kernel:
         before any load or store (only index arithmetic and ``x.prefetch`` L2 hints of In
         views may precede it: they deliver no value), so ordering is exactly that of a plain
         launch; it then signals that the next PDL kernel may be scheduled.
+        ``early=("w", ...)`` (with ``pdl``) names In parameters whose loads in the body's
+        leading statements also run before the wait, overlapping the previous kernel (a
+        gemv's weights, which no recent kernel writes). At each launch the launcher checks
+        the launch just before it in the same execution (or graph): if that one may write
+        bytes of an early parameter, this launch goes without programmatic launch, ordered
+        after it as usual. (Only that launch can still run: by the time a PDL grid starts,
+        every program of the one before has passed its own wait.)
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:
             raise ArgumentError(f"unknown launch option(s) {sorted(unknown)}; "
                             f"known: {sorted(LAUNCH_OPTIONS)}")
+        early = opts.get("early", ())
+        if isinstance(early, str) or not all(
+                isinstance(n, str) and n in self.params and self.params[n].kind == "In"
+                for n in early):
+            raise ArgumentError(f"kernel '{self.name}': early={early!r} must be a tuple of In "
+                                f"parameter names (In parameters: "
+                                f"{[n for n, p in self.params.items() if p.kind == 'In']})")
+        if early:
+            opts = {**opts, "early": tuple(early)}
         k = object.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.opts = {**self.opts, **opts}

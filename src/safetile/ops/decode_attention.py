@@ -183,10 +183,15 @@ _SPLIT: dict = {}
 
 
 def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False):
+    """The split kernel with these options. Under ``pdl`` every read (query, cache, length)
+    runs before the wait (``early``), so the whole split overlaps the kernel before it (the
+    previous attention's merge) and only its stores wait; the launcher drops programmatic
+    launch when that kernel may write the cache, the query or the length (a KV append)."""
     key = (num_warps, num_stages, pdl)
     if key not in _SPLIT:
-        _SPLIT[key] = decode_split_kernel.options(num_warps=num_warps, num_stages=num_stages,
-                                                  pdl=pdl)
+        _SPLIT[key] = decode_split_kernel.options(
+            num_warps=num_warps, num_stages=num_stages, pdl=pdl,
+            early=("q", "k", "v", "length") if pdl else ())
     return _SPLIT[key]
 
 

@@ -7,6 +7,12 @@ slice of ``x`` into a ``(BN, BK)`` fp32 accumulator that is reduced across ``K``
 end. The work is all in streaming ``W`` once: the time floor is ``N * K * 2`` bytes over
 the memory bandwidth, so the config keeps enough programs resident on every SM (small ``BN``
 for small ``N``) and enough bytes in flight per program (``BK`` and pipeline stages).
+
+Decode runs gemvs back to back, each only a few microseconds long, so the boundary between
+two kernels costs a large share. With programmatic dependent launch each program loads its
+first two ``W`` blocks *before* waiting for the previous kernel (``early=("w",)``: the
+weights are not what that kernel writes; the launcher checks it at each launch), so the next
+gemv's weight stream starts while the previous one drains.
 """
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ class GemvConfig:
     waiting for it on the device; see ``Kernel.options``); ``prefetch``: how many of the
     program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
     its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
-    only issued at the program's start)."""
+    only issued at the program's start); ``early``: with ``pdl``, load the first two ``W``
+    blocks before the wait (see the module docstring)."""
 
     bn: int
     bk: int
@@ -39,6 +46,7 @@ class GemvConfig:
     tma: bool = True
     pdl: bool = False
     prefetch: int = 0
+    early: bool = True
 
 
 def _pdl_default() -> bool:
@@ -48,24 +56,23 @@ def _pdl_default() -> bool:
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
-    """Rows per program so that the launch has several programs per SM: with every program
-    resident at once, the HBM stream is shared evenly and no wave is left half empty.
-    (512-wide K blocks through a 4-deep cp.async pipeline measured best on the H200, with
-    4-row programs for N = 2560 and 8-16 rows for larger N; 6 stages, 1024-wide blocks and
-    2-row programs were slower everywhere, results/gemv_sweep1.json.)
+    """Rows per program, K block and pipeline depth for an ``(n, k)`` weight, from the H200
+    measurements of chains of gemvs over distinct weights with early weight loads
+    (results/gemv_steady.json, 2026-11-30; ``sms`` is accepted for other GPUs' tables):
 
-    ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch: in a
-    graph of back-to-back gemvs (results/gemv.json, H200, 2026-11-30) it took 0.1-0.6 us off
-    each, the most on the shortest (o: 8.09 -> 7.49 us).
+    - 16 rows per program for 4096 < N <= 8192 (Qwen3-4B qkv: 9.17 us vs 9.4 for 8 rows),
+      8 rows otherwise (o, down: 8 beat 4 and 16; gate_up and lm_head: 4, 8 and 16 within 1%);
+    - 1024-wide K blocks, 3 stages, for N <= 4096 when 1024 divides K (o: 5.97 vs 6.4 us with
+      512): a small N has few rows in flight, so each needs longer blocks; 512 and 4 stages
+      otherwise.
 
-    ``prefetch`` stays 0: prefetching the first 2 W blocks into L2 before the pdl wait took
-    -0.2 (qkv) to +1.0 us (down) per gemv in that stream, and the whole slab +2.4 to +11 us
-    (results/gemv_prefetch.json, H200, 2026-11-30): the early bytes compete with the previous
-    gemv's own stream rather than filling an idle gap."""
-    bn = 16
-    while bn > 4 and n // bn < 3 * sms:
-        bn //= 2
-    return GemvConfig(bn, 512, 4, 4, tma=False, pdl=_pdl_default() if pdl is None else pdl)
+    ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
+    early weight loads. ``prefetch`` stays 0: L2 prefetches of the first blocks before the
+    wait lost to early loads into registers (results/gemv_prefetch.json)."""
+    del sms
+    bn = 16 if 4096 < n <= 8192 else 8
+    bk, stages = (1024, 3) if n <= 4096 and k % 1024 == 0 else (512, 4)
+    return GemvConfig(bn, bk, 4, stages, tma=False, pdl=_pdl_default() if pdl is None else pdl)
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,8 +88,13 @@ def _kernel(BK: int, PREFETCH: int = 0):
         # these hints go before the programmatic-launch wait (blocks past K are masked off).
         for p in range(PREFETCH):
             w.prefetch((i, p), (y.shape[0], BK))
-        acc = sl.zeros((y.shape[0], BK), st.f32)
-        for k in range(sl.cdiv(w.shape[1], BK)):
+        # With the `early` option these two loads also precede the wait (blocks past K load
+        # zeros): the weight stream starts while the previous kernel drains.
+        w0 = w.load((i, 0), (y.shape[0], BK))
+        w1 = w.load((i, 1), (y.shape[0], BK))
+        acc = w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]
+        acc += w1.astype(st.f32) * x.load((1,), (BK,)).astype(st.f32)[None, :]
+        for k in range(2, sl.cdiv(w.shape[1], BK)):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
             xt = x.load((k,), (BK,)).astype(st.f32)
             acc += wt * xt[None, :]
@@ -114,6 +126,7 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
+    early = ("w",) if cfg.pdl and cfg.early else ()
     kern = _kernel(cfg.bk, cfg.prefetch).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
-                                   tma=cfg.tma, pdl=cfg.pdl)
+                                                 tma=cfg.tma, pdl=cfg.pdl, early=early)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,))), y)

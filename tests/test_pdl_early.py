@@ -1,0 +1,116 @@
+"""The ``early`` launch option: with ``pdl=True``, loads of the named In parameters in the
+body's leading statements run before the programmatic-launch wait, and a launch whose
+previous launch (same execution or graph) may write those bytes goes without programmatic
+launch."""
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import ArgumentError
+
+
+@st.kernel
+def weighted(w: st.In[st.f32], x: st.In[st.f32], z: st.Out[st.f32]):
+    """z = w * x, with w's tile loaded first (the early load)."""
+    wt = w.load(z.index, z.shape)
+    z.store(wt * x.load(z.index, z.shape))
+
+
+@st.kernel
+def copy(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(x.load(z.index, z.shape))
+
+
+def vec(n=8, seed=0):
+    return st.randn((n,), device="cpu", seed=seed)
+
+
+def out(n=8):
+    return st.empty((n,), device="cpu").partition((4,))
+
+
+def body(src: str, name: str) -> list[str]:
+    return [ln.strip() for ln in src.split(f"def {name}(")[1].split("\n")[1:] if ln.strip()]
+
+
+def test_an_early_in_load_precedes_the_wait_and_the_other_loads_follow_it():
+    lines = body(weighted.options(pdl=True, early=("w",)).source(vec(), vec(), out()), "weighted")
+    wait = lines.index("_st_gdc_wait()")
+    assert any(ln.startswith("wt = ") for ln in lines[:wait])
+    assert all("_st_x_ptr" not in ln for ln in lines[:wait])
+
+
+def test_without_early_every_load_follows_the_wait():
+    lines = body(weighted.options(pdl=True).source(vec(), vec(), out()), "weighted")
+    wait = lines.index("_st_gdc_wait()")
+    assert all("load" not in ln for ln in lines[:wait])
+
+
+def test_early_names_only_in_parameters():
+    with pytest.raises(ArgumentError, match="early=.*In parameter names"):
+        weighted.options(pdl=True, early=("z",))
+    with pytest.raises(ArgumentError, match="early="):
+        weighted.options(pdl=True, early="w")
+
+
+def _chain(first_writes_w: bool):
+    """copy -> weighted in one execution; the copy writes w's storage or another buffer."""
+    w, x, scratch = vec(seed=1), vec(seed=2), st.empty((8,), device="cpu")
+    ops = []
+
+    def second(_, z):
+        tensor = z.unpartition()
+        ww = tensor if first_writes_w else w
+        op = weighted.options(pdl=True, early=("w",))(ww, x, out())
+        ops.append(op)
+        return op
+
+    src = vec(seed=3)
+    target = w if first_writes_w else scratch
+    return copy(src, target.partition((4,))).then(second), ops
+
+
+@pytest.mark.parametrize("first_writes_w", [True, False])
+def test_a_launch_goes_without_programmatic_launch_when_the_previous_one_writes_an_early_input(
+        first_writes_w):
+    op, launched = _chain(first_writes_w)
+    with st.backend("interpret", seed=0):
+        op.sync()
+    assert launched[0].serial is first_writes_w
+
+
+def test_a_graph_checks_the_launch_recorded_just_before():
+    w, x, src, z1, z2 = vec(seed=1), vec(seed=2), vec(seed=3), out(), out()
+    with st.graph_scope() as scope:
+        _, wp = scope.record(copy(src, w.partition((4,))))
+        w = wp.unpartition()
+        scope.record(weighted.options(pdl=True, early=("w",))(w, x, z1))
+        scope.record(weighted.options(pdl=True, early=("w",))(x, w, z2))
+    first, after_write, after_read = scope.graph.records
+    assert after_write.serial and not after_read.serial
+
+
+def test_early_loads_compute_the_same_on_the_cpu_executor():
+    w, x = vec(seed=1), vec(seed=2)
+    want = w.to_torch() * x.to_torch()
+    with st.backend("interpret", seed=1):
+        _, _, z = weighted.options(pdl=True, early=("w",))(w, x, out()).sync()
+    assert torch.equal(z.unpartition().to_torch(), want)
+
+
+@st.function
+def doubled(t):
+    return t + t
+
+
+@st.kernel
+def doubled_weights(w: st.In[st.f32], x: st.In[st.f32], z: st.Out[st.f32]):
+    wt = doubled(w.load(z.index, z.shape))
+    z.store(wt * x.load(z.index, z.shape))
+
+
+def test_a_helper_without_pointer_operations_does_not_stop_the_early_statements():
+    src = doubled_weights.options(pdl=True, early=("w",)).source(vec(), vec(), out())
+    lines = body(src, "doubled_weights")
+    assert any(ln.startswith("wt = ") for ln in lines[:lines.index("_st_gdc_wait()")])
