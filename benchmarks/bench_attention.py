@@ -31,6 +31,7 @@ import harness  # noqa: E402
 import safetile as st  # noqa: E402
 from safetile.ops import (DecodeWorkspace, decode_attention,  # noqa: E402
                           decode_attention_split, flash_attention)
+from safetile.ops.decode_attention import default_block_n  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 COPY_TBPS = 4.26
@@ -38,17 +39,13 @@ PREFILL_LENGTHS = (1024, 8192)
 DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
-# (num_splits, block_n, num_stages, pdl, cyclic, prefetch): num_stages - 1 TMA buffers of K
-# and V are in flight; pdl launches both kernels with programmatic dependent launch; cyclic
-# splits take every S-th key block, which lets each program prefetch its first `prefetch`
-# K/V blocks into L2 before it reads the length (and, with pdl, before the wait).
-# Sweeps 1-2 (2026-11-30, results/attention_decode_sweep1.json and the attention.json of
-# a6ce71b): 4/5 stages, 32 splits and 32-key blocks within 1 us of (16, 64, 3) at 8k and 32k,
-# pdl 0.2-1.2 us slower. Sweep 3 (results/attention_prefetch.json): contiguous splits (the
-# default then) against cyclic splits (now the default) with and without prefetch and pdl.
-DECODE_CONFIGS = [(16, 64, 3, False, False, 0), (16, 64, 3, True, True, 2),
-                  (16, 64, 3, False, True, 0), (16, 64, 3, True, True, 4),
-                  (16, 64, 3, False, True, 2), (16, 64, 3, True, False, 0)]
+# (num_splits, block_n, num_stages, pdl); None: the op's defaults. Earlier sweeps
+# (2026-11-30; results/attention_decode_sweep1.json, attention_prefetch.json): 4/5 stages, 32
+# splits and 32-key blocks no faster; cyclic splits (the default) beat contiguous ones; L2
+# prefetch before the wait did not pay. Steady-state chains (results/decode_steady.json):
+# 128-key blocks and pdl with early reads of q, cache and length the best at 8k.
+DECODE_CONFIGS = [None, (16, 64, 3, False), (16, 128, 3, False), (16, 64, 3, True),
+                  (16, 128, 3, True)]
 
 
 def graph_time_ms(graph_replay) -> float:
@@ -102,18 +99,23 @@ def bench_prefill(s: int) -> dict:
     return row
 
 
-def decode_stream(streams, length, ws, kw):
-    """(do_bench ms, clean-L2 ms) per attention of a graph over every cache in ``streams``."""
+def record_stream(streams, length, ws, kw, split_only=False):
+    """The replay of one graph of attentions over every cache in ``streams``."""
     q = st.from_torch(randn((HQ, D), 4))
     with st.graph_scope() as scope:
         for k, v, out in streams:
-            scope.record(decode_attention(q, k, v, length, out, ws, **kw))
+            op = decode_attention_split(q, k, v, length, ws, **kw) if split_only else \
+                decode_attention(q, k, v, length, out, ws, **kw)
+            scope.record(op)
     replay = scope.graph._cuda.replay
     replay()
-    return graph_time_ms(replay) / len(streams), harness.time_ms_clean(replay) / len(streams)
+    return replay
 
 
 def bench_decode(n: int) -> dict:
+    """Decode against an n-token cache. Headline: the steady time per attention in a graph
+    of R attentions over R distinct caches (>= 300 MB in all), replayed back to back
+    (harness.time_ms_steady), as a decode step's layers run; SDPA timed the same way."""
     max_seq = n
     q = randn((HQ, D), 4)
     k, v = randn((HKV, max_seq, D), 5), randn((HKV, max_seq, D), 6)
@@ -121,72 +123,62 @@ def bench_decode(n: int) -> dict:
                                          v[None].float(), enable_gqa=True)[0, :, 0]
     nbytes = 2 * HKV * n * D * 2 + 2 * HQ * D * 2
     row = {"case": f"decode {n}", "context": n, "bytes": nbytes}
-
     q4 = q[None, :, None]
 
     def sdpa():
         return F.scaled_dot_product_attention(q4, k[None], v[None], enable_gqa=True)
     harness.check_close(f"sdpa decode {n}", sdpa()[0, :, 0], ref, 2e-2)
-    sdpa_replay = harness.graph_replay(sdpa)
-    t_sdpa = graph_time_ms(sdpa_replay)
-    row["sdpa_clean_us"] = harness.time_ms_clean(sdpa_replay) * 1e3
+    row["sdpa_single_us"] = graph_time_ms(harness.graph_replay(sdpa)) * 1e3
 
     qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)
     length = st.from_torch(torch.tensor([n], dtype=torch.int32, device=q.device))
     out = st.empty((HQ, D), dtype=st.bf16)
-    # Decode-like: one graph of R attentions over R distinct caches (300 MB in all, 4 to 32), as a
-    # decode step runs its layers; per-attention time.
     r = max(4, min(32, -(-300 * 2**20 // nbytes)))
-    streams = [(st.from_torch(randn((HKV, max_seq, D), 100 + i)),
-                st.from_torch(randn((HKV, max_seq, D), 200 + i)), st.empty((HQ, D), dtype=st.bf16))
-               for i in range(r)]
+    caches = [(randn((HKV, max_seq, D), 100 + i), randn((HKV, max_seq, D), 200 + i))
+              for i in range(r)]
+    outs = [torch.empty_like(q4) for _ in range(r)]
+    sdpa_stream = harness.graph_replay(lambda: [o.copy_(F.scaled_dot_product_attention(
+        q4, kc[None], vc[None], enable_gqa=True)) for (kc, vc), o in zip(caches, outs)])
+    row["sdpa_us"] = harness.time_ms_steady(sdpa_stream) / r * 1e3
+    streams = [(st.from_torch(kc), st.from_torch(vc), st.empty((HQ, D), dtype=st.bf16))
+               for kc, vc in caches]
     row["stream_layers"] = r
     configs = []
-    for splits, bn, stg, pdl, cyclic, prefetch in DECODE_CONFIGS:
-        kw = dict(block_n=bn, num_stages=stg, pdl=pdl, cyclic=cyclic, prefetch=prefetch)
+    for c in DECODE_CONFIGS:
+        kw = {} if c is None else dict(zip(("num_splits", "block_n", "num_stages", "pdl"), c))
         if time.time() > DEADLINE[0]:
-            configs.append({"num_splits": splits, **kw, "error": "skipped: out of time"})
+            configs.append({**kw, "error": "skipped: out of time"})
             continue
         try:
-            ws = DecodeWorkspace.for_cache(qh, kh, num_splits=splits, block_n=bn)
+            ws = DecodeWorkspace.for_cache(qh, kh, num_splits=kw.pop("num_splits", None),
+                                           block_n=kw.get("block_n", default_block_n(max_seq)))
             got = decode_attention(qh, kh, vh, length, out, ws, **kw).sync()
-            err = harness.check_close(f"safetile decode {n} {splits} {kw}", got.to_torch(),
-                                      ref, 2e-2)
-            replay, _ = st_graph(decode_attention(qh, kh, vh, length, out, ws, **kw))
-            t = graph_time_ms(replay)
-            tbps = nbytes / t / 1e9
-            t_clean = harness.time_ms_clean(replay)
-            # The split kernel alone: the rest of the total is the merge and the gap.
-            replay, _ = st_graph(decode_attention_split(qh, kh, vh, length, ws, **kw))
-            t_split = graph_time_ms(replay)
-            t_split_clean = harness.time_ms_clean(replay)
-            s_dirty, s_clean = decode_stream(streams, length, ws, kw)
-            configs.append({"num_splits": ws.num_splits, **kw, "us": t * 1e3, "tbps": tbps,
-                            "fraction_of_copy": tbps / COPY_TBPS, "rel_err": err,
-                            "split_kernel_us": t_split * 1e3,
-                            "split_kernel_tbps": nbytes / t_split / 1e9,
-                            "clean_us": t_clean * 1e3, "split_kernel_clean_us": t_split_clean * 1e3,
-                            "stream_us": s_dirty * 1e3, "stream_clean_us": s_clean * 1e3,
-                            "stream_fraction_of_copy": nbytes / s_dirty / 1e9 / COPY_TBPS,
-                            "stream_clean_fraction_of_copy": nbytes / s_clean / 1e9 / COPY_TBPS})
+            err = harness.check_close(f"safetile decode {n} {kw}", got.to_torch(), ref, 2e-2)
+            single, _ = st_graph(decode_attention(qh, kh, vh, length, out, ws, **kw))
+            replay = record_stream(streams, length, ws, kw)
+            split_only = record_stream(streams, length, ws, kw, split_only=True)
+            us = harness.time_ms_steady(replay) / r * 1e3
+            configs.append({"default": c is None, "num_splits": ws.num_splits, **kw,
+                            "us": us, "tbps": nbytes / us / 1e6,
+                            "fraction_of_copy": nbytes / us / 1e6 / COPY_TBPS, "rel_err": err,
+                            "single_us": graph_time_ms(single) * 1e3,
+                            "flushed_us": graph_time_ms(replay) / r * 1e3,
+                            "split_kernel_us": harness.time_ms_steady(split_only) / r * 1e3})
         except Exception as e:
-            configs.append({"num_splits": splits, **kw, "error": f"{type(e).__name__}: {e}"[:300]})
-        c = configs[-1]
-        print(f"decode {n}: " + (f"{kw} stream {c['stream_us']:.2f} us clean "
-                                 f"{c['stream_clean_us']:.2f} us single {c['us']:.2f} us"
-                                 if "us" in c else str(c)), flush=True)
-    best = min((c for c in configs if "us" in c), key=lambda c: c["stream_clean_us"])
-    sdpa_tbps = nbytes / t_sdpa / 1e9
-    row.update(stream_us=best["stream_us"], stream_clean_us=best["stream_clean_us"],
-               stream_fraction_of_copy=best["stream_fraction_of_copy"],
-               stream_clean_fraction_of_copy=best["stream_clean_fraction_of_copy"],
-               clean_us=best["clean_us"])
-    row.update(safetile_us=best["us"], sdpa_us=t_sdpa * 1e3, safetile_tbps=best["tbps"],
-               sdpa_tbps=sdpa_tbps, fraction_of_copy=best["fraction_of_copy"],
-               sdpa_fraction_of_copy=sdpa_tbps / COPY_TBPS, ratio=t_sdpa * 1e3 / best["us"],
-               split_kernel_us=best["split_kernel_us"],
-               best_config={k: best[k] for k in ("num_splits", "block_n", "num_stages", "pdl",
-                                                 "cyclic", "prefetch")},
+            configs.append({**kw, "error": f"{type(e).__name__}: {e}"[:300]})
+        cfg = configs[-1]
+        print(f"decode {n}: " + (f"{c or 'default'} {cfg['us']:.2f} us "
+                                 f"({100 * cfg['fraction_of_copy']:.0f}%), split kernel alone "
+                                 f"{cfg['split_kernel_us']:.2f} us, single graph "
+                                 f"{cfg['single_us']:.2f} us" if "us" in cfg else str(cfg)),
+              flush=True)
+    best = next((c for c in configs if c.get("default") and "us" in c), None) or \
+        min((c for c in configs if "us" in c), key=lambda c: c["us"])
+    row.update(safetile_us=best["us"], safetile_tbps=best["tbps"],
+               fraction_of_copy=best["fraction_of_copy"], sdpa_tbps=nbytes / row["sdpa_us"] / 1e6,
+               sdpa_fraction_of_copy=nbytes / row["sdpa_us"] / 1e6 / COPY_TBPS,
+               ratio=row["sdpa_us"] / best["us"], split_kernel_us=best["split_kernel_us"],
+               best_fraction_of_copy=max(c["fraction_of_copy"] for c in configs if "us" in c),
                configs=configs)
     return row
 
@@ -280,10 +272,8 @@ def main() -> int:
         [{"case": r["case"], "safetile": f"{r['safetile_us']:.1f} us {r['safetile_tbps']:.2f} TB/s",
           "sdpa": f"{r['sdpa_us']:.1f} us {r['sdpa_tbps']:.2f} TB/s", "ratio": r["ratio"],
           "of copy": f"{100 * r['fraction_of_copy']:.0f}%",
-          "stream": f"{r['stream_us']:.1f} us {100 * r['stream_fraction_of_copy']:.0f}%",
-          "stream clean": f"{r['stream_clean_us']:.1f} us "
-                          f"{100 * r['stream_clean_fraction_of_copy']:.0f}%"} for r in decode],
-        ["case", "safetile", "sdpa", "ratio", "of copy", "stream", "stream clean"])
+          "split alone": f"{r['split_kernel_us']:.1f} us"} for r in decode],
+        ["case", "safetile", "sdpa", "ratio", "of copy", "split alone"])
     return 0
 
 

@@ -82,6 +82,7 @@ class RunContext:
 
     def finish(self) -> None:
         """The work is complete: end every borrow, then hand every value back."""
+        self.last = None                          # (no cycle keeps the last op's values alive)
         pending, self._finish = self._finish, []
         error = None
         for fn in pending:

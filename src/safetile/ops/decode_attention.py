@@ -22,6 +22,11 @@ head, too little work for one program per head. Two kernels:
    log-sum-exp -inf).
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
    partial rows weighted by ``exp2(lse_s - max lse)``.
+
+With programmatic dependent launch (the default on Hopper) the split kernel does all its
+reads before waiting for the kernel before it, so in a chain of attentions each split runs
+under the previous merge; when the kernel before writes the cache, the query or the length
+(a KV append), the launcher launches it in order instead.
 """
 from __future__ import annotations
 
@@ -42,9 +47,18 @@ MIN_GROUP_ROWS = 16
 # 32-key blocks were no faster: in a graph of attentions over distinct caches the split
 # streams at ~4.4 TB/s between 8k and 32k already, and 3 stages are best at 1k and 8k.
 DEFAULT_STAGES = 3
-# Programmatic dependent launch of the split and merge kernels measured 0.2-1.2 us slower
-# per attention on the H200 (the same results), so it is off by default.
-DEFAULT_PDL = False
+# Programmatic dependent launch, with every read of the split kernel before its wait
+# (``_split_kernel``): in a steady chain of attentions over distinct 8k caches on the H200
+# (results/decode_steady.json, 2026-11-30) 12.80 vs 13.77 us per attention with 128-key
+# blocks (13.98 vs 14.26 with 64): the split overlaps the previous merge. (Without the early
+# reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper and later).
+
+
+def default_block_n(max_seq: int) -> int:
+    """Keys per block: 128 for caches of 8k positions and more (16 splits x 4 blocks at 8k:
+    12.80 vs 13.98 us per attention, same measurement), else 64, so that a short cache still
+    gives every split a block."""
+    return 128 if max_seq >= 8192 else 64
 # Block-cyclic splits (every S-th key block) against contiguous runs: on the H200
 # (results/attention_prefetch.json, 2026-11-30, 8k context) the decode-like stream took 15.22
 # vs 15.56 us per attention (14.35 vs 14.83 us with a clean L2); a single attention tied. All
@@ -172,10 +186,10 @@ class DecodeWorkspace:
         self.lse = st.empty((n_kv_heads, num_splits, group, 1), dtype=st.f32, device=device)
 
     @classmethod
-    def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int = 64):
+    def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int | None = None):
         """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
         hkv, max_seq, d = k_cache.shape
-        splits = num_splits or default_splits(hkv, max_seq, block_n)
+        splits = num_splits or default_splits(hkv, max_seq, block_n or default_block_n(max_seq))
         return cls(hkv, q.shape[0] // hkv, d, splits, device=q.device)
 
 
@@ -204,11 +218,12 @@ def _check_length(length) -> None:
 
 def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspace, *,
                            scale: float | None = None, length_offset: int = 0,
-                           block_n: int = 64, num_warps: int = 4,
-                           num_stages: int = DEFAULT_STAGES, pdl: bool = False,
+                           block_n: int | None = None, num_warps: int = 4,
+                           num_stages: int = DEFAULT_STAGES, pdl: bool | None = None,
                            prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
-    ``pdl``: launch with programmatic dependent launch (see ``Kernel.options``).
+    ``block_n`` defaults to ``default_block_n(max_seq)``; ``pdl`` (default: on Hopper and
+    later) launches with programmatic dependent launch, every read before the wait.
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``)."""
@@ -220,6 +235,8 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
     cyclic = bool(cyclic)
+    block_n = block_n or default_block_n(k_cache.shape[1])
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
     if prefetch < 0 or (prefetch and not cyclic):
         raise ArgumentError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
                          f"count >= 0 (a contiguous split's first block depends on the length)")
@@ -233,12 +250,13 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
 
 
 def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None,
-                           pdl: bool = False):
+                           pdl: bool | None = None):
     """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D).
     ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
     split kernel finishes and waits for it on the device rather than on the launch queue."""
     ws = workspace
     hq, d = out.shape
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
     # Each program holds all splits of one row in registers: more splits, more warps.
     warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
     op = decode_merge_kernel.options(num_warps=warps, pdl=pdl)(
@@ -248,21 +266,23 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
 
 
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
-                     scale: float | None = None, length_offset: int = 0, block_n: int = 64,
-                     num_splits: int | None = None, num_warps: int = 4,
-                     num_stages: int = DEFAULT_STAGES, pdl: bool = DEFAULT_PDL,
+                     scale: float | None = None, length_offset: int = 0,
+                     block_n: int | None = None, num_splits: int | None = None,
+                     num_warps: int = 4, num_stages: int = DEFAULT_STAGES,
+                     pdl: bool | None = None,
                      prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
-    given; pass both inside graph scopes. ``pdl`` launches both kernels with programmatic
-    dependent launch; ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
+    given; pass both inside graph scopes. ``block_n``, ``pdl`` (both kernels),
+    ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
     ``DeviceOp`` whose output is ``out``.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
+    block_n = block_n or default_block_n(k_cache.shape[1])
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,

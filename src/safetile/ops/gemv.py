@@ -49,30 +49,23 @@ class GemvConfig:
     early: bool = True
 
 
-def _pdl_default() -> bool:
-    """Programmatic dependent launch needs Hopper or later (``griddepcontrol``)."""
-    import torch
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-
-
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
     """Rows per program, K block and pipeline depth for an ``(n, k)`` weight, from the H200
     measurements of chains of gemvs over distinct weights with early weight loads
     (results/gemv_steady.json, 2026-11-30; ``sms`` is accepted for other GPUs' tables):
 
-    - 16 rows per program for 4096 < N <= 8192 (Qwen3-4B qkv: 9.17 us vs 9.4 for 8 rows),
-      8 rows otherwise (o, down: 8 beat 4 and 16; gate_up and lm_head: 4, 8 and 16 within 1%);
-    - 1024-wide K blocks, 3 stages, for N <= 4096 when 1024 divides K (o: 5.97 vs 6.4 us with
-      512): a small N has few rows in flight, so each needs longer blocks; 512 and 4 stages
-      otherwise.
+    - 1024-wide K blocks, 3 stages, 4 rows per program for N <= 4096 when 1024 divides K
+      (Qwen3-4B o: 6.37 us, vs 6.73 with 8 rows and 7.49 with 512-wide blocks): a small N
+      has few rows, so each program streams longer blocks;
+    - else 512-wide blocks, 4 stages, 8 rows (qkv: 8.54 us vs 9.89 with 16 rows and 9.48 with
+      32; down and gate_up: 8 rows best or within 1%).
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
     early weight loads. ``prefetch`` stays 0: L2 prefetches of the first blocks before the
     wait lost to early loads into registers (results/gemv_prefetch.json)."""
     del sms
-    bn = 16 if 4096 < n <= 8192 else 8
-    bk, stages = (1024, 3) if n <= 4096 and k % 1024 == 0 else (512, 4)
-    return GemvConfig(bn, bk, 4, stages, tma=False, pdl=_pdl_default() if pdl is None else pdl)
+    bn, bk, stages = (4, 1024, 3) if n <= 4096 and k % 1024 == 0 else (8, 512, 4)
+    return GemvConfig(bn, bk, 4, stages, tma=False, pdl=host.pdl_available() if pdl is None else pdl)
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,6 +17,13 @@ from ..tensor import alloc
 BLOCK = 4096
 
 
+def pdl_available() -> bool:
+    """Whether the current GPU has programmatic dependent launch (Hopper or later): the
+    default of the ops' ``pdl`` options."""
+    import torch
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
 def next_pow2(n: int) -> int:
     """The smallest power of two >= ``n`` (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
