@@ -10,9 +10,12 @@ Shapes are Qwen3-4B's attention (32 q heads, 8 kv heads, head_dim 128, bf16, bat
 
 Every variant is checked against an fp32 SDPA reference before it is timed. Both sides are
 timed as CUDA-graph replays (safetile: ``op.graph()``, the form grout's decode step runs in;
-torch: ``torch.cuda.graph``), so host launch costs do not hide the kernels' time; median of
-repeated replays. A few launch configurations of each safetile op are timed and the best is
-reported (all are in the JSON). Writes benchmarks/results/attention.json (+ attention.png).
+torch: ``torch.cuda.graph``), so host launch costs do not hide the kernels' time. Prefill:
+median of repeated replays, the best of a few configurations. Decode: the headline is the
+time per attention in a graph of R attentions over R distinct caches replayed back to back
+(``harness.time_ms_steady``), for the op's default configuration (the others are in the
+JSON, with a single attention's graph and the split kernel alone). Writes
+benchmarks/results/attention.json (+ attention.png).
 """
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # (num_splits, block_n, num_stages, pdl); None: the op's defaults. Earlier sweeps
 # (2026-11-30; results/attention_decode_sweep1.json, attention_prefetch.json): 4/5 stages, 32
 # splits and 32-key blocks no faster; cyclic splits (the default) beat contiguous ones; L2
-# prefetch before the wait did not pay. Steady-state chains (results/decode_steady.json):
-# 128-key blocks and pdl with early reads of q, cache and length the best at 8k.
+# prefetch before the wait did not pay. Steady-state chains (this benchmark, 2026-11-30):
+# 128-key blocks and pdl with early reads of q, cache and length the best at 8k and 32k.
 DECODE_CONFIGS = [None, (16, 64, 3, False), (16, 128, 3, False), (16, 64, 3, True),
                   (16, 128, 3, True)]
 

@@ -57,8 +57,8 @@ class Stream:
         self.ws = [st.randn((n, k), dtype=st.bf16, seed=10 + i).share() for i in range(self.r)]
         self.x = st.randn((k,), dtype=st.bf16, seed=4).share()
         self.ys = [st.empty((n,), dtype=st.bf16) for _ in range(self.r)]
-        wts, xt = [w.to_torch() for w in self.ws], self.x.to_torch()
-        yts = [torch.empty((n,), dtype=torch.bfloat16, device="cuda") for _ in range(self.r)]
+        wts, xt = [w.to_torch() for w in self.ws], self.x.to_torch()[None]
+        yts = [torch.empty((1, n), dtype=torch.bfloat16, device="cuda") for _ in range(self.r)]
         self.cublas = graph_replay(lambda: [torch.nn.functional.linear(xt, wt, out=yt)
                                             for wt, yt in zip(wts, yts)])
 
@@ -71,7 +71,11 @@ class Stream:
         scope.graph.launch().sync()
         want = torch.nn.functional.linear(self.x.to_torch(), self.ws[-1].to_torch())
         check_close("gemv stream", self.ys[-1].to_torch(), want, 1e-2)
-        return scope.graph._cuda.replay
+        graph = scope.graph
+
+        def replay():                   # keeps the graph (and what it records) alive
+            graph._cuda.replay()
+        return replay
 
     def per_gemv_us(self, replay, steady=True) -> float:
         t = time_ms_steady(replay) if steady else time_ms(replay)
@@ -93,9 +97,9 @@ def table(deadline) -> list[dict]:
                 runs = [(s.per_gemv_us(safe), s.per_gemv_us(s.cublas)) for _ in range(3)]
                 us = statistics.median(r[0] for r in runs)
                 cub = statistics.median(r[1] for r in runs)
-                w, x = s.ws[0], s.x
                 y = st.empty((n,), dtype=st.bf16)
-                single = time_ms(ops.gemv(w, x, y).graph()._cuda.replay) * 1e3
+                g = ops.gemv(s.ws[0], s.x, y).graph()
+                single = time_ms(g._cuda.replay) * 1e3
                 row.update(stream_layers=s.r, safe_us=us, cublas_us=cub,
                            frac_copy=s.nbytes / us / 1e6 / COPY_TBS,
                            cublas_frac_copy=s.nbytes / cub / 1e6 / COPY_TBS, ratio=cub / us,

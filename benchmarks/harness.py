@@ -99,7 +99,11 @@ def time_ms_steady(replay, reps: int = 20, trials: int = 9) -> float:
 
 def graph_replay(fn):
     """Run ``fn`` once on a side stream (compiles, warms up), capture its launches into a CUDA
-    graph, and return the graph's replay (host launch cost out of the figures)."""
+    graph, and return the graph's replay (host launch cost out of the figures).
+
+    The replay keeps ``fn`` (and so the tensors it closes over) alive: the graph reads and
+    writes the addresses it captured, so an output tensor freed after capture would be
+    written after free."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -111,7 +115,10 @@ def graph_replay(fn):
         fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    return g.replay
+
+    def replay(_keep=(g, fn)):
+        g.replay()
+    return replay
 
 
 def median_us(fn, per: int, repeats: int = 7) -> float:

@@ -48,15 +48,15 @@ MIN_GROUP_ROWS = 16
 # streams at ~4.4 TB/s between 8k and 32k already, and 3 stages are best at 1k and 8k.
 DEFAULT_STAGES = 3
 # Programmatic dependent launch, with every read of the split kernel before its wait
-# (``_split_kernel``): in a steady chain of attentions over distinct 8k caches on the H200
-# (results/decode_steady.json, 2026-11-30) 12.80 vs 13.77 us per attention with 128-key
-# blocks (13.98 vs 14.26 with 64): the split overlaps the previous merge. (Without the early
-# reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper and later).
+# (``_split_kernel``): in a steady chain of attentions over distinct caches on the H200
+# (results/attention.json, 2026-11-30; 128-key blocks) 12.77 vs 13.72 us per attention at
+# 8k and 35.20 vs 36.57 us at 32k: the split overlaps the previous merge. (Without the
+# early reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper+).
 
 
 def default_block_n(max_seq: int) -> int:
-    """Keys per block: 128 for caches of 8k positions and more (16 splits x 4 blocks at 8k:
-    12.80 vs 13.98 us per attention, same measurement), else 64, so that a short cache still
+    """Keys per block: 128 for caches of 8k positions and more (with pdl, same measurement:
+    12.77 vs 13.94 us at 8k, 35.20 vs 39.79 at 32k), else 64, so that a short cache still
     gives every split a block."""
     return 128 if max_seq >= 8192 else 64
 # Block-cyclic splits (every S-th key block) against contiguous runs: on the H200
