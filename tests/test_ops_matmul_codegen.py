@@ -95,12 +95,12 @@ def test_persistent_loop_hints():
 
 
 def test_loop_stages_pipelines_the_gemv_k_loop():
-    w = st.randn((256, 512), dtype=st.bf16)
-    x = st.randn((512,), dtype=st.bf16)
+    w = st.randn((256, 2048), dtype=st.bf16)
+    x = st.randn((2048,), dtype=st.bf16)
     y = st.empty((256,), dtype=st.bf16).partition((16,))
     k = gemv_kernel(256).options(loop_stages=4, num_warps=4)
-    assert "num_stages=4)" in k.source(w, x, y)
-    compiled = k.compile(w, x, st.empty((256,), dtype=st.bf16).partition((16,)))
+    assert "num_stages=4)" in k.source(w, x, y, 8)
+    compiled = k.compile(w, x, st.empty((256,), dtype=st.bf16).partition((16,)), 8)
     assert compiled.metadata.shared >= 3 * 16 * 256 * 2       # >= 3 buffered W blocks
 
 
@@ -108,10 +108,20 @@ def test_gemv_prefetches_its_first_weight_blocks_before_the_pdl_wait():
     w = st.randn((2560, 4096), dtype=st.bf16)
     x = st.randn((4096,), dtype=st.bf16)
     k = gemv_kernel(512, 2).options(loop_stages=4, num_warps=4, tma=False, pdl=True)
-    ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,))).asm["ptx"]
+    ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,)), 8).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     assert "prefetch.global.L2" in ptx[:wait] and "prefetch.global.L2" not in ptx[wait:]
     assert "ld.global" not in ptx[:wait] and "cp.async" not in ptx[:wait]
+
+
+def test_gemv_loads_its_first_weight_blocks_before_the_pdl_wait_with_early_w():
+    w = st.randn((2560, 4096), dtype=st.bf16)
+    x = st.randn((4096,), dtype=st.bf16)
+    k = gemv_kernel(512).options(loop_stages=4, num_warps=4, tma=False, pdl=True, early=("w",))
+    ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,)), 8).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert "ld.global" in ptx[:wait]            # the two early W blocks
+    assert "cp.async" not in ptx[:wait]         # the pipelined loop (and x) after the wait
 
 
 # ---- the unsafe twin: the same kernel but for the store ------------------------------------

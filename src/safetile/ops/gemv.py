@@ -74,8 +74,11 @@ def _kernel(BK: int, PREFETCH: int = 0):
     ``W`` (compile-time constants of the body)."""
 
     @st.kernel
-    def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1]):
-        """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32."""
+    def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
+                  K_BLOCKS: st.Const[int]):
+        """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32, over ``K_BLOCKS`` blocks of
+        K (a compile-time count, so that Triton can unroll and pipeline the short loops of
+        decode's gemvs as it does with a known trip count)."""
         i = y.index[0]
         # W is an In: nothing this launch can observe depends on when it reaches L2, so
         # these hints go before the programmatic-launch wait (blocks past K are masked off).
@@ -87,7 +90,7 @@ def _kernel(BK: int, PREFETCH: int = 0):
         w1 = w.load((i, 1), (y.shape[0], BK))
         acc = w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]
         acc += w1.astype(st.f32) * x.load((1,), (BK,)).astype(st.f32)[None, :]
-        for k in range(2, sl.cdiv(w.shape[1], BK)):
+        for k in range(2, K_BLOCKS):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
             xt = x.load((k,), (BK,)).astype(st.f32)
             acc += wt * xt[None, :]
@@ -122,4 +125,4 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     early = ("w",) if cfg.pdl and cfg.early else ()
     kern = _kernel(cfg.bk, cfg.prefetch).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
                                                  tma=cfg.tma, pdl=cfg.pdl, early=early)
-    return host.returning(kern(w, x, y.view(n).partition((cfg.bn,))), y)
+    return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
