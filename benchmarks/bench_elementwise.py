@@ -140,10 +140,8 @@ def plot(rows: list, path: Path) -> list:
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("bench_elementwise needs a CUDA GPU")
+    if not harness.start_gpu("bench_elementwise"):
         return 1
-    st.set_backend("triton")
     big = Inputs(BIG)
     sweep_rows, (block, warps) = sweep(big)
     rows = []

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from harness import (check_close, env_info, graph_replay, print_table, time_ms,  # noqa: E402
+from harness import (check_close, graph_replay, print_table, start_gpu, time_ms,  # noqa: E402
                      write_results)
 
 import safetile as st  # noqa: E402
@@ -260,11 +260,8 @@ def main() -> int:
                    help="many configs per weak LLM shape, best per shape -> results/gemm_sweep.json")
     p.add_argument("--budget-s", type=float, default=280.0)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_gemm needs a CUDA GPU")
+    if not start_gpu("bench_gemm"):
         return 1
-    st.set_backend("triton")
-    print(env_info(), flush=True)
     deadline = time.time() + args.budget_s
     if args.sweep:
         from gemm_sweep import sweep

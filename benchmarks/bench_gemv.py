@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import torch
 
-from harness import (check_close, env_info, graph_replay, print_table, time_ms,  # noqa: E402
+from harness import (check_close, graph_replay, print_table, start_gpu, time_ms,  # noqa: E402
                      time_ms_steady, write_results)
 
 import safetile as st  # noqa: E402
@@ -161,11 +161,8 @@ def main() -> int:
     p.add_argument("--sweep", action="store_true", help="configurations -> gemv_steady.json")
     p.add_argument("--budget-s", type=float, default=240.0)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_gemv needs a CUDA GPU")
+    if not start_gpu("bench_gemv"):
         return 1
-    st.set_backend("triton")
-    print(env_info(), flush=True)
     deadline = time.time() + args.budget_s
     method = ("graph of R >= 16 back-to-back gemvs over R distinct weights (>= 240 MB), replayed "
               "back to back (harness.time_ms_steady), median per gemv; flushed_*: the same "

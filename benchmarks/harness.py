@@ -145,6 +145,18 @@ def check_close(name: str, got: torch.Tensor, want: torch.Tensor, rel: float) ->
     return err
 
 
+def start_gpu(name: str) -> bool:
+    """A benchmark's start: False (after saying so) without a CUDA GPU; else select the
+    triton backend and print the environment recorded with the results."""
+    if not torch.cuda.is_available():
+        print(f"{name} needs a CUDA GPU")
+        return False
+    import safetile as st
+    st.set_backend("triton")
+    print(env_info(), flush=True)
+    return True
+
+
 def write_results(name: str, payload: dict) -> Path:
     """Write ``{env, **payload}`` to benchmarks/results/<name>.json (and $OUT/<name>.json)."""
     data = {"benchmark": name, "env": env_info(), **payload}

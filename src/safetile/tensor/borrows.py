@@ -63,14 +63,19 @@ def current_owner():
 
 
 @contextlib.contextmanager
-def owned_by(ctx):
-    """Mark ``ctx`` as the execution running on this thread while the block runs."""
-    outer = getattr(_owner, "ctx", None)
-    _owner.ctx = ctx
+def _set_while(local: threading.local, attr: str, value):
+    """Set a thread-local attribute while the block runs (the outer value comes back)."""
+    outer = getattr(local, attr, None)
+    setattr(local, attr, value)
     try:
         yield
     finally:
-        _owner.ctx = outer
+        setattr(local, attr, outer)
+
+
+def owned_by(ctx):
+    """Mark ``ctx`` as the execution running on this thread while the block runs."""
+    return _set_while(_owner, "ctx", ctx)
 
 
 class _Index:
@@ -366,18 +371,12 @@ def acquire(holder: str,
 _collecting = threading.local()
 
 
-@contextlib.contextmanager
 def collect_shared(into: list):
     """While the block runs, append to ``into`` the read borrow of every Shared value made
     on this thread. A graph scope collects them: a value shared while it records comes from
     the recording (a write recorded after the share is refused at record time), so the
     graph's replays may rewrite it, in recorded order, before the launches that read it."""
-    outer = getattr(_collecting, "into", None)
-    _collecting.into = into
-    try:
-        yield
-    finally:
-        _collecting.into = outer
+    return _set_while(_collecting, "into", into)
 
 
 def hold_shared(t: torch.Tensor, what: str) -> Hold:
