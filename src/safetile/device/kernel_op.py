@@ -86,8 +86,14 @@ class KernelOp(DeviceOp):
         ctx._settle.append(self._hand_back)
         opts = self.kernel.opts
         if opts.get("early") and opts.get("pdl"):
-            prev = ctx.recording[-1] if ctx.recording else ctx.last
-            self.serial = prev is not None and writes_early_reads(prev, self)
+            if ctx.recording is not None:
+                # A graph's first launch has no launch before it in the graph; whatever runs
+                # before a replay is unknown now, so that launch goes in plain order.
+                prev = ctx.recording[-1] if ctx.recording else None
+                self.serial = prev is None or writes_early_reads(prev, self)
+            else:
+                prev = ctx.last
+                self.serial = prev is not None and writes_early_reads(prev, self)
         ctx.last = self
         if ctx.recording is not None:
             ctx.recording.append(self)
