@@ -47,18 +47,6 @@ MIN_GROUP_ROWS = 16
 # 32-key blocks were no faster: in a graph of attentions over distinct caches the split
 # streams at ~4.4 TB/s between 8k and 32k already, and 3 stages are best at 1k and 8k.
 DEFAULT_STAGES = 3
-# Programmatic dependent launch, with every read of the split kernel before its wait
-# (``_split_kernel``): in a steady chain of attentions over distinct caches on the H200
-# (results/attention.json, 2026-11-30; 128-key blocks) 12.77 vs 13.72 us per attention at
-# 8k and 35.20 vs 36.57 us at 32k: the split overlaps the previous merge. (Without the
-# early reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper+).
-
-
-def default_block_n(max_seq: int) -> int:
-    """Keys per block: 128 for caches of 8k positions and more (with pdl, same measurement:
-    12.77 vs 13.94 us at 8k, 35.20 vs 39.79 at 32k), else 64, so that a short cache still
-    gives every split a block."""
-    return 128 if max_seq >= 8192 else 64
 # Block-cyclic splits (every S-th key block) against contiguous runs: on the H200
 # (results/attention_prefetch.json, 2026-11-30, 8k context) the decode-like stream took 15.22
 # vs 15.56 us per attention (14.35 vs 14.83 us with a clean L2); a single attention tied. All
@@ -70,6 +58,18 @@ DEFAULT_CYCLIC = True
 # alone), 4 blocks with pdl 15.55, 2 without pdl 16.08: off. The prefetched bytes compete
 # with the previous kernel's stream, and past a short valid length they are wasted.
 DEFAULT_PREFETCH = 0
+# Programmatic dependent launch, with every read of the split kernel before its wait
+# (``_split_kernel``): in a steady chain of attentions over distinct caches on the H200
+# (results/attention.json, 2026-11-30; 128-key blocks) 12.85 vs 13.78 us per attention at
+# 8k and 35.43 vs 36.66 us at 32k: the split overlaps the previous merge. (Without the
+# early reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper+).
+
+
+def default_block_n(max_seq: int) -> int:
+    """Keys per block: 128 for caches of 8k positions and more (with pdl, same measurement:
+    12.85 vs 13.96 us at 8k, 35.43 vs 40.49 at 32k), else 64, so that a short cache still
+    gives every split a block."""
+    return 128 if max_seq >= 8192 else 64
 
 
 @st.kernel

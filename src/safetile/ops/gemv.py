@@ -55,10 +55,12 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
     (results/gemv_steady.json, 2026-11-30; ``sms`` is accepted for other GPUs' tables):
 
     - 1024-wide K blocks, 3 stages, 4 rows per program for N <= 4096 when 1024 divides K
-      (Qwen3-4B o: 6.37 us, vs 6.73 with 8 rows and 7.49 with 512-wide blocks): a small N
-      has few rows, so each program streams longer blocks;
-    - else 512-wide blocks, 4 stages, 8 rows (qkv: 8.54 us vs 9.89 with 16 rows and 9.48 with
-      32; down and gate_up: 8 rows best or within 1%).
+      (Qwen3-4B o: 6.00 us, vs 6.11 with 2 rows, 6.92 with 8 and 7.99 with 512-wide blocks):
+      a small N has few rows, so each program streams longer blocks;
+    - else 512-wide blocks, 4 stages, 8 rows (qkv: 8.33 us vs 9.19 with 4 rows and 9.96 with
+      16; down: 14.33 vs 16.21 and 14.93; gate_up: 24.59, within 0.3% of 4 rows).
+    Early weight loads: qkv 10.45 -> 8.33 us, o 9.05 -> 6.00, gate_up 25.35 -> 24.59; down
+    14.22 -> 14.33 (kept for one code path).
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
     early weight loads. ``prefetch`` stays 0: L2 prefetches of the first blocks before the
