@@ -121,10 +121,11 @@ def table(deadline) -> list[dict]:
 
 
 def sweep_configs(n: int, k: int) -> list:
-    """The default and its neighbours: without early loads, without pdl, half and double
-    the rows per program, the other K block width."""
+    """The default and its neighbours: without early loads, without pdl, signalling the
+    next kernel at the start, half and double the rows per program, the other K block."""
     base = choose_config(n, k)
     cfgs = [base, replace(base, early=False), replace(base, pdl=False, early=False),
+            replace(base, trigger_early=not base.trigger_early),
             replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2)]
     if base.bk == 512 and k % 1024 == 0:
         cfgs.append(replace(base, bk=1024, num_stages=3))

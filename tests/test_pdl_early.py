@@ -121,3 +121,39 @@ def test_a_helper_without_pointer_operations_does_not_stop_the_early_statements(
     src = doubled_weights.options(pdl=True, early=("w",)).source(vec(), vec(), out())
     lines = body(src, "doubled_weights")
     assert any(ln.startswith("wt = ") for ln in lines[:lines.index("_st_gdc_wait()")])
+
+
+# ---- trigger_early: the next grid may start with this one ------------------------------------
+
+def test_trigger_early_signals_before_anything_and_still_waits_before_the_stores():
+    lines = body(copy.options(pdl=True, trigger_early=True).source(vec(), out()), "copy")
+    assert lines.index("_st_gdc_launch_dependents()") < lines.index("_st_gdc_wait()")
+    plain = body(copy.options(pdl=True).source(vec(), out()), "copy")
+    assert plain.index("_st_gdc_wait()") < plain.index("_st_gdc_launch_dependents()")
+
+
+@pytest.mark.parametrize("middle_signals_early", [True, False])
+def test_early_loads_are_checked_against_every_launch_that_may_still_run(middle_signals_early):
+    # a writes w; b (in between) writes elsewhere; c loads w early. If b signals at its
+    # start, c may start while a still runs, so c must go in plain order.
+    w, x, src, other, z = vec(seed=1), vec(seed=2), vec(seed=3), out(), out()
+    first = copy.options(pdl=True, trigger_early=True)
+    middle = copy.options(pdl=True, trigger_early=middle_signals_early)
+    with st.graph_scope() as scope:
+        _, wp = scope.record(first(src, w.partition((4,))))
+        scope.record(middle(x, other))
+        scope.record(weighted.options(pdl=True, early=("w",))(wp.unpartition(), x, z))
+    assert scope.graph.records[2].serial is middle_signals_early
+
+
+def test_a_long_chain_of_early_signalling_launches_is_cut_by_a_plain_launch():
+    from safetile.device.kernel_op import MAX_RUNNING
+    k = copy.options(pdl=True, trigger_early=True)
+    srcs = [vec(seed=i) for i in range(MAX_RUNNING + 3)]
+    outs = [out() for _ in srcs]
+    with st.graph_scope() as scope:
+        for s_, o in zip(srcs, outs):
+            scope.record(k(s_, o))
+    serial = [r.serial for r in scope.graph.records]
+    assert serial[:MAX_RUNNING + 1] == [False] * (MAX_RUNNING + 1) and serial[MAX_RUNNING + 1]
+    assert all(len(r.running) <= MAX_RUNNING for r in scope.graph.records)

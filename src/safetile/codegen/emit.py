@@ -313,8 +313,13 @@ class Emitter(ViewEmitter):
             # arithmetic, L2 prefetches and loads of `early` Ins precede it), so no access of
             # this program can see (or overwrite) memory that grid still writes; then the next
             # PDL grid may be scheduled (it waits the same way, so when it starts, every grid
-            # before this one has completed).
-            wait = [f"{ind}_st_gdc_wait()", f"{ind}_st_gdc_launch_dependents()"]
+            # before this one has completed). With `trigger_early` the signal comes first
+            # instead: the next grid's early loads overlap this whole grid (the launcher
+            # checks them against every grid that may still run), its stores still wait.
+            signal = f"{ind}_st_gdc_launch_dependents()"
+            wait = [f"{ind}_st_gdc_wait()"] + ([] if self.key.trigger_early else [signal])
+            if self.key.trigger_early:
+                prologue.append(signal)
             if head:
                 body = head + wait + body[len(head):]
             else:

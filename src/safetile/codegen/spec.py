@@ -37,3 +37,4 @@ class VariantKey:
     tma_store: bool = False            # the owned tile's single store through a descriptor
     pdl: bool = False                  # programmatic dependent launch: wait first, then signal
     early: tuple = ()                  # pdl: In parameters whose leading loads precede the wait
+    trigger_early: bool = False        # pdl: signal the next grid at the start, not after the wait

@@ -17,15 +17,17 @@ class KernelOp(DeviceOp):
     a graph replays it through ``_execute``, which launches without touching ownership.
     """
 
-    __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "_released",
-                 "_consumed")
+    __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "running",
+                 "_released", "_consumed")
 
     def __init__(self, kernel, plan, values, backend, hold):
         self.kernel, self.plan, self.values, self.backend, self.hold = \
             kernel, plan, values, backend, hold
         # Launch without programmatic launch even if the kernel is compiled for it: set by
-        # _run when the launch before may write what this one loads before its wait.
+        # _run when a launch that may still run could write what this one loads before its
+        # wait. `running`: the launches that may still run when this one starts.
         self.serial = False
+        self.running = ()
         self._released = False
         self._consumed = False
 
@@ -85,15 +87,16 @@ class KernelOp(DeviceOp):
             ctx._finish.append(hold.release)
         ctx._settle.append(self._hand_back)
         opts = self.kernel.opts
-        if opts.get("early") and opts.get("pdl"):
-            if ctx.recording is not None:
-                # A graph's first launch has no launch before it in the graph; whatever runs
-                # before a replay is unknown now, so that launch goes in plain order.
-                prev = ctx.recording[-1] if ctx.recording else None
-                self.serial = prev is None or writes_early_reads(prev, self)
-            else:
-                prev = ctx.last
-                self.serial = prev is not None and writes_early_reads(prev, self)
+        if opts.get("pdl"):
+            recording = ctx.recording
+            prev = (recording[-1] if recording else None) if recording is not None else ctx.last
+            running = may_still_run(prev)
+            if len(running) > MAX_RUNNING or opts.get("early") and (
+                    # a graph's first launch: what runs before a replay is unknown now
+                    (recording is not None and prev is None)
+                    or writes_early_reads(running, self)):
+                self.serial, running = True, ()
+            self.running = running
         ctx.last = self
         if ctx.recording is not None:
             ctx.recording.append(self)
@@ -121,14 +124,31 @@ class KernelOp(DeviceOp):
         return self.backend.name == "interpret"
 
 
-def writes_early_reads(prev: KernelOp, op: KernelOp) -> bool:
-    """Whether ``prev``, the launch just before ``op`` on its stream, may write bytes that
-    ``op`` loads before its programmatic-launch wait (its ``early`` In parameters). Only
-    ``prev`` can still be running then: ``op``'s grid starts once every program of ``prev``
-    has passed its own wait, i.e. once every launch before ``prev`` has completed."""
+# More launches than this that may still run when a PDL launch starts (kernels that signal
+# at their start let chains of them overlap): it goes in plain order instead, which keeps
+# the check of early loads, and the references between ops, bounded.
+MAX_RUNNING = 4
+
+
+def may_still_run(prev) -> tuple:
+    """The launches that may still run when a PDL launch after ``prev`` starts: ``prev``,
+    and, if ``prev`` signals at its start (``trigger_early``), whatever may still have run
+    when ``prev`` started. (A grid that signals after its wait has passed it in every
+    program before the next grid starts, so every grid before it has completed.)"""
+    if prev is None:
+        return ()
+    if prev.kernel.opts.get("trigger_early"):
+        return (prev,) + prev.running
+    return (prev,)
+
+
+def writes_early_reads(running: tuple, op: KernelOp) -> bool:
+    """Whether any launch in ``running`` may write bytes that ``op`` loads before its
+    programmatic-launch wait (its ``early`` In parameters)."""
     early = op.kernel.opts["early"]
     mine = [e for e in op.plan.extents if not e.write and e.name in early]
-    return any(_overlap(w, e) for w in prev.plan.extents if w.write for e in mine)
+    return any(_overlap(w, e) for r in running for w in r.plan.extents if w.write
+               for e in mine)
 
 
 _launch = [None]

@@ -15,7 +15,7 @@ from .source import KernelSource
 _unsafe_depth: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=0)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
-                  "loop_stages", "tma_store", "pdl", "early"}
+                  "loop_stages", "tma_store", "pdl", "early", "trigger_early"}
 
 
 @contextlib.contextmanager

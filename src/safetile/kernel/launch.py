@@ -219,7 +219,8 @@ def variant_key(kernel, bound) -> VariantKey:
     return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"),
                       bool(o.get("flatten", False)), bool(o.get("warp_specialize", False)),
                       o.get("loop_stages"), bool(o.get("tma_store", False)),
-                      bool(o.get("pdl", False)), tuple(o.get("early", ())))
+                      bool(o.get("pdl", False)), tuple(o.get("early", ())),
+                      bool(o.get("trigger_early", False)))
 
 
 def variant_for(kernel, args, kwargs) -> Variant:

@@ -196,16 +196,17 @@ class DecodeWorkspace:
 _SPLIT: dict = {}
 
 
-def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False):
+def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False,
+                  trigger_early: bool = False):
     """The split kernel with these options. Under ``pdl`` every read (query, cache, length)
     runs before the wait (``early``), so the whole split overlaps the kernel before it (the
     previous attention's merge) and only its stores wait; the launcher drops programmatic
     launch when that kernel may write the cache, the query or the length (a KV append)."""
-    key = (num_warps, num_stages, pdl)
+    key = (num_warps, num_stages, pdl, trigger_early)
     if key not in _SPLIT:
         _SPLIT[key] = decode_split_kernel.options(
             num_warps=num_warps, num_stages=num_stages, pdl=pdl,
-            early=("q", "k", "v", "length") if pdl else ())
+            early=("q", "k", "v", "length") if pdl else (), trigger_early=pdl and trigger_early)
     return _SPLIT[key]
 
 
@@ -220,10 +221,12 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            scale: float | None = None, length_offset: int = 0,
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int = DEFAULT_STAGES, pdl: bool | None = None,
-                           prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
+                           prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC,
+                           trigger_early: bool = False):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
     ``block_n`` defaults to ``default_block_n(max_seq)``; ``pdl`` (default: on Hopper and
-    later) launches with programmatic dependent launch, every read before the wait.
+    later) launches with programmatic dependent launch, every read before the wait;
+    ``trigger_early``: the next kernel may be scheduled as soon as this one's programs start.
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``)."""
@@ -243,14 +246,14 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
-    op = _split_kernel(num_warps, num_stages, pdl)(q, k_cache, v_cache, length, po, pl,
-                                              scale * LOG2E, block_n, length_offset, cyclic,
-                                              int(prefetch))
+    kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early)
+    op = kernel(q, k_cache, v_cache, length, po, pl, scale * LOG2E, block_n, length_offset,
+                cyclic, int(prefetch))
     return host.returning(op, ws)
 
 
 def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None,
-                           pdl: bool | None = None):
+                           pdl: bool | None = None, trigger_early: bool = False):
     """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D).
     ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
     split kernel finishes and waits for it on the device rather than on the launch queue."""
@@ -259,7 +262,8 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     # Each program holds all splits of one row in registers: more splits, more warps.
     warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
-    op = decode_merge_kernel.options(num_warps=warps, pdl=pdl)(
+    op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
+                                     trigger_early=pdl and trigger_early)(
         ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
         ws.group, host.next_pow2(ws.num_splits))
     return host.returning(op, out)
@@ -269,15 +273,15 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0,
                      block_n: int | None = None, num_splits: int | None = None,
                      num_warps: int = 4, num_stages: int = DEFAULT_STAGES,
-                     pdl: bool | None = None,
-                     prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC):
+                     pdl: bool | None = None, prefetch: int = DEFAULT_PREFETCH,
+                     cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool = False):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
-    given; pass both inside graph scopes. ``block_n``, ``pdl`` (both kernels),
-    ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
+    given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
+    kernels), ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
     ``DeviceOp`` whose output is ``out``.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
@@ -287,5 +291,6 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
                                    num_warps=num_warps, num_stages=num_stages, pdl=pdl,
-                                   prefetch=prefetch, cyclic=cyclic)
-    return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl))
+                                   prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early)
+    return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl,
+                                                        trigger_early=trigger_early))

@@ -37,7 +37,8 @@ class GemvConfig:
     program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
     its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
     only issued at the program's start); ``early``: with ``pdl``, load the first two ``W``
-    blocks before the wait (see the module docstring)."""
+    blocks before the wait (see the module docstring); ``trigger_early``: with ``pdl``, let
+    the next kernel be scheduled as soon as this one's programs start (``Kernel.options``)."""
 
     bn: int
     bk: int
@@ -47,6 +48,7 @@ class GemvConfig:
     pdl: bool = False
     prefetch: int = 0
     early: bool = True
+    trigger_early: bool = False
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
@@ -125,6 +127,7 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
     early = ("w",) if cfg.pdl and cfg.early else ()
-    kern = _kernel(cfg.bk, cfg.prefetch).options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages,
-                                                 tma=cfg.tma, pdl=cfg.pdl, early=early)
+    kern = _kernel(cfg.bk, cfg.prefetch).options(
+        num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
+        early=early, trigger_early=cfg.pdl and cfg.trigger_early)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
