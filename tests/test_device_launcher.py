@@ -133,3 +133,36 @@ def test_an_empty_triton_hook_chain_counts_as_no_hook():
         assert not launcher._no_hook(rt.launch_enter_hook)
     finally:
         rt.launch_enter_hook.remove(hook)
+
+
+class _Launcher:
+    """Stands in for Triton's CudaLauncher: reads ``launch_pdl`` at each call."""
+
+    def __init__(self):
+        self.launch_pdl = True
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(self.launch_pdl)
+
+
+class _Compiled:
+    """Stands in for a CompiledKernel, whose ``run`` is a read-only property."""
+
+    def __init__(self):
+        self._launcher = _Launcher()
+        self.function, self.packed_metadata = 0, ()
+
+    @property
+    def run(self):
+        return self._launcher
+
+
+def test_a_serial_launch_through_the_general_entry_drops_pdl_and_a_plain_one_keeps_it():
+    compiled = _Compiled()
+    calls = compiled.run.calls                      # (the shallow copy shares the list)
+    launcher._launch_general(compiled, (1,), 0, [], serial=True)
+    launcher._launch_general(compiled, (1,), 0, [])
+    assert calls == [False, True]
+    assert compiled.run.launch_pdl                 # the binary's own launcher is untouched
+    assert launcher._serial_launcher(compiled) is launcher._serial_launcher(compiled)

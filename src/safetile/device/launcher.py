@@ -146,18 +146,19 @@ def _launch_general(compiled, grid, stream: int, args, serial: bool = False) -> 
     and hooks when a hook is installed, scratch buffers allocated by ``CudaLauncher``;
     ``serial``: without programmatic dependent launch."""
     rt = _RT[0] or _runtime()
-    if serial and getattr(compiled.run, "launch_pdl", False):
-        compiled = _serial_copy(compiled)
+    run = compiled.run
+    if serial and getattr(run, "launch_pdl", False):
+        run = _serial_launcher(compiled)
     gx = grid[0]
     gy = grid[1] if len(grid) > 1 else 1
     gz = grid[2] if len(grid) > 2 else 1
     if _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
-        compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata,
-                     None, None, None, *args)
+        run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *args)
     else:
         meta = compiled.launch_metadata(grid, stream, *args)
-        compiled.run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, meta,
-                     rt.launch_enter_hook, rt.launch_exit_hook, *args)
+        run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, meta,
+            rt.launch_enter_hook, rt.launch_exit_hook, *args)
 
 
 class DirectLaunch:
@@ -239,17 +240,21 @@ def _compile(variant, args, grid, options):
     return compiled
 
 
-def _serial_copy(compiled):
-    """A view of ``compiled`` whose launcher does not ask for programmatic dependent launch
-    (``CudaLauncher`` reads its ``launch_pdl`` attribute at each call); made once."""
-    serial = getattr(compiled, "_st_serial", None)
-    if serial is None:
+# id(compiled binary) -> (the binary, a copy of its launcher without PDL)
+_SERIAL: dict = {}
+
+
+def _serial_launcher(compiled):
+    """A copy of ``compiled``'s launcher that does not ask for programmatic dependent launch
+    (``CudaLauncher`` reads its ``launch_pdl`` attribute at each call); made once per binary
+    (binaries live as long as their kernel's variant cache)."""
+    entry = _SERIAL.get(id(compiled))
+    if entry is None or entry[0] is not compiled:
         import copy
-        serial = copy.copy(compiled)
-        serial.run = copy.copy(compiled.run)
-        serial.run.launch_pdl = False
-        compiled._st_serial = serial
-    return serial
+        launcher = copy.copy(compiled.run)
+        launcher.launch_pdl = False
+        entry = _SERIAL[id(compiled)] = (compiled, launcher)
+    return entry[1]
 
 
 _RT = [None]
