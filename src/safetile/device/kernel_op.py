@@ -127,7 +127,7 @@ class KernelOp(DeviceOp):
 # More launches than this that may still run when a PDL launch starts (kernels that signal
 # at their start let chains of them overlap): it goes in plain order instead, which keeps
 # the check of early loads, and the references between ops, bounded.
-MAX_RUNNING = 4
+MAX_RUNNING = 8
 
 
 def may_still_run(prev) -> tuple:

@@ -62,7 +62,10 @@ DEFAULT_PREFETCH = 0
 # (``_split_kernel``): in a steady chain of attentions over distinct caches on the H200
 # (results/attention.json, 2026-11-30; 128-key blocks) 12.85 vs 13.78 us per attention at
 # 8k and 35.43 vs 36.66 us at 32k: the split overlaps the previous merge. (Without the
-# early reads pdl was 0.2-1.2 us slower.) On by default where the GPU has it (Hopper+).
+# early reads pdl was 0.2-1.2 us slower.) With both kernels signalling the next at their
+# start (trigger_early), the next split's reads also overlap this split's tail: 11.28 vs
+# 12.82 us at 8k, 33.67 vs 35.44 at 32k, 4.77 vs 5.53 at 1k (64-key blocks). Both on by
+# default where the GPU has them (Hopper and later).
 
 
 def default_block_n(max_seq: int) -> int:
@@ -222,11 +225,12 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int = DEFAULT_STAGES, pdl: bool | None = None,
                            prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC,
-                           trigger_early: bool = False):
+                           trigger_early: bool | None = None):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
     ``block_n`` defaults to ``default_block_n(max_seq)``; ``pdl`` (default: on Hopper and
     later) launches with programmatic dependent launch, every read before the wait;
-    ``trigger_early``: the next kernel may be scheduled as soon as this one's programs start.
+    ``trigger_early`` (default: as ``pdl``): the next kernel may be scheduled as soon as this
+    one's programs start.
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``)."""
@@ -240,6 +244,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     cyclic = bool(cyclic)
     block_n = block_n or default_block_n(k_cache.shape[1])
     pdl = host.pdl_available() if pdl is None else bool(pdl)
+    trigger_early = pdl if trigger_early is None else bool(trigger_early)
     if prefetch < 0 or (prefetch and not cyclic):
         raise ArgumentError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
                          f"count >= 0 (a contiguous split's first block depends on the length)")
@@ -253,13 +258,14 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
 
 
 def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None,
-                           pdl: bool | None = None, trigger_early: bool = False):
+                           pdl: bool | None = None, trigger_early: bool | None = None):
     """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D).
     ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
     split kernel finishes and waits for it on the device rather than on the launch queue."""
     ws = workspace
     hq, d = out.shape
     pdl = host.pdl_available() if pdl is None else bool(pdl)
+    trigger_early = pdl if trigger_early is None else bool(trigger_early)
     # Each program holds all splits of one row in registers: more splits, more warps.
     warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
     op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
@@ -274,7 +280,7 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      block_n: int | None = None, num_splits: int | None = None,
                      num_warps: int = 4, num_stages: int = DEFAULT_STAGES,
                      pdl: bool | None = None, prefetch: int = DEFAULT_PREFETCH,
-                     cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool = False):
+                     cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
