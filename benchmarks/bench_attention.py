@@ -34,7 +34,7 @@ import harness  # noqa: E402
 import safetile as st  # noqa: E402
 from safetile.ops import (DecodeWorkspace, decode_attention,  # noqa: E402
                           decode_attention_split, flash_attention)
-from safetile.ops.decode_attention import default_block_n  # noqa: E402
+from safetile.ops.decode_attention import DEFAULT_BLOCK_N  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 COPY_TBPS = 4.26
@@ -46,8 +46,8 @@ PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # (2026-11-30; results/attention_decode_sweep1.json, attention_prefetch.json): 4/5 stages, 32
 # splits and 32-key blocks no faster; cyclic splits (the default) beat contiguous ones; L2
 # prefetch before the wait did not pay. Steady-state chains (this benchmark, 2026-11-30):
-# 128-key blocks, pdl with early reads of q, cache and length, and both kernels signalling
-# the next at their start, the best at 8k and 32k.
+# pdl with early reads of q, cache and length and both kernels signalling the next at their
+# start, with 64-key blocks, the best at 1k, 8k and 32k (the op's defaults since).
 DECODE_CONFIGS = [None, (16, 64, 3, False, False), (16, 128, 3, False, False),
                   (16, 64, 3, True, False), (16, 128, 3, True, False), (16, 64, 3, True, True),
                   (16, 128, 3, True, True)]
@@ -157,7 +157,7 @@ def bench_decode(n: int) -> dict:
             continue
         try:
             ws = DecodeWorkspace.for_cache(qh, kh, num_splits=kw.pop("num_splits", None),
-                                           block_n=kw.get("block_n", default_block_n(max_seq)))
+                                           block_n=kw.get("block_n", DEFAULT_BLOCK_N))
             got = decode_attention(qh, kh, vh, length, out, ws, **kw).sync()
             err = harness.check_close(f"safetile decode {n} {kw}", got.to_torch(), ref, 2e-2)
             single, _ = st_graph(decode_attention(qh, kh, vh, length, out, ws, **kw))

@@ -114,3 +114,27 @@ def test_decode_configurations_and_pdl_graph_replays(pdl, stages, splits, block_
         length_t.fill_(pos)
         got = g.launch().sync()
         assert rel_err(got.to_torch(), decode_reference(q, k, v, pos + 1)) < 1e-2
+
+
+def test_a_chain_of_attentions_sharing_one_workspace_replays_correctly():
+    # The decode step's pattern: attentions back to back in one graph, all through one
+    # workspace. With programmatic launch each split reads its cache early and both kernels
+    # signal the next at their start, so several may run at once: every output must still
+    # equal its own reference, replay after replay.
+    n_layers, n = 6, 2048
+    q = randn((32, 128), 30)
+    caches = [(randn((8, n, 128), 40 + i), randn((8, n, 128), 60 + i)) for i in range(n_layers)]
+    qh = st.from_torch(q)
+    length_t = torch.tensor([n - 1], dtype=torch.int32, device="cuda")
+    length = st.from_torch(length_t)
+    handles = [(st.from_torch(k), st.from_torch(v)) for k, v in caches]
+    outs = [st.empty((32, 128), dtype=st.bf16) for _ in caches]
+    ws = DecodeWorkspace.for_cache(qh, handles[0][0])
+    with st.graph_scope() as scope:
+        for (kh, vh), out in zip(handles, outs):
+            scope.record(decode_attention(qh, kh, vh, length, out, ws, length_offset=1))
+    for pos in (n - 1, 700, 5):
+        length_t.fill_(pos)
+        got = scope.graph.launch().sync()
+        for (k, v), o in zip(caches, got):
+            assert rel_err(o.to_torch(), decode_reference(q, k, v, pos + 1)) < 1e-2

@@ -58,21 +58,16 @@ DEFAULT_CYCLIC = True
 # alone), 4 blocks with pdl 15.55, 2 without pdl 16.08: off. The prefetched bytes compete
 # with the previous kernel's stream, and past a short valid length they are wasted.
 DEFAULT_PREFETCH = 0
-# Programmatic dependent launch, with every read of the split kernel before its wait
-# (``_split_kernel``): in a steady chain of attentions over distinct caches on the H200
-# (results/attention.json, 2026-11-30; 128-key blocks) 12.85 vs 13.78 us per attention at
-# 8k and 35.43 vs 36.66 us at 32k: the split overlaps the previous merge. (Without the
-# early reads pdl was 0.2-1.2 us slower.) With both kernels signalling the next at their
-# start (trigger_early), the next split's reads also overlap this split's tail: 11.28 vs
-# 12.82 us at 8k, 33.67 vs 35.44 at 32k, 4.77 vs 5.53 at 1k (64-key blocks). Both on by
-# default where the GPU has them (Hopper and later).
-
-
-def default_block_n(max_seq: int) -> int:
-    """Keys per block: 128 for caches of 8k positions and more (with pdl, same measurement:
-    12.85 vs 13.96 us at 8k, 35.43 vs 40.49 at 32k), else 64, so that a short cache still
-    gives every split a block."""
-    return 128 if max_seq >= 8192 else 64
+# Programmatic dependent launch, on by default where the GPU has it (Hopper and later): the
+# split kernel does every read (length, q, K, V) before its wait, and both kernels signal the
+# next at their start (trigger_early), so in a chain of attentions the next split streams its
+# cache while this one drains. H200, chains of 16 attentions over distinct caches
+# (results/attention.json, 2026-11-30), per attention, 64-key blocks: 8k 14.23 us without
+# pdl, 14.04 with pdl alone, 9.57 with early reads and early signals; 32k 37.21 / 40.39 /
+# 31.60; 1k 6.99 / 5.58 / 4.31. With all three, 64-key blocks beat 128 (8k 9.57 vs 10.29,
+# 1k 4.31 vs 5.15, 32k a tie): a 64-key program's two stages (64 KB) leave room on the SM for
+# the next split's program, which a 128-key one (128 KB) does not.
+DEFAULT_BLOCK_N = 64
 
 
 @st.kernel
@@ -192,7 +187,7 @@ class DecodeWorkspace:
     def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int | None = None):
         """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
         hkv, max_seq, d = k_cache.shape
-        splits = num_splits or default_splits(hkv, max_seq, block_n or default_block_n(max_seq))
+        splits = num_splits or default_splits(hkv, max_seq, block_n or DEFAULT_BLOCK_N)
         return cls(hkv, q.shape[0] // hkv, d, splits, device=q.device)
 
 
@@ -227,7 +222,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC,
                            trigger_early: bool | None = None):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
-    ``block_n`` defaults to ``default_block_n(max_seq)``; ``pdl`` (default: on Hopper and
+    ``block_n``: keys per block (``DEFAULT_BLOCK_N``); ``pdl`` (default: on Hopper and
     later) launches with programmatic dependent launch, every read before the wait;
     ``trigger_early`` (default: as ``pdl``): the next kernel may be scheduled as soon as this
     one's programs start.
@@ -242,7 +237,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                          f"group {ws.group}) does not fit q {q.shape} and the cache "
                          f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
     cyclic = bool(cyclic)
-    block_n = block_n or default_block_n(k_cache.shape[1])
+    block_n = block_n or DEFAULT_BLOCK_N
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     trigger_early = pdl if trigger_early is None else bool(trigger_early)
     if prefetch < 0 or (prefetch and not cyclic):
@@ -292,7 +287,7 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
-    block_n = block_n or default_block_n(k_cache.shape[1])
+    block_n = block_n or DEFAULT_BLOCK_N
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
