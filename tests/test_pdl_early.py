@@ -149,11 +149,24 @@ def test_early_loads_are_checked_against_every_launch_that_may_still_run(middle_
 def test_a_long_chain_of_early_signalling_launches_is_cut_by_a_plain_launch():
     from safetile.device.kernel_op import MAX_RUNNING
     k = copy.options(pdl=True, trigger_early=True)
-    srcs = [vec(seed=i) for i in range(MAX_RUNNING + 3)]
+    srcs = [vec(seed=i) for i in range(MAX_RUNNING + 4)]
     outs = [out() for _ in srcs]
     with st.graph_scope() as scope:
         for s_, o in zip(srcs, outs):
             scope.record(k(s_, o))
     serial = [r.serial for r in scope.graph.records]
-    assert serial[:MAX_RUNNING + 1] == [False] * (MAX_RUNNING + 1) and serial[MAX_RUNNING + 1]
+    # the first launch of a graph goes in plain order, then the chain grows to the cut
+    assert serial[:MAX_RUNNING + 2] == [True] + [False] * MAX_RUNNING + [True]
     assert all(len(r.running) <= MAX_RUNNING for r in scope.graph.records)
+
+
+def test_a_graph_inlined_into_another_recording_starts_in_plain_order():
+    # Its launches were checked against its own chain only: its first launch must not
+    # overlap whatever the outer recording put before it.
+    signal = copy.options(pdl=True, trigger_early=True)
+    inner = signal(vec(seed=1), out()).graph()
+    x, z = vec(seed=2), out()
+    with st.graph_scope() as scope:
+        scope.record(signal(x, z))
+        scope.record(inner.launch())
+    assert scope.graph.records[1] is inner.records[0] and inner.records[0].serial

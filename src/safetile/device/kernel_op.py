@@ -91,10 +91,10 @@ class KernelOp(DeviceOp):
             recording = ctx.recording
             prev = (recording[-1] if recording else None) if recording is not None else ctx.last
             running = may_still_run(prev)
-            if len(running) > MAX_RUNNING or opts.get("early") and (
-                    # a graph's first launch: what runs before a replay is unknown now
-                    (recording is not None and prev is None)
-                    or writes_early_reads(running, self)):
+            # A graph's first launch goes in plain order: what runs before a replay (or
+            # before the launches of a graph inlined into another recording) is unknown now.
+            if (recording is not None and prev is None) or len(running) > MAX_RUNNING or (
+                    opts.get("early") and writes_early_reads(running, self)):
                 self.serial, running = True, ()
             self.running = running
         ctx.last = self

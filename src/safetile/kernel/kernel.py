@@ -118,7 +118,7 @@ class Kernel:
         gemv's weights, which no recent kernel writes). At each launch the launcher checks
         the launch just before it in the same execution (or graph): if that one may write
         bytes of an early parameter, this launch goes without programmatic launch, ordered
-        after it as usual (so does the first launch of a graph). (Only that launch can still run: by the time a PDL grid starts,
+        after it as usual (so does the first PDL launch of a graph). (Only that launch can still run: by the time a PDL grid starts,
         every program of the one before has passed its own wait.)
         """
         unknown = set(opts) - LAUNCH_OPTIONS
