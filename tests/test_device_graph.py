@@ -150,3 +150,29 @@ def test_a_replay_may_not_rewrite_a_value_shared_after_recording():
     with pytest.raises(AliasError, match="shared value"):
         g.launch().sync()
     assert shared.try_unwrap().to_torch().tolist() == [0, 0, 0, 0]
+
+
+def test_only_values_a_record_wrote_before_they_were_shared_are_the_graphs_own():
+    written, untouched = st.zeros((4,)), vec(1, 2, 3, 4)
+    z = st.empty((4,))
+    with st.graph_scope() as s:
+        (wp,) = s.record(inc(written.partition((2,))))
+        mine = wp.unpartition().share()
+        other = untouched.share()
+        s.record(add(mine, other, z.partition((2,))))
+    own = s.graph._own_shared
+    assert mine._core.hold in own and other._core.hold not in own
+
+
+def test_a_value_shared_in_a_callback_cannot_be_written_later_in_the_same_execution():
+    x = vec(1, 2, 3, 4)
+    kept = []
+
+    def share_then_write(xp):
+        t = xp.unpartition()
+        kept.append(t.share())
+        view = st.from_torch(kept[0]._torch)           # another handle on the same bytes
+        return inc(view.partition((2,)))
+
+    with pytest.raises(AliasError, match="shared value"):
+        inc(x.partition((2,))).then(share_then_write).sync()

@@ -134,3 +134,23 @@ def test_a_graph_cannot_replay_into_storage_that_was_shared_since_it_was_recorde
     with pytest.raises(AliasError, match="shared value"):
         g.launch().sync()
     assert shared.to_torch().abs().sum() == 0
+
+
+def test_an_op_built_in_another_executions_callback_is_checked_again_where_it_runs():
+    # Built inside the first execution's callback, the op's borrows were checked with that
+    # execution's own in-flight work set aside; run elsewhere, it must be checked again.
+    from safetile.tensor import borrows
+    x, z, w = st.randn((64,)), st.empty((64,)), st.randn((64,))
+    kept = []
+
+    def build(*_):
+        # stands for work of this execution still writing w when the op runs elsewhere
+        kept.append(borrows.acquire("the first execution's writer", writes=[("w", w._torch)]))
+        kept.append(scale(w, st.empty((64,)).partition((16,)), 3.0))
+
+    scale(x, z.partition((16,)), 2.0).map(build).sync()
+    writer, op = kept
+    with pytest.raises(AliasError, match="the first execution's writer"):
+        op.sync()
+    writer.release()
+    assert op.values[0] is w and torch.equal(w.to_torch(), w._torch)   # handed back

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentError, ExecutionError
-from .op import DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
+from .op import UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -59,6 +59,7 @@ class ThenOp(DeviceOp):
                 raise
             finally:
                 state.busy = outer
+            ctx.last = UNKNOWN    # the callback may have enqueued work of its own
             out = nxt._run(ctx)
         return out
 
@@ -91,6 +92,8 @@ class MapOp(DeviceOp):
         except BaseException as e:
             attach_recovered(e, out)
             raise
+        finally:
+            ctx.last = UNKNOWN    # the callback may have enqueued work of its own
 
     def _abandon(self) -> None:
         self.inner._abandon()

@@ -48,7 +48,11 @@ class GraphScope:
         self.outputs: list = []          # one output per record() call
         self.graph: Graph | None = None
         self._closed = False
-        self.shared_holds: list = []     # read borrows of values shared while recording
+        self.shared_holds: list = []     # (read borrow, launches before it) per value shared
+
+    def count(self) -> int:
+        """Launches recorded so far."""
+        return len(self.records)
 
     def record(self, op: DeviceOp):
         """Record ``op`` and return its output (its values are handed back now)."""
@@ -77,7 +81,7 @@ def graph_scope(reason: str = "st.graph_scope()"):
     After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
     output) and ``s.launch()`` replays it."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds):
+    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
         yield scope
     scope._closed = True
     scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
@@ -86,7 +90,7 @@ def graph_scope(reason: str = "st.graph_scope()"):
 def _record(ops, reason: str) -> GraphScope:
     """Record ``ops`` into a fresh scope (not yet captured)."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds):
+    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
         for op in ops:
             scope.record(op)
     scope._closed = True
@@ -136,9 +140,13 @@ class Graph:
             raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
                                     f"record ops of one backend")
         self.records = list(records)
-        # Values shared while recording are the graph's own: a replay may rewrite them
-        # (borrows.collect_shared); every other shared value's borrow still applies.
-        self._own_shared = frozenset(shared_holds)
+        # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
+        # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.
+        self._own_shared = frozenset(
+            hold for hold, before in shared_holds
+            if any(b.spec.kind != "In" and b.torch is not None
+                   and borrows.overlaps(b.torch, hold.tensors[0])
+                   for r in self.records[:before] for b in r.bound))
         self.backend = names.pop() if names else "none"
         self._borrows = self._borrow_plan()
         self._cuda = None

@@ -1,9 +1,10 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
+from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
-from .op import DeviceOp, RunContext
+from .op import UNKNOWN, DeviceOp, RunContext
 
 
 class KernelOp(DeviceOp):
@@ -80,6 +81,8 @@ class KernelOp(DeviceOp):
             self._take()                          # raises: an op runs once
         self._consumed = True
         hold = self.hold
+        if hold.owner is not None and hold.owner is not ctx:
+            hold = self._borrow_again(ctx)
         hold.owner = ctx                          # ordered with the rest of this execution
         if ctx.keeps(self.plan.extents):
             hold.release()                        # the execution already borrows these bytes
@@ -89,14 +92,24 @@ class KernelOp(DeviceOp):
         opts = self.kernel.opts
         if opts.get("pdl"):
             recording = ctx.recording
-            prev = (recording[-1] if recording else None) if recording is not None else ctx.last
-            running = may_still_run(prev)
-            # A graph's first launch goes in plain order: what runs before a replay (or
-            # before the launches of a graph inlined into another recording) is unknown now.
-            if (recording is not None and prev is None) or len(running) > MAX_RUNNING or (
-                    opts.get("early") and writes_early_reads(running, self)):
-                self.serial, running = True, ()
-            self.running = running
+            if recording is not None:
+                prev = recording[-1] if recording else None
+            else:
+                prev = ctx.last
+            if prev is None or prev is UNKNOWN:
+                # Nothing known of what runs just before: a graph's first launch (a replay, or
+                # a graph inlined into another recording, may follow anything), an
+                # execution's first, one after a callback. It goes in plain order.
+                serial, running = True, ()
+            else:
+                running = may_still_run(prev)
+                serial = len(running) > MAX_RUNNING or bool(
+                    opts.get("early") and writes_early_reads(running, self))
+                if serial:
+                    running = ()
+            self.serial = serial
+            # only read back when this kernel signals early (may_still_run)
+            self.running = running if opts.get("trigger_early") else ()
         ctx.last = self
         if ctx.recording is not None:
             ctx.recording.append(self)
@@ -107,6 +120,23 @@ class KernelOp(DeviceOp):
             e.recovered = self.values             # the arguments are not lost: see e.recovered
             raise
         return self.values
+
+    def _borrow_again(self, ctx):
+        """This op was built inside another execution's callback, so its borrows were checked
+        with that execution's own in-flight work set aside; it runs in ``ctx``, which is not
+        ordered with that work: check them again (``AliasError``, values handed back)."""
+        old = self.hold
+        plan = self.plan
+        old.release()
+        try:
+            with borrows.owned_by(ctx):
+                new = borrows.register(plan.holder, plan.extents, old.tensors, plan.groups)
+        except BaseException as e:
+            self._hand_back()
+            e.recovered = self.values
+            raise
+        self.hold = new
+        return new
 
     def _abandon(self) -> None:
         if not self._consumed:

@@ -37,6 +37,17 @@ def spread(out) -> tuple:
     return out if type(out) is tuple else (out,)
 
 
+class _Unknown:
+    """``RunContext.last`` when work safetile did not launch may precede the next launch on
+    the stream (an execution's start; torch work a ``then``/``map`` callback may enqueue)."""
+
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
 class RunContext:
     """Where and how one execution runs.
 
@@ -51,7 +62,7 @@ class RunContext:
         self.stream = stream
         self.handle = stream.cuda_stream if stream is not None else 0
         self.recording = recording
-        self.last = None                          # the last KernelOp launched on the stream
+        self.last = UNKNOWN                       # the last KernelOp launched on the stream
         self._settle: list = []
         self._finish: list = []
         self._held: dict = {}                     # (device, lo, hi) of dense extents -> write
@@ -82,7 +93,7 @@ class RunContext:
 
     def finish(self) -> None:
         """The work is complete: end every borrow, then hand every value back."""
-        self.last = None                          # (no cycle keeps the last op's values alive)
+        self.last = UNKNOWN                       # (no cycle keeps the last op's values alive)
         pending, self._finish = self._finish, []
         error = None
         for fn in pending:

@@ -114,12 +114,18 @@ class Kernel:
         views may precede it: they deliver no value), so ordering is exactly that of a plain
         launch; it then signals that the next PDL kernel may be scheduled.
         ``early=("w", ...)`` (with ``pdl``) names In parameters whose loads in the body's
-        leading statements also run before the wait, overlapping the previous kernel (a
-        gemv's weights, which no recent kernel writes). At each launch the launcher checks
-        the launch just before it in the same execution (or graph): if that one may write
-        bytes of an early parameter, this launch goes without programmatic launch, ordered
-        after it as usual (so does the first PDL launch of a graph). (Only that launch can still run: by the time a PDL grid starts,
-        every program of the one before has passed its own wait.)
+        leading statements also run before the wait, overlapping the kernels before it (a
+        gemv's weights, which no recent kernel writes). At each launch the launcher knows
+        which launches of the same execution (or graph) may still run: the one just before,
+        and those before it that an early signal lets through (``trigger_early``). If one of
+        them may write bytes of an early parameter, if more than eight may run, or if what
+        runs just before is unknown (the first launch of an execution or a graph, a launch
+        after a ``then``/``map`` callback), this launch goes without programmatic launch,
+        in plain stream order.
+        ``trigger_early=True`` (with ``pdl``) lets the next PDL kernel be scheduled as soon
+        as this kernel's programs start, rather than once they have passed their wait, so
+        that its early loads overlap this kernel's whole run; its stores still wait for this
+        kernel, and the check above covers the kernels it may then overlap.
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:

@@ -371,12 +371,14 @@ def acquire(holder: str,
 _collecting = threading.local()
 
 
-def collect_shared(into: list):
-    """While the block runs, append to ``into`` the read borrow of every Shared value made
-    on this thread. A graph scope collects them: a value shared while it records comes from
-    the recording (a write recorded after the share is refused at record time), so the
-    graph's replays may rewrite it, in recorded order, before the launches that read it."""
-    return _set_while(_collecting, "into", into)
+def collect_shared(into: list, clock):
+    """While the block runs, append to ``into`` ``(hold, clock())`` for the read borrow of
+    every Shared value made on this thread. A graph scope collects them, with the number of
+    launches recorded so far: a value shared after a recorded launch wrote its bytes is the
+    recording's own result (a write recorded after the share is refused at record time), so
+    the graph's replays may rewrite it, in recorded order, before the launches that read
+    it (``Graph``)."""
+    return _set_while(_collecting, "into", (into, clock))
 
 
 def hold_shared(t: torch.Tensor, what: str) -> Hold:
@@ -384,11 +386,15 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     value): while it lasts, no launch may write the storage, through any view (but the
     replays of a graph that recorded the sharing, see ``collect_shared``)."""
     hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
+    # The value's borrow, not an execution's: even launches of the execution that shared it
+    # (in a callback) may not write the bytes afterwards.
+    hold.owner = None
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
-    into = getattr(_collecting, "into", None)
-    if into is not None:
-        into.append(hold)
+    collecting = getattr(_collecting, "into", None)
+    if collecting is not None:
+        into, clock = collecting
+        into.append((hold, clock()))
     return hold
 
 
