@@ -51,6 +51,15 @@ def median_us(fn, per: int, repeats: int = REPEATS) -> float:
     return harness.median_us(fn, per, repeats)
 
 
+def then_chain(state: dict) -> None:
+    """A chain of CHAIN adds built with ``then`` on ``state``'s x, y, z, and one sync."""
+    op = add(state["x"], state["y"], state["z"])
+    for _ in range(CHAIN - 1):
+        op = op.then(add)
+    x, y, z = op.sync()
+    state.update(x=x, y=y, z=z)
+
+
 def check_ends(name: str, triples: list, want) -> None:
     """Check the first and last of many (x, y, z) results against ``want``; z stays usable."""
     for i in (0, len(triples) - 1):
@@ -87,18 +96,12 @@ def main() -> int:
     record("safetile sync_each", median_us(sync_each, 1000), "x,y,z = add(x,y,z).sync()")
 
     # ---- safetile: a chain of 1000 ops built with then ----------------------------------
-    def then_chain():
-        op = add(state["x"], state["y"], state["z"])
-        for _ in range(CHAIN - 1):
-            op = op.then(add)
-        x, y, z = op.sync()
-        state.update(x=x, y=y, z=z)
-
-    then_chain()
+    then_chain(state)
     zt = state["z"].unpartition()
     harness.check_close("then_chain", zt.to_torch(), want, 0)
     state["z"] = zt.partition((N,))
-    record("safetile then_chain", median_us(then_chain, CHAIN), "build + sync of 1000 thens")
+    record("safetile then_chain", median_us(lambda: then_chain(state), CHAIN),
+           "build + sync of 1000 thens")
 
     # ---- safetile: 1000 independent ops awaited concurrently ----------------------------
     triples = [(st.from_torch(xt.clone()), st.from_torch(yt.clone()),
@@ -213,7 +216,7 @@ def main() -> int:
         import os
         import pstats
         report = io.StringIO()
-        for name, fn in [("sync_each", sync_each), ("then_chain", then_chain),
+        for name, fn in [("sync_each", sync_each), ("then_chain", lambda: then_chain(state)),
                          ("await_1000", await_1000), ("bare launcher", bare)]:
             prof = cProfile.Profile()
             if fn is bare:

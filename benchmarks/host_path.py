@@ -37,7 +37,8 @@ import safetile as st
 from safetile.device import launcher, streams
 from safetile.kernel import launch as launch_mod
 
-from bench_launch import CHAIN, N, add, median_us  # the same kernel and sizes as on the GPU
+from bench_launch import (CHAIN, N, add, median_us,  # the same kernel and sizes as on the GPU
+                          then_chain)
 
 
 # ---- stubs (benchmark only) -------------------------------------------------------------
@@ -139,13 +140,6 @@ def main() -> int:
             x, y, z = add(x, y, z).sync()
         state.update(x=x, y=y, z=z)
 
-    def then_chain():
-        op = add(state["x"], state["y"], state["z"])
-        for _ in range(CHAIN - 1):
-            op = op.then(add)
-        x, y, z = op.sync()
-        state.update(x=x, y=y, z=z)
-
     triples = [(st.randn((N,)), st.randn((N,)), st.empty((N,)).partition((N,)))
                for _ in range(CHAIN)]
 
@@ -172,7 +166,7 @@ def main() -> int:
         loop.run_until_complete(gather_futures())
 
     scenarios = {"construct": (construct, 1000), "bare": (bare, 1000),
-                 "sync_each": (sync_each, 1000), "then_chain": (then_chain, CHAIN),
+                 "sync_each": (sync_each, 1000), "then_chain": (lambda: then_chain(state), CHAIN),
                  "in_flight": (in_flight, CHAIN), "await_1000": (await_1000, CHAIN),
                  "submit_1000": (submit_1000, CHAIN)}
     if "--profile" in sys.argv:
