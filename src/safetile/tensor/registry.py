@@ -1,0 +1,167 @@
+"""The holds in flight on one device, and the address index that keeps checking them fast.
+
+A registry is a set of holds (``borrows.Hold``) with their byte extents, scanned directly
+while only a few are in flight; beyond :data:`SMALL` holds it also keeps an address index (a
+hierarchical grid, :class:`Index`), so that checking a new launch against thousands of
+in-flight holds looks only at the extents near its own bytes. The caller (``borrows``) holds
+``LOCK`` around every call.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .overlap import Extent, _overlap
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .borrows import Hold
+
+__all__ = ["Registry", "Index", "SMALL"]
+
+#: Holds per device scanned directly; above this many in flight, an address index is kept.
+SMALL = 4
+
+
+class Index:
+    """An address index of held extents: a hierarchical grid.
+
+    An extent of span ``s`` belongs to level ``c = (s - 1).bit_length()`` (so ``s <= 2**c``)
+    and is filed in the one bucket ``lo >> c`` of that level; it can reach at most into the
+    next bucket. So every held extent overlapping ``[lo, hi)`` sits, on level ``c``, in a
+    bucket from ``(lo >> c) - 1`` to ``(hi - 1) >> c``: a query probes those few buckets per
+    level in use (or, when the query spans more buckets than a level has, that level's
+    buckets). Adding and removing an extent costs a few dict operations.
+    """
+
+    __slots__ = ("levels",)
+
+    def __init__(self):
+        self.levels: dict[int, dict[int, list]] = {}     # c -> bucket -> [(extent, hold)]
+
+    def add(self, e: Extent, hold: "Hold") -> None:
+        c = (e.hi - e.lo - 1).bit_length()
+        level = self.levels.get(c)
+        if level is None:
+            level = self.levels[c] = {}
+        bucket = level.get(e.lo >> c)
+        if bucket is None:
+            level[e.lo >> c] = [(e, hold)]
+        else:
+            bucket.append((e, hold))
+
+
+    def near(self, lo: int, hi: int):
+        """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
+        callers apply the interval test)."""
+        for c, level in self.levels.items():
+            first, last = (lo >> c) - 1, (hi - 1) >> c
+            if last - first < len(level):
+                for b in range(first, last + 1):
+                    bucket = level.get(b)
+                    if bucket is not None:
+                        yield from bucket
+            else:
+                for bucket in level.values():
+                    yield from bucket
+
+
+class Registry:
+    """The holds in flight on one device (guarded by ``LOCK``)."""
+
+    __slots__ = ("holds", "index")
+
+    def __init__(self):
+        self.holds: dict[Hold, tuple] = {}    # hold -> its extents on this device
+        self.index: Index | None = None      # kept while more than SMALL holds are in flight
+
+    def near(self, lo: int, hi: int):
+        """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
+        if self.index is not None:
+            return self.index.near(lo, hi)
+        return [(e, h) for h, extents in self.holds.items() for e in extents]
+
+    def conflict(self, x: Extent, owner=None):
+        """The first held ``(extent, hold)`` that conflicts with the new extent ``x`` (a new
+        write conflicts with any held extent it overlaps, a new read only with held writes),
+        or None. Holds of the execution ``owner`` (not None) are ordered with it and skipped.
+        The per-launch query: the index walk and the interval test are inlined."""
+        lo, hi, write = x.lo, x.hi, x.write
+        index = self.index
+        if index is None:
+            for h, extents in self.holds.items():
+                if owner is not None and h.owner is owner:
+                    continue
+                for e in extents:
+                    if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
+                        return e, h
+            return None
+        for c, level in index.levels.items():
+            first, last = (lo >> c) - 1, (hi - 1) >> c
+            if last - first < len(level):
+                get = level.get
+                for b in range(first, last + 1):
+                    bucket = get(b)
+                    if bucket is not None:
+                        for e, h in bucket:
+                            if (write or e.write) and e.lo < hi and lo < e.hi and \
+                                    (owner is None or h.owner is not owner) and _overlap(x, e):
+                                return e, h
+            else:
+                for bucket in level.values():
+                    for e, h in bucket:
+                        if (write or e.write) and e.lo < hi and lo < e.hi and \
+                                (owner is None or h.owner is not owner) and _overlap(x, e):
+                            return e, h
+        return None
+
+    def conflict_except(self, x: Extent, owner, exempt):
+        """``conflict`` that also skips the holds in ``exempt`` (graph replays, not per launch)."""
+        for e, h in self.near(x.lo, x.hi):
+            if (x.write or e.write) and e.lo < x.hi and x.lo < e.hi and h not in exempt and \
+                    (owner is None or h.owner is not owner) and _overlap(x, e):
+                return e, h
+        return None
+
+    def add(self, hold: "Hold", extents: tuple) -> None:
+        self.holds[hold] = extents
+        index = self.index
+        if index is not None:
+            levels = index.levels                 # Index.add, inlined (per launch)
+            for e in extents:
+                c = (e.hi - e.lo - 1).bit_length()
+                level = levels.get(c)
+                if level is None:
+                    level = levels[c] = {}
+                key = e.lo >> c
+                bucket = level.get(key)
+                if bucket is None:
+                    level[key] = [(e, hold)]
+                else:
+                    bucket.append((e, hold))
+        elif len(self.holds) > SMALL:
+            self.index = index = Index()
+            for h, held in self.holds.items():
+                for e in held:
+                    index.add(e, h)
+
+    def remove(self, hold: "Hold") -> None:
+        extents = self.holds.pop(hold)
+        index = self.index
+        if index is not None:
+            if not self.holds:
+                self.index = None
+                return
+            levels = index.levels                 # the extents leave their buckets (per hand-back)
+            for e in extents:
+                c = (e.hi - e.lo - 1).bit_length()
+                level = levels[c]
+                key = e.lo >> c
+                bucket = level[key]
+                if len(bucket) == 1:
+                    del level[key]
+                    if not level:
+                        del levels[c]
+                    continue
+                for i, entry in enumerate(bucket):
+                    if entry[0] is e and entry[1] is hold:
+                        del bucket[i]
+                        break
