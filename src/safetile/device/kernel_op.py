@@ -160,13 +160,11 @@ class KernelOp(DeviceOp):
 MAX_RUNNING = 8
 
 
-def may_still_run(prev) -> tuple:
+def may_still_run(prev: KernelOp) -> tuple:
     """The launches that may still run when a PDL launch after ``prev`` starts: ``prev``,
     and, if ``prev`` signals at its start (``trigger_early``), whatever may still have run
     when ``prev`` started. (A grid that signals after its wait has passed it in every
     program before the next grid starts, so every grid before it has completed.)"""
-    if prev is None:
-        return ()
     if prev.kernel.opts.get("trigger_early"):
         return (prev,) + prev.running
     return (prev,)
