@@ -7,7 +7,12 @@ distinct weight copies (>= 240 MB in all, four times the L2), replayed back to b
 ``do_bench`` (256 MB of dirty L2 lines flushed before each replay, so the first gemvs pay
 their write-back) and a single gemv's graph (mostly launch floor for the small ones).
 Bandwidth is reported as a fraction of the 4.26 TB/s copy ceiling (../shared/FACTS.md).
-Every variant is checked against cuBLAS before it is timed.
+
+Peers, in the same graphs: cuBLAS (``F.linear``) and ``triton_gemv``, a plain ``@triton.jit``
+gemv written here with the safe kernel's tiling, pipeline depth, programmatic launch and
+early weight loads (where the safe kernel's launcher checks that early loads read nothing
+the previous kernel writes, the plain kernel simply trusts its author). Every variant is
+checked against cuBLAS before it is timed.
 
     python benchmarks/bench_gemv.py            # Qwen3-4B/32B shapes -> results/gemv.json
     python benchmarks/bench_gemv.py --sweep    # configurations per 4B shape -> gemv_steady.json
@@ -21,6 +26,9 @@ import time
 from dataclasses import replace
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from harness import (check_close, graph_replay, print_table, start_gpu, time_ms,  # noqa: E402
                      time_ms_steady, write_results)
@@ -36,6 +44,43 @@ MODELS = {
     "32B": {"qkv": (10240, 5120), "o": (5120, 8192), "gate_up": (51200, 5120),
             "down": (5120, 25600), "lm_head": (151936, 5120)},
 }
+
+
+@triton.jit
+def triton_gemv(w_ptr, x_ptr, y_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """y = W x for BN rows per program; the first two W blocks before the PDL wait."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    cols = tl.arange(0, BK)
+    w_rows = w_ptr + rows[:, None].to(tl.int64) * K
+    rmask = rows[:, None] < N
+    acc = tl.zeros((BN, BK), tl.float32)
+    if EARLY:
+        w0 = tl.load(w_rows + cols[None, :], mask=rmask & (cols[None, :] < K), other=0.0)
+        w1 = tl.load(w_rows + BK + cols[None, :], mask=rmask & (BK + cols[None, :] < K),
+                     other=0.0)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    if EARLY:
+        acc += w0.to(tl.float32) * tl.load(x_ptr + cols, mask=cols < K).to(tl.float32)[None, :]
+        acc += w1.to(tl.float32) * tl.load(x_ptr + BK + cols,
+                                           mask=BK + cols < K).to(tl.float32)[None, :]
+    for kb in tl.range(2 if EARLY else 0, tl.cdiv(K, BK), num_stages=STAGES):
+        c = kb * BK + cols
+        wt = tl.load(w_rows + c[None, :], mask=rmask & (c[None, :] < K), other=0.0)
+        xt = tl.load(x_ptr + c, mask=c < K, other=0.0)
+        acc += wt.to(tl.float32) * xt.to(tl.float32)[None, :]
+    tl.store(y_ptr + rows, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=rows < N)
+
+
+def launch_triton_gemv(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cfg) -> None:
+    """The plain-Triton peer with ``cfg``'s tiling (``w`` (N, K), ``x`` (K,), ``y`` (N,))."""
+    n, k = w.shape
+    pdl = cfg.pdl
+    triton_gemv[(triton.cdiv(n, cfg.bn),)](
+        w, x, y, n, K=k, BN=cfg.bn, BK=cfg.bk, STAGES=cfg.num_stages, PDL=pdl,
+        EARLY=pdl and cfg.early, num_warps=cfg.num_warps, launch_pdl=pdl)
 
 
 def check(n: int, k: int, cfg) -> None:
@@ -64,6 +109,22 @@ class Stream:
         yts = [torch.empty((1, n), dtype=torch.bfloat16, device="cuda") for _ in range(self.r)]
         self.cublas = graph_replay(lambda: [torch.nn.functional.linear(xt, wt, out=yt)
                                             for wt, yt in zip(wts, yts)])
+
+    def triton(self, cfg=None):
+        """The replay of the plain-Triton gemvs' graph (checked against cuBLAS first)."""
+        cfg = cfg or choose_config(self.n, self.k)
+        wts, xt = [w.to_torch() for w in self.ws], self.x.to_torch()
+        yts = [torch.empty((self.n,), dtype=torch.bfloat16, device="cuda") for _ in self.ws]
+
+        def chain():
+            for wt, yt in zip(wts, yts):
+                launch_triton_gemv(wt, xt, yt, cfg)
+        replay = graph_replay(chain)
+        replay()
+        for wt, yt in ((wts[0], yts[0]), (wts[-1], yts[-1])):
+            check_close(f"triton gemv {self.n}x{self.k} {cfg}", yt,
+                        torch.nn.functional.linear(xt, wt), 1e-2)
+        return replay
 
     def safe(self, cfg=None):
         """The replay of the safe gemvs' graph (checked against cuBLAS first)."""
@@ -95,17 +156,21 @@ def table(deadline) -> list[dict]:
                 continue
             try:
                 s = Stream(n, k)
-                safe = s.safe()
+                safe, plain = s.safe(), s.triton()
                 # steady figures (the headline) three times in turn, median of each
-                runs = [(s.per_gemv_us(safe), s.per_gemv_us(s.cublas)) for _ in range(3)]
+                runs = [(s.per_gemv_us(safe), s.per_gemv_us(s.cublas), s.per_gemv_us(plain))
+                        for _ in range(3)]
                 us = statistics.median(r[0] for r in runs)
                 cub = statistics.median(r[1] for r in runs)
+                tri = statistics.median(r[2] for r in runs)
                 y = st.empty((n,), dtype=st.bf16)
                 g = ops.gemv(s.ws[0], s.x, y).graph()
                 single = time_ms(g._cuda.replay) * 1e3
                 row.update(stream_layers=s.r, safe_us=us, cublas_us=cub,
                            frac_copy=s.nbytes / us / 1e6 / COPY_TBS,
                            cublas_frac_copy=s.nbytes / cub / 1e6 / COPY_TBS, ratio=cub / us,
+                           triton_us=tri, triton_frac_copy=s.nbytes / tri / 1e6 / COPY_TBS,
+                           safe_vs_triton=tri / us,
                            flushed_safe_us=s.per_gemv_us(safe, steady=False),
                            flushed_cublas_us=s.per_gemv_us(s.cublas, steady=False),
                            single_graph_us=single, floor_us=s.nbytes / COPY_TBS / 1e6)
@@ -122,35 +187,41 @@ def table(deadline) -> list[dict]:
 
 def sweep_configs(n: int, k: int) -> list:
     """The default and its neighbours: without early loads, without pdl, signalling the
-    next kernel at the start, half and double the rows per program, the other K block."""
+    next kernel at the start, half and double the rows per program, the other K block,
+    deeper pipelines and 8 warps."""
     base = choose_config(n, k)
     cfgs = [base, replace(base, early=False), replace(base, pdl=False, early=False),
             replace(base, trigger_early=not base.trigger_early),
-            replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2)]
-    if base.bk == 512 and k % 1024 == 0:
-        cfgs.append(replace(base, bk=1024, num_stages=3))
-    if base.bk == 1024:
-        cfgs.append(replace(base, bk=512, num_stages=4))
+            replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2),
+            replace(base, num_warps=8)]
+    cfgs += [replace(base, num_stages=base.num_stages + d) for d in (1, 2, 4)]
+    if base.bk == 512:
+        cfgs += [replace(base, bk=1024, num_stages=s) for s in (3, 4)]
+    else:
+        cfgs += [replace(base, bk=512, num_stages=s) for s in (4, 6)]
     return cfgs
 
 
 def sweep(deadline) -> list[dict]:
-    """Every configuration of ``sweep_configs`` on each Qwen3-4B shape (lm_head aside),
-    timed three times in turn (median)."""
+    """Every configuration of ``sweep_configs`` on each Qwen3-4B shape (lm_head aside), the
+    safe kernel and its plain-Triton peer, timed three times in turn (median)."""
     rows = []
     for name, (n, k) in MODELS["4B"].items():
         if name == "lm_head" or time.time() > deadline:
             continue
         s = Stream(n, k)
-        replays = [(cfg, s.safe(cfg)) for cfg in sweep_configs(n, k)]
+        replays = []
+        for cfg in sweep_configs(n, k):
+            replays += [(cfg, "safe", s.safe(cfg)), (cfg, "triton", s.triton(cfg))]
         times = {i: [] for i in range(len(replays))}
         for _ in range(3):
-            for i, (_, replay) in enumerate(replays):
+            for i, (_, _, replay) in enumerate(replays):
                 times[i].append(s.per_gemv_us(replay))
-        for i, (cfg, _) in enumerate(replays):
+        for i, (cfg, variant, _) in enumerate(replays):
             us = statistics.median(times[i])
-            rows.append(dict(proj=name, N=n, K=k, cfg=str(cfg), default=i == 0, us=us,
-                             samples=times[i], frac_copy=s.nbytes / us / 1e6 / COPY_TBS))
+            rows.append(dict(proj=name, N=n, K=k, variant=variant, cfg=str(cfg),
+                             default=i < 2, us=us, samples=times[i],
+                             frac_copy=s.nbytes / us / 1e6 / COPY_TBS))
             print(rows[-1], flush=True)
         del s, replays
         torch.cuda.empty_cache()
@@ -172,14 +243,15 @@ def main() -> int:
         rows = sweep(deadline)
         write_results("gemv_steady", {"rows": rows, "method": method})
         print_table([{**r, "cfg": r["cfg"][len("GemvConfig("):-1]} for r in rows],
-                    ["proj", "cfg", "us", "frac_copy"])
+                    ["proj", "variant", "cfg", "us", "frac_copy"])
         return 0
     rows = table(deadline)
     four_b = [r for r in rows if r["model"] == "4B" and "frac_copy" in r]
     summary = {"min_frac_copy_4B": min((r["frac_copy"] for r in four_b), default=None),
                "target_frac_copy": 0.85}
     write_results("gemv", {"rows": rows, "summary": summary, "method": method})
-    print_table(rows, ["model", "proj", "safe_us", "cublas_us", "frac_copy", "cublas_frac_copy",
+    print_table(rows, ["model", "proj", "safe_us", "cublas_us", "triton_us", "frac_copy",
+                       "cublas_frac_copy", "triton_frac_copy",
                        "flushed_frac_copy", "single_graph_us", "error"])
     print("summary:", summary)
     return 0

@@ -164,6 +164,20 @@ def test_only_values_a_record_wrote_before_they_were_shared_are_the_graphs_own()
     assert mine._core.hold in own and other._core.hold not in own
 
 
+def test_a_value_shared_and_unwrapped_while_recording_leaves_no_borrow_to_the_graph():
+    # Share, read, take back, write again: the decode pattern of a weight updated in place.
+    w, one, outs = st.zeros((4,)), vec(1, 1, 1, 1), [st.empty((4,)) for _ in range(2)]
+    with st.graph_scope() as s:
+        for out in outs:
+            (wp,) = s.record(inc(w.partition((2,))))
+            shared = wp.unpartition().share()
+            s.record(add(shared, one, out.partition((2,))))
+            w = shared.try_unwrap()
+    assert s.graph._own_shared == frozenset()
+    s.launch().sync()
+    assert w.to_torch().tolist() == [2, 2, 2, 2]
+
+
 def test_a_value_shared_in_a_callback_cannot_be_written_later_in_the_same_execution():
     x = vec(1, 2, 3, 4)
     kept = []

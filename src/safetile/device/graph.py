@@ -142,9 +142,10 @@ class Graph:
         self.records = list(records)
         # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
         # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.
+        # A value taken back while recording (try_unwrap) left no borrow to exempt.
         self._own_shared = frozenset(
             hold for hold, before in shared_holds
-            if any(b.spec.kind != "In" and b.torch is not None
+            if not hold.released and any(b.spec.kind != "In" and b.torch is not None
                    and borrows.overlaps(b.torch, hold.tensors[0])
                    for r in self.records[:before] for b in r.bound))
         self.backend = names.pop() if names else "none"
