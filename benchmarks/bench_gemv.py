@@ -47,28 +47,43 @@ MODELS = {
 
 
 @triton.jit
+def _triton_block(w_rows, rmask, kb, K: tl.constexpr, BK: tl.constexpr):
+    c = kb * BK + tl.arange(0, BK)
+    return tl.load(w_rows + c[None, :], mask=rmask & (c[None, :] < K), other=0.0)
+
+
+@triton.jit
 def triton_gemv(w_ptr, x_ptr, y_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    """y = W x for BN rows per program; the first two W blocks before the PDL wait."""
+                HEAD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+                EARLY: tl.constexpr, TRIGGER: tl.constexpr):
+    """y = W x for BN rows per program: the first HEAD (0 or 2) blocks of W ahead of the
+    pipelined loop over the rest (before the PDL wait if EARLY; the next grid signalled at
+    the start if TRIGGER, else after the wait)."""
+    if TRIGGER:
+        gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     cols = tl.arange(0, BK)
     w_rows = w_ptr + rows[:, None].to(tl.int64) * K
     rmask = rows[:, None] < N
-    acc = tl.zeros((BN, BK), tl.float32)
-    if EARLY:
-        w0 = tl.load(w_rows + cols[None, :], mask=rmask & (cols[None, :] < K), other=0.0)
-        w1 = tl.load(w_rows + BK + cols[None, :], mask=rmask & (BK + cols[None, :] < K),
-                     other=0.0)
+    if HEAD > 0:
+        if EARLY:
+            w0 = _triton_block(w_rows, rmask, 0, K, BK)
+            w1 = _triton_block(w_rows, rmask, 1, K, BK)
     if PDL:
         gdc_wait()
-        gdc_launch_dependents()
-    if EARLY:
+        if not TRIGGER:
+            gdc_launch_dependents()
+    acc = tl.zeros((BN, BK), tl.float32)
+    if HEAD > 0:
+        if not EARLY:
+            w0 = _triton_block(w_rows, rmask, 0, K, BK)
+            w1 = _triton_block(w_rows, rmask, 1, K, BK)
         acc += w0.to(tl.float32) * tl.load(x_ptr + cols, mask=cols < K).to(tl.float32)[None, :]
         acc += w1.to(tl.float32) * tl.load(x_ptr + BK + cols,
                                            mask=BK + cols < K).to(tl.float32)[None, :]
-    for kb in tl.range(2 if EARLY else 0, tl.cdiv(K, BK), num_stages=STAGES):
+    for kb in tl.range(HEAD, tl.cdiv(K, BK), num_stages=STAGES):
+        wt = _triton_block(w_rows, rmask, kb, K, BK)
         c = kb * BK + cols
-        wt = tl.load(w_rows + c[None, :], mask=rmask & (c[None, :] < K), other=0.0)
         xt = tl.load(x_ptr + c, mask=c < K, other=0.0)
         acc += wt.to(tl.float32) * xt.to(tl.float32)[None, :]
     tl.store(y_ptr + rows, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=rows < N)
@@ -79,8 +94,9 @@ def launch_triton_gemv(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cfg) -
     n, k = w.shape
     pdl = cfg.pdl
     triton_gemv[(triton.cdiv(n, cfg.bn),)](
-        w, x, y, n, K=k, BN=cfg.bn, BK=cfg.bk, STAGES=cfg.num_stages, PDL=pdl,
-        EARLY=pdl and cfg.early, num_warps=cfg.num_warps, launch_pdl=pdl)
+        w, x, y, n, K=k, BN=cfg.bn, BK=cfg.bk, HEAD=cfg.head, STAGES=cfg.num_stages, PDL=pdl,
+        EARLY=pdl and cfg.early, TRIGGER=pdl and cfg.trigger_early, num_warps=cfg.num_warps,
+        launch_pdl=pdl)
 
 
 def check(n: int, k: int, cfg) -> None:
@@ -186,28 +202,28 @@ def table(deadline) -> list[dict]:
 
 
 def sweep_configs(n: int, k: int) -> list:
-    """The default and its neighbours: without early loads, without pdl, signalling the
-    next kernel at the start, half and double the rows per program, the other K block,
-    deeper pipelines and 8 warps."""
+    """The default and its neighbours: the other head (0: every block in the pipelined
+    loop), the head after the wait, without pdl, signalling the next kernel early, half and
+    double the rows per program, deeper pipelines, the other K block; for a power-of-two K
+    up to 8192, whole rows in two blocks (every weight load ahead of the wait)."""
     base = choose_config(n, k)
-    cfgs = [base, replace(base, early=False), replace(base, pdl=False, early=False),
-            replace(base, trigger_early=not base.trigger_early),
-            replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2),
-            replace(base, num_warps=8)]
-    cfgs += [replace(base, num_stages=base.num_stages + d) for d in (1, 2, 4)]
-    if base.bk == 512:
-        cfgs += [replace(base, bk=1024, num_stages=s) for s in (3, 4)]
-    else:
-        cfgs += [replace(base, bk=512, num_stages=s) for s in (4, 6)]
+    cfgs = [base, replace(base, head=2 - base.head), replace(base, early=False),
+            replace(base, pdl=False), replace(base, trigger_early=True),
+            replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2)]
+    cfgs += [replace(base, num_stages=base.num_stages + d) for d in (1, 2)]
+    other = (1024, 3) if base.bk == 512 else (512, 4)
+    cfgs += [replace(base, bk=other[0], num_stages=other[1], head=h) for h in (0, 2)]
+    if k & (k - 1) == 0 and k <= 8192:
+        cfgs += [replace(base, bn=bn, bk=k // 2, num_stages=2, head=2) for bn in (2, 4, 8)]
     return cfgs
 
 
-def sweep(deadline) -> list[dict]:
-    """Every configuration of ``sweep_configs`` on each Qwen3-4B shape (lm_head aside), the
+def sweep(deadline, shapes) -> list[dict]:
+    """Every configuration of ``sweep_configs`` on the Qwen3-4B ``shapes``, the
     safe kernel and its plain-Triton peer, timed three times in turn (median)."""
     rows = []
     for name, (n, k) in MODELS["4B"].items():
-        if name == "lm_head" or time.time() > deadline:
+        if name not in shapes or time.time() > deadline:
             continue
         s = Stream(n, k)
         replays = []
@@ -232,6 +248,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true", help="configurations -> gemv_steady.json")
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--shapes", default="qkv,o,gate_up,down",
+                   help="Qwen3-4B projections to sweep (default: %(default)s)")
     args = p.parse_args()
     if not start_gpu("bench_gemv"):
         return 1
@@ -240,7 +258,7 @@ def main() -> int:
               "back to back (harness.time_ms_steady), median per gemv; flushed_*: the same "
               "graph under do_bench (dirty-L2 flush before each replay)")
     if args.sweep:
-        rows = sweep(deadline)
+        rows = sweep(deadline, args.shapes.split(","))
         write_results("gemv_steady", {"rows": rows, "method": method})
         print_table([{**r, "cfg": r["cfg"][len("GemvConfig("):-1]} for r in rows],
                     ["proj", "variant", "cfg", "us", "frac_copy"])

@@ -169,6 +169,22 @@ def test_gemv_with_weight_prefetch_matches_torch(prefetch):
     assert rel_err(ops.gemv(w, x, config=cfg).sync().to_torch(), want) < TOL[st.bf16]
 
 
+@pytest.mark.parametrize("head,bk", [(0, 64), (2, 64), (2, 256)])
+def test_gemv_with_or_without_blocks_ahead_of_the_loop_matches_torch(head, bk):
+    # head 2 x 256 columns > 300: the second block is partly masked and the loop is empty
+    w = st.randn((100, 300), dtype=st.bf16, seed=3)
+    x = st.randn((300,), dtype=st.bf16, seed=4)
+    want = w.to_torch().double() @ x.to_torch().double()
+    cfg = GemvConfig(16, bk, 4, 2, tma=False, pdl=True, head=head)
+    assert rel_err(ops.gemv(w, x, config=cfg).sync().to_torch(), want) < TOL[st.bf16]
+
+
+def test_gemv_rejects_a_head_other_than_0_or_2_blocks():
+    with pytest.raises(ValueError, match="head must be 0 or 2"):
+        ops.gemv(st.randn((8, 16), dtype=st.bf16), st.randn((16,), dtype=st.bf16),
+                 config=GemvConfig(8, 16, 4, 2, head=3))
+
+
 def test_gemv_of_a_row_vector_returns_a_row():
     w = st.randn((48, 80), dtype=st.bf16, seed=5)
     x = st.randn((1, 80), dtype=st.bf16, seed=6)

@@ -107,7 +107,7 @@ def test_loop_stages_pipelines_the_gemv_k_loop():
 def test_gemv_prefetches_its_first_weight_blocks_before_the_pdl_wait():
     w = st.randn((2560, 4096), dtype=st.bf16)
     x = st.randn((4096,), dtype=st.bf16)
-    k = gemv_kernel(512, 2).options(loop_stages=4, num_warps=4, tma=False, pdl=True)
+    k = gemv_kernel(512, PREFETCH=2).options(loop_stages=4, num_warps=4, tma=False, pdl=True)
     ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,)), 8).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     assert "prefetch.global.L2" in ptx[:wait] and "prefetch.global.L2" not in ptx[wait:]
@@ -122,6 +122,16 @@ def test_gemv_loads_its_first_weight_blocks_before_the_pdl_wait_with_early_w():
     wait = ptx.index("griddepcontrol.wait")
     assert "ld.global" in ptx[:wait]            # the two early W blocks
     assert "cp.async" not in ptx[:wait]         # the pipelined loop (and x) after the wait
+
+
+def test_gemv_without_a_head_tile_loads_nothing_before_the_pdl_wait():
+    w = st.randn((2560, 4096), dtype=st.bf16)
+    x = st.randn((4096,), dtype=st.bf16)
+    k = gemv_kernel(512, HEAD=0).options(loop_stages=4, num_warps=4, tma=False, pdl=True,
+                                         early=("w",))
+    ptx = k.compile(w, x, st.empty((2560,), dtype=st.bf16).partition((4,)), 8).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert "ld.global" not in ptx[:wait] and "cp.async" not in ptx[:wait]
 
 
 # ---- the unsafe twin: the same kernel but for the store ------------------------------------

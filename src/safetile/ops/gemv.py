@@ -10,9 +10,9 @@ for small ``N``) and enough bytes in flight per program (``BK`` and pipeline sta
 
 Decode runs gemvs back to back, each only a few microseconds long, so the boundary between
 two kernels costs a large share. With programmatic dependent launch each program loads its
-first two ``W`` blocks *before* waiting for the previous kernel (``early=("w",)``: the
-weights are not what that kernel writes; the launcher checks it at each launch), so the next
-gemv's weight stream starts while the previous one drains.
+first two ``W`` blocks *before* waiting for the previous kernel
+(``early=("w",)``: the weights are not what that kernel writes; the launcher checks it at
+each launch), so the next gemv's weight stream starts while the previous one drains.
 """
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ class GemvConfig:
     waiting for it on the device; see ``Kernel.options``); ``prefetch``: how many of the
     program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
     its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
-    only issued at the program's start); ``early``: with ``pdl``, load the first two ``W``
-    blocks before the wait (see the module docstring); ``trigger_early``: with ``pdl``, let
-    the next kernel be scheduled as soon as this one's programs start (``Kernel.options``)."""
+    only issued at the program's start); ``early``: with ``pdl``, load the ``head``
+    blocks of ``W`` before the wait (see the module docstring); ``trigger_early``: with ``pdl``, let
+    the next kernel be scheduled as soon as this one's programs start (``Kernel.options``);
+    ``head``: how many leading ``W`` blocks are loaded ahead of the pipelined loop (0 or 2;
+    with ``pdl`` and ``early`` they are the early loads)."""
 
     bn: int
     bk: int
@@ -49,6 +51,7 @@ class GemvConfig:
     prefetch: int = 0
     early: bool = True
     trigger_early: bool = False
+    head: int = 2
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
@@ -69,27 +72,31 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
     wait lost to early loads into registers (results/gemv_prefetch.json)."""
     del sms
     bn, bk, stages = (4, 1024, 3) if n <= 4096 and k % 1024 == 0 else (8, 512, 4)
-    return GemvConfig(bn, bk, 4, stages, tma=False, pdl=host.pdl_available() if pdl is None else pdl)
+    head = 2 if -(-k // bk) < 8 else 0
+    return GemvConfig(bn, bk, 4, stages, tma=False, head=head,
+                      pdl=host.pdl_available() if pdl is None else pdl)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(BK: int, PREFETCH: int = 0):
-    """The gemv kernel for K block ``BK`` that prefetches its first ``PREFETCH`` blocks of
-    ``W`` (compile-time constants of the body)."""
+def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
+    """The gemv kernel for K block ``BK``: its first ``HEAD`` blocks of ``W`` (0 or 2) loaded
+    ahead of the pipelined loop over the rest, after L2 prefetches of the first ``PREFETCH``
+    blocks (compile-time constants)."""
 
     @st.kernel
     def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
                   K_BLOCKS: st.Const[int]):
-        """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32, over ``K_BLOCKS`` blocks of
-        K (a compile-time count, so that Triton can unroll and pipeline the short loops of
-        decode's gemvs as it does with a known trip count)."""
+        """y[i*BN : (i+1)*BN] = W[rows] @ x, accumulated in fp32: two blocks ahead, then the
+        rest up to ``K_BLOCKS`` (a compile-time count, so that Triton unrolls and pipelines
+        the short loops of decode's gemvs as it does with a known trip count)."""
         i = y.index[0]
         # W is an In: nothing this launch can observe depends on when it reaches L2, so
         # these hints go before the programmatic-launch wait (blocks past K are masked off).
         for p in range(PREFETCH):
             w.prefetch((i, p), (y.shape[0], BK))
         # With the `early` option these two loads also precede the wait (blocks past K load
-        # zeros): the weight stream starts while the previous kernel drains.
+        # zeros): the weight stream starts while the previous kernel drains. (Two (BN, BK)
+        # tiles, not one (BN, 2 * BK): the wider tile took 14 more registers and was slower.)
         w0 = w.load((i, 0), (y.shape[0], BK))
         w1 = w.load((i, 1), (y.shape[0], BK))
         acc = w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]
@@ -100,7 +107,24 @@ def _kernel(BK: int, PREFETCH: int = 0):
             acc += wt * xt[None, :]
         y.store(sl.sum(acc, 1))
 
-    return gemv_rows
+    @st.kernel
+    def gemv_rows_pipelined(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1],
+                            y: st.Out[OUT_DTYPES, 1], K_BLOCKS: st.Const[int]):
+        """y[i*BN : (i+1)*BN] = W[rows] @ x, every block of K in the pipelined loop."""
+        i = y.index[0]
+        for p in range(PREFETCH):
+            w.prefetch((i, p), (y.shape[0], BK))
+        acc = sl.zeros((y.shape[0], BK), st.f32)
+        for k in range(K_BLOCKS):
+            wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
+            xt = x.load((k,), (BK,)).astype(st.f32)
+            acc += wt * xt[None, :]
+        y.store(sl.sum(acc, 1))
+
+    if HEAD not in (0, 2):
+        raise ArgumentError(f"ops.gemv: head must be 0 or 2 K blocks loaded ahead of the loop, "
+                            f"got {HEAD}")
+    return gemv_rows_pipelined if HEAD == 0 else gemv_rows
 
 
 def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) -> st.DeviceOp:
@@ -126,8 +150,8 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
-    early = ("w",) if cfg.pdl and cfg.early else ()
-    kern = _kernel(cfg.bk, cfg.prefetch).options(
+    early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
+    kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
         early=early, trigger_early=cfg.pdl and cfg.trigger_early)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
