@@ -36,11 +36,12 @@ class GemvConfig:
     waiting for it on the device; see ``Kernel.options``); ``prefetch``: how many of the
     program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
     its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
-    only issued at the program's start); ``early``: with ``pdl``, load the ``head``
-    blocks of ``W`` before the wait (see the module docstring); ``trigger_early``: with ``pdl``, let
-    the next kernel be scheduled as soon as this one's programs start (``Kernel.options``);
+    only issued at the program's start); ``early``: with ``pdl``, load the ``head`` blocks
+    of ``W`` before the wait (see the module docstring); ``trigger_early``: with ``pdl``,
+    let the next kernel be scheduled as soon as this one's programs start (``Kernel.options``);
     ``head``: how many leading ``W`` blocks are loaded ahead of the pipelined loop (0 or 2;
-    with ``pdl`` and ``early`` they are the early loads)."""
+    with ``pdl`` and ``early`` they are the early loads); ``programs_per_sm``: at most this
+    many programs on one SM at a time (the ``max_programs_per_sm`` launch option)."""
 
     bn: int
     bk: int
@@ -52,6 +53,7 @@ class GemvConfig:
     early: bool = True
     trigger_early: bool = False
     head: int = 2
+    programs_per_sm: int | None = None
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
@@ -153,5 +155,6 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
-        early=early, trigger_early=cfg.pdl and cfg.trigger_early)
+        early=early, trigger_early=cfg.pdl and cfg.trigger_early,
+        max_programs_per_sm=cfg.programs_per_sm)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
