@@ -35,7 +35,6 @@ from harness import (check_close, graph_replay, print_table, start_gpu, time_ms,
 
 import safetile as st  # noqa: E402
 from safetile import ops  # noqa: E402
-from safetile.device.occupancy import cap_programs_per_sm  # noqa: E402
 from safetile.ops.gemv import choose_config  # noqa: E402
 
 COPY_TBS = 4.26
@@ -56,11 +55,10 @@ def _triton_block(w_rows, rmask, kb, K: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def triton_gemv(w_ptr, x_ptr, y_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 HEAD: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
-                EARLY: tl.constexpr, TRIGGER: tl.constexpr, CAP: tl.constexpr):
+                EARLY: tl.constexpr, TRIGGER: tl.constexpr):
     """y = W x for BN rows per program: the first HEAD (0 or 2) blocks of W ahead of the
     pipelined loop over the rest (before the PDL wait if EARLY; the next grid signalled at
-    the start if TRIGGER, else after the wait). CAP (0: none) is the programs-per-SM cap
-    the launcher applies to this specialization."""
+    the start if TRIGGER, else after the wait)."""
     if TRIGGER:
         gdc_launch_dependents()
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -94,13 +92,11 @@ def triton_gemv(w_ptr, x_ptr, y_ptr, N, K: tl.constexpr, BN: tl.constexpr, BK: t
 def launch_triton_gemv(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, cfg) -> None:
     """The plain-Triton peer with ``cfg``'s tiling (``w`` (N, K), ``x`` (K,), ``y`` (N,))."""
     n, k = w.shape
-    pdl, cap = cfg.pdl, cfg.programs_per_sm or 0
-    compiled = triton_gemv[(triton.cdiv(n, cfg.bn),)](
+    pdl = cfg.pdl
+    triton_gemv[(triton.cdiv(n, cfg.bn),)](
         w, x, y, n, K=k, BN=cfg.bn, BK=cfg.bk, HEAD=cfg.head, STAGES=cfg.num_stages, PDL=pdl,
-        EARLY=pdl and cfg.early, TRIGGER=pdl and cfg.trigger_early, CAP=cap,
-        num_warps=cfg.num_warps, launch_pdl=pdl)
-    if cap:         # the same cap as the safe launcher's, from the first launch on
-        cap_programs_per_sm(compiled, cap, w.device.index)
+        EARLY=pdl and cfg.early, TRIGGER=pdl and cfg.trigger_early, num_warps=cfg.num_warps,
+        launch_pdl=pdl)
 
 
 def check(n: int, k: int, cfg) -> None:
@@ -208,14 +204,13 @@ def table(deadline) -> list[dict]:
 def sweep_configs(n: int, k: int) -> list:
     """The default and its neighbours: the other head (0: every block in the pipelined
     loop), the head after the wait, without pdl, signalling the next kernel early, half and
-    double the rows per program, deeper pipelines, and caps on the programs per SM."""
+    double the rows per program, one and two stages more or less."""
     base = choose_config(n, k)
     cfgs = [base, replace(base, head=2 - base.head), replace(base, early=False),
             replace(base, pdl=False), replace(base, trigger_early=True),
             replace(base, bn=base.bn // 2), replace(base, bn=base.bn * 2)]
-    deeper = [replace(base, num_stages=base.num_stages + d) for d in (1, 2)]
-    cfgs += deeper
-    cfgs += [replace(c, programs_per_sm=cap) for c in (base, deeper[0]) for cap in (4, 5, 6)]
+    cfgs += [replace(base, num_stages=base.num_stages + d) for d in (-2, -1, 1, 2)
+             if base.num_stages + d >= 2]
     return cfgs
 
 

@@ -38,4 +38,3 @@ class VariantKey:
     pdl: bool = False                  # programmatic dependent launch: wait first, then signal
     early: tuple = ()                  # pdl: In parameters whose leading loads precede the wait
     trigger_early: bool = False        # pdl: signal the next grid at the start, not after the wait
-    max_programs_per_sm: Optional[int] = None  # launch-time cap (device/occupancy.py)

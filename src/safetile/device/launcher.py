@@ -237,12 +237,6 @@ def _compile(variant, args, grid, options):
     The one place a binary is made: a CPU-only benchmark stubs it (benchmarks/host_path.py)."""
     compiled = variant.jit.warmup(*args, grid=grid, **options)
     compiled._init_handles()
-    if variant.key.max_programs_per_sm:
-        # each Variant imports its own module, so this binary is this variant's alone
-        import torch
-        from .occupancy import cap_programs_per_sm
-        cap_programs_per_sm(compiled, variant.key.max_programs_per_sm,
-                            torch.cuda.current_device())
     return compiled
 
 

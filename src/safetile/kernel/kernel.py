@@ -15,8 +15,7 @@ from .source import KernelSource
 _unsafe_depth: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=0)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
-                  "loop_stages", "tma_store", "pdl", "early", "trigger_early",
-                  "max_programs_per_sm"}
+                  "loop_stages", "tma_store", "pdl", "early", "trigger_early"}
 
 
 @contextlib.contextmanager
@@ -127,18 +126,11 @@ class Kernel:
         as this kernel's programs start, rather than once they have passed their wait, so
         that its early loads overlap this kernel's whole run; its stores still wait for this
         kernel, and the check above covers the kernels it may then overlap.
-        ``max_programs_per_sm=n`` lets at most ``n`` programs of the kernel run on one SM at
-        a time (each launch asks for the shared memory that makes it so); it changes
-        scheduling only.
         """
         unknown = set(opts) - LAUNCH_OPTIONS
         if unknown:
             raise ArgumentError(f"unknown launch option(s) {sorted(unknown)}; "
                             f"known: {sorted(LAUNCH_OPTIONS)}")
-        cap = opts.get("max_programs_per_sm")
-        if cap is not None and (type(cap) is not int or cap < 1):
-            raise ArgumentError(f"kernel '{self.name}': max_programs_per_sm={cap!r} must be a "
-                                f"positive int (or None for no cap)")
         early = opts.get("early", ())
         if isinstance(early, str) or not all(
                 isinstance(n, str) and n in self.params and self.params[n].kind == "In"

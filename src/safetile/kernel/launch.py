@@ -220,7 +220,7 @@ def variant_key(kernel, bound) -> VariantKey:
                       bool(o.get("flatten", False)), bool(o.get("warp_specialize", False)),
                       o.get("loop_stages"), bool(o.get("tma_store", False)),
                       bool(o.get("pdl", False)), tuple(o.get("early", ())),
-                      bool(o.get("trigger_early", False)), o.get("max_programs_per_sm"))
+                      bool(o.get("trigger_early", False)))
 
 
 def variant_for(kernel, args, kwargs) -> Variant:

@@ -40,8 +40,7 @@ class GemvConfig:
     of ``W`` before the wait (see the module docstring); ``trigger_early``: with ``pdl``,
     let the next kernel be scheduled as soon as this one's programs start (``Kernel.options``);
     ``head``: how many leading ``W`` blocks are loaded ahead of the pipelined loop (0 or 2;
-    with ``pdl`` and ``early`` they are the early loads); ``programs_per_sm``: at most this
-    many programs on one SM at a time (the ``max_programs_per_sm`` launch option)."""
+    with ``pdl`` and ``early`` they are the early loads)."""
 
     bn: int
     bk: int
@@ -53,27 +52,30 @@ class GemvConfig:
     early: bool = True
     trigger_early: bool = False
     head: int = 2
-    programs_per_sm: int | None = None
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
-    """Rows per program, K block and pipeline depth for an ``(n, k)`` weight, from the H200
-    measurements of chains of gemvs over distinct weights with early weight loads
-    (results/gemv_steady.json, 2026-11-30; ``sms`` is accepted for other GPUs' tables):
+    """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight, from the
+    H200 measurements of chains of 16 gemvs over distinct weights (us per gemv, safe kernel;
+    results/gemv_occupancy.json and gemv_steady.json, 2026-11-30; ``sms`` is accepted for
+    other GPUs' tables):
 
-    - 1024-wide K blocks, 3 stages, 4 rows per program for N <= 4096 when 1024 divides K
-      (Qwen3-4B o: 6.00 us, vs 6.11 with 2 rows, 6.92 with 8 and 7.99 with 512-wide blocks):
-      a small N has few rows, so each program streams longer blocks;
-    - else 512-wide blocks, 4 stages, 8 rows (qkv: 8.33 us vs 9.19 with 4 rows and 9.96 with
-      16; down: 14.33 vs 16.21 and 14.93; gate_up: 24.59, within 0.3% of 4 rows).
-    Early weight loads: qkv 10.45 -> 8.33 us, o 9.05 -> 6.00, gate_up 25.35 -> 24.59; down
-    14.22 -> 14.33 (kept for one code path).
+    - 4 rows per program for N <= 4096 (few rows: more, shorter programs), else 8 (qkv:
+      7.93 us vs 9.00 with 4 and 9.94 with 16; down: 12.89 with 4 vs 13.06 with 8);
+    - for N <= 4096, 1024-wide K blocks and 5 stages where 1024 divides K into fewer than 8
+      blocks (o: 5.75 us, vs 5.92 with 3 stages, 6.28 with 4 and 7.97 with 512-wide blocks);
+      else 512-wide blocks, 4 stages;
+    - head 2 (the first two blocks loaded ahead of the loop, early under PDL) for fewer than
+      8 blocks (o: 5.92 vs 7.72 with head 0; qkv 7.93 vs 10.35), else 0: a long loop gains
+      nothing from them and the pipelined loop streams better (down: 13.06 vs 13.86).
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
-    early weight loads. ``prefetch`` stays 0: L2 prefetches of the first blocks before the
-    wait lost to early loads into registers (results/gemv_prefetch.json)."""
+    early weight loads (o: 5.92 vs 7.74 without). ``prefetch`` stays 0: L2 prefetches of the
+    first blocks before the wait lost to early loads into registers (gemv_prefetch.json)."""
     del sms
-    bn, bk, stages = (4, 1024, 3) if n <= 4096 and k % 1024 == 0 else (8, 512, 4)
+    small = n <= 4096
+    bn = 4 if small else 8
+    bk, stages = (1024, 5) if small and k % 1024 == 0 and k // 1024 < 8 else (512, 4)
     head = 2 if -(-k // bk) < 8 else 0
     return GemvConfig(bn, bk, 4, stages, tma=False, head=head,
                       pdl=host.pdl_available() if pdl is None else pdl)
@@ -155,6 +157,5 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
-        early=early, trigger_early=cfg.pdl and cfg.trigger_early,
-        max_programs_per_sm=cfg.programs_per_sm)
+        early=early, trigger_early=cfg.pdl and cfg.trigger_early)
     return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
