@@ -16,10 +16,13 @@ checked against cuBLAS before it is timed.
 
     python benchmarks/bench_gemv.py            # Qwen3-4B/32B shapes -> results/gemv.json
     python benchmarks/bench_gemv.py --sweep    # configurations per 4B shape -> gemv_steady.json
+    python benchmarks/bench_gemv.py --plot-only   # redraw results/gemv.png from gemv.json
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -30,8 +33,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from harness import (check_close, graph_replay, print_table, start_gpu, time_ms,  # noqa: E402
-                     time_ms_steady, write_results)
+from harness import (RESULTS, check_close, graph_replay, print_table, start_gpu,  # noqa: E402
+                     time_ms, time_ms_steady, write_results)
 
 import safetile as st  # noqa: E402
 from safetile import ops  # noqa: E402
@@ -240,14 +243,47 @@ def sweep(deadline, shapes) -> list[dict]:
     return rows
 
 
+def plot(rows: list[dict], path) -> bool:
+    """Bars of the fraction of copy bandwidth per shape: safe, plain Triton, cuBLAS (False
+    when matplotlib is missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in rows if "frac_copy" in r]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(11, 4))
+    bars = ((-0.27, "frac_copy", "safetile"), (0, "triton_frac_copy", "plain Triton"),
+            (0.27, "cublas_frac_copy", "cuBLAS"))
+    for dx, key, label in bars:
+        ax.bar([x + dx for x in xs], [100 * r[key] for r in rows], 0.27, label=label)
+    ax.axhline(85, color="gray", ls=":", label="85% target (Qwen3-4B)")
+    ax.set_xticks(list(xs), [f"{r['model']}\n{r['proj']}" for r in rows])
+    ax.set_ylabel("% of copy bandwidth (4.26 TB/s)")
+    ax.set_title("bf16 gemv (M=1) in chains of 16 over distinct weights, H200")
+    ax.set_ylim(0, 130)
+    ax.legend(loc="upper left", ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    if os.environ.get("OUT"):
+        fig.savefig(os.path.join(os.environ["OUT"], path.name), dpi=110)
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true", help="configurations -> gemv_steady.json")
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--name", default="gemv_steady", help="the sweep's results file name")
+    p.add_argument("--plot-only", action="store_true", help="redraw gemv.png from gemv.json")
     p.add_argument("--shapes", default="qkv,o,gate_up,down",
                    help="Qwen3-4B projections to sweep (default: %(default)s)")
     args = p.parse_args()
+    if args.plot_only:
+        rows = json.loads((RESULTS / "gemv.json").read_text())["rows"]
+        return 0 if plot(rows, RESULTS / "gemv.png") else 1
     if not start_gpu("bench_gemv"):
         return 1
     deadline = time.time() + args.budget_s
@@ -265,6 +301,7 @@ def main() -> int:
     summary = {"min_frac_copy_4B": min((r["frac_copy"] for r in four_b), default=None),
                "target_frac_copy": 0.85}
     write_results("gemv", {"rows": rows, "summary": summary, "method": method})
+    plot(rows, RESULTS / "gemv.png")
     print_table(rows, ["model", "proj", "safe_us", "cublas_us", "triton_us", "frac_copy",
                        "cublas_frac_copy", "triton_frac_copy",
                        "flushed_frac_copy", "single_graph_us", "error"])
