@@ -124,7 +124,7 @@ def test_gemv_loads_its_first_weight_blocks_before_the_pdl_wait_with_early_w():
     assert "cp.async" not in ptx[:wait]         # the pipelined loop (and x) after the wait
 
 
-def test_gemv_without_a_head_tile_loads_nothing_before_the_pdl_wait():
+def test_gemv_with_head_0_loads_nothing_before_the_pdl_wait():
     w = st.randn((2560, 4096), dtype=st.bf16)
     x = st.randn((4096,), dtype=st.bf16)
     k = gemv_kernel(512, HEAD=0).options(loop_stages=4, num_warps=4, tma=False, pdl=True,

@@ -12,7 +12,8 @@ Decode runs gemvs back to back, each only a few microseconds long, so the bounda
 two kernels costs a large share. With programmatic dependent launch each program loads its
 first two ``W`` blocks *before* waiting for the previous kernel
 (``early=("w",)``: the weights are not what that kernel writes; the launcher checks it at
-each launch), so the next gemv's weight stream starts while the previous one drains.
+each launch), so the next gemv's weight stream starts while the previous one drains. For a
+long K (8 blocks or more) every block goes through the pipelined loop instead (``head=0``).
 """
 from __future__ import annotations
 
@@ -86,6 +87,25 @@ def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
     """The gemv kernel for K block ``BK``: its first ``HEAD`` blocks of ``W`` (0 or 2) loaded
     ahead of the pipelined loop over the rest, after L2 prefetches of the first ``PREFETCH``
     blocks (compile-time constants)."""
+    if HEAD not in (0, 2):
+        raise ArgumentError(f"ops.gemv: head must be 0 or 2 K blocks loaded ahead of the loop, "
+                            f"got {HEAD}")
+    if HEAD == 0:
+        @st.kernel
+        def gemv_rows_pipelined(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1],
+                                y: st.Out[OUT_DTYPES, 1], K_BLOCKS: st.Const[int]):
+            """y[i*BN : (i+1)*BN] = W[rows] @ x, every block of K in the pipelined loop."""
+            i = y.index[0]
+            for p in range(PREFETCH):
+                w.prefetch((i, p), (y.shape[0], BK))
+            acc = sl.zeros((y.shape[0], BK), st.f32)
+            for k in range(K_BLOCKS):
+                wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
+                xt = x.load((k,), (BK,)).astype(st.f32)
+                acc += wt * xt[None, :]
+            y.store(sl.sum(acc, 1))
+
+        return gemv_rows_pipelined
 
     @st.kernel
     def gemv_rows(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
@@ -111,24 +131,7 @@ def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
             acc += wt * xt[None, :]
         y.store(sl.sum(acc, 1))
 
-    @st.kernel
-    def gemv_rows_pipelined(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1],
-                            y: st.Out[OUT_DTYPES, 1], K_BLOCKS: st.Const[int]):
-        """y[i*BN : (i+1)*BN] = W[rows] @ x, every block of K in the pipelined loop."""
-        i = y.index[0]
-        for p in range(PREFETCH):
-            w.prefetch((i, p), (y.shape[0], BK))
-        acc = sl.zeros((y.shape[0], BK), st.f32)
-        for k in range(K_BLOCKS):
-            wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
-            xt = x.load((k,), (BK,)).astype(st.f32)
-            acc += wt * xt[None, :]
-        y.store(sl.sum(acc, 1))
-
-    if HEAD not in (0, 2):
-        raise ArgumentError(f"ops.gemv: head must be 0 or 2 K blocks loaded ahead of the loop, "
-                            f"got {HEAD}")
-    return gemv_rows_pipelined if HEAD == 0 else gemv_rows
+    return gemv_rows
 
 
 def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) -> st.DeviceOp:
