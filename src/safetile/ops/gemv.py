@@ -58,7 +58,7 @@ class GemvConfig:
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
     """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight, from the
     H200 measurements of chains of 16 gemvs over distinct weights (us per gemv, safe kernel;
-    results/gemv_occupancy.json and gemv_steady.json, 2026-11-30; ``sms`` is accepted for
+    results/gemv_occupancy.json, gemv_steady.json, 2026-11-30; ``sms`` is accepted for
     other GPUs' tables):
 
     - 4 rows per program for N <= 4096 (few rows: more, shorter programs), else 8 (qkv:
