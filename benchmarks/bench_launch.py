@@ -60,6 +60,15 @@ def then_chain(state: dict) -> None:
     state.update(x=x, y=y, z=z)
 
 
+def construct(state: dict, iters: int = 1000) -> None:
+    """``iters`` adds on ``state``'s x, y, z built and handed back, nothing enqueued."""
+    x, y, z = state["x"], state["y"], state["z"]
+    for _ in range(iters):
+        op = add(x, y, z)
+        op._take()
+        op._release()
+
+
 def check_ends(name: str, triples: list, want) -> None:
     """Check the first and last of many (x, y, z) results against ``want``; z stays usable."""
     for i in (0, len(triples) - 1):
@@ -158,14 +167,7 @@ def main() -> int:
     state["z"] = zt.partition((N,))
 
     # ---- host-side parts of the safetile path -------------------------------------------
-    def construct(iters=1000):
-        x, y, z = state["x"], state["y"], state["z"]
-        for _ in range(iters):
-            op = add(x, y, z)
-            op._take()
-            op._release()
-
-    record("host: launch() + hand-back", median_us(construct, 1000),
+    record("host: launch() + hand-back", median_us(lambda: construct(state), 1000),
            "checks, borrows, moves, KernelOp; nothing enqueued")
     op = add(state["x"], state["y"], state["z"])
     ctx = RunContext(torch.cuda.current_stream())

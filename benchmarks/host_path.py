@@ -38,7 +38,7 @@ from safetile.device import launcher, streams
 from safetile.kernel import launch as launch_mod
 
 from bench_launch import (CHAIN, N, add, median_us,  # the same kernel and sizes as on the GPU
-                          then_chain)
+                          construct, then_chain)
 
 
 # ---- stubs (benchmark only) -------------------------------------------------------------
@@ -121,13 +121,6 @@ def main() -> int:
     install_stubs()
     state = {"x": st.randn((N,)), "y": st.randn((N,)), "z": st.empty((N,)).partition((N,))}
 
-    def construct(iters=1000):
-        x, y, z = state["x"], state["y"], state["z"]
-        for _ in range(iters):
-            op = add(x, y, z)
-            op._take()
-            op._release()
-
     def bare(iters=1000):
         op = add(state["x"], state["y"], state["z"])
         for _ in range(iters):
@@ -165,7 +158,7 @@ def main() -> int:
     def submit_1000():
         loop.run_until_complete(gather_futures())
 
-    scenarios = {"construct": (construct, 1000), "bare": (bare, 1000),
+    scenarios = {"construct": (lambda: construct(state), 1000), "bare": (bare, 1000),
                  "sync_each": (sync_each, 1000), "then_chain": (lambda: then_chain(state), CHAIN),
                  "in_flight": (in_flight, CHAIN), "await_1000": (await_1000, CHAIN),
                  "submit_1000": (submit_1000, CHAIN)}
