@@ -24,8 +24,10 @@ SPECS = {
 }
 
 
-def reference_model(spec: dict, seed: int = 0):
-    """A float32 Qwen3ForCausalLM of ``spec`` with well-conditioned random weights."""
+def reference_model(spec: dict, seed: int = 0, device="cpu", dtype=torch.float32):
+    """A Qwen3ForCausalLM of ``spec`` with well-conditioned random weights (drawn in fp32,
+    then rounded to ``dtype``). A bf16 model is built in bf16, not converted: converting
+    would round the rotary inv_freq buffer, which transformers keeps in fp32."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
     spec = dict(spec)
     spec.pop("shard", None)
@@ -34,18 +36,20 @@ def reference_model(spec: dict, seed: int = 0):
                                                                      "rope_theta": theta},
                       **spec)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(cfg, dtype=dtype).eval()
+    g = torch.Generator(device=device).manual_seed(seed)
     # A tied embedding is also the lm_head: drawn small, so a token's own logit (its
     # embedding, still in the residual stream of a 2-layer model) does not dominate.
     embed = 0.5 if cfg.tie_word_embeddings else 2.5
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=g, device=device)
             else:
                 std = (embed if "embed" in name else 1.0) / p.shape[1] ** 0.5
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+                w = torch.randn(p.shape, generator=g, device=device) * std
+            p.copy_(w)
     return model
 
 
