@@ -25,7 +25,7 @@ def models(tmp_path_factory):
     bf16 = reference_model(SHAPE_0_6B, seed=1, device="cuda", dtype=torch.bfloat16)
     path = tmp_path_factory.mktemp("q06")
     bf16.save_pretrained(path)
-    eng = grout.load(path, device="cuda", max_seq_len=256)
+    eng = grout.load(path, device="cuda", max_seq_len=256, progress=False)
     return eng, bf16, fp32
 
 
