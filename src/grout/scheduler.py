@@ -1,0 +1,173 @@
+"""The server's request queue: one engine thread, one request at a time, in arrival order.
+
+Every engine call (loading, warm-up, tokenizing for the engine, each generation) runs on a
+single worker thread, so the asyncio event loop never blocks on the engine and the engine
+never sees two requests at once. The loop enqueues a `Job` when its request arrives; the
+worker takes jobs in that order. The worker hands results back to the loop with
+``call_soon_threadsafe`` and never waits for the loop, so streaming costs the engine no
+round trip per token. A job is cancelled (its client went away) by setting a flag that the
+worker checks before each decode step: a cancelled generation stops within one token.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from grout.protocol import APIError, GenerationRequest, internal_error
+
+log = logging.getLogger("grout.server")
+
+
+@dataclass
+class Delta:
+    """Text released by one decode step, with the logprob entries of its tokens."""
+
+    text: str
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Finished:
+    """The end of a generation: why it ended, the last held-back text, exact token counts."""
+
+    finish_reason: str
+    text: str
+    logprobs: list[dict[str, Any]]
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Failed:
+    """The request failed; ``error`` says how (and carries the HTTP status)."""
+
+    error: APIError
+
+
+Event = Delta | Finished | Failed
+_serial = itertools.count(1)
+
+
+class Job:
+    """One request's life in the queue: its prompt, its events, its cancellation flag."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.serial = next(_serial)
+        prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.arrived = time.monotonic()
+        self.prompt_ids: list[int] | None = None
+        self.max_new_tokens = 0
+        self.prepared: asyncio.Future[None] | None = None   # prompt tokenized and checked
+        self.fault_after: int | None = None                 # tests: fail after this many tokens
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.generated = 0          # tokens produced so far (written by the engine thread)
+        self._loop = loop
+        self._cancelled = threading.Event()
+        self._generated_at_cancel: int | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """The client is gone: stop before the next decode step and drop what is queued."""
+        if not self._cancelled.is_set():
+            self._generated_at_cancel = self.generated
+            self._cancelled.set()
+
+    def emit(self, event: Event) -> None:
+        """Hand an event to the loop (callable from any thread; never blocks)."""
+        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    @property
+    def tokens_after_cancel(self) -> int | None:
+        """Decode steps that ran after the client went away (at most one, by design)."""
+        if self._generated_at_cancel is None:
+            return None
+        return self.generated - self._generated_at_cancel
+
+
+class Scheduler:
+    """Runs ``load()`` and then every job on one engine thread, in arrival order."""
+
+    def __init__(self, load: Callable[[], Any], generate: Callable[[Any, Job], None]) -> None:
+        self._load = load
+        self._generate = generate
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grout-engine")
+        self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self.engine: Any = None
+        self.ready = asyncio.Event()
+        self.busy: Job | None = None
+
+    async def start(self) -> None:
+        """Load the engine on the engine thread, then start serving the queue."""
+        loop = asyncio.get_running_loop()
+        self.engine = await loop.run_in_executor(self._thread, self._load)
+        self._task = asyncio.create_task(self._serve_forever(), name="grout-scheduler")
+        self.ready.set()
+
+    async def run_on_engine_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the engine thread (after the job in progress)."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job behind every job that arrived before it."""
+        self._queue.put_nowait(job)
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    async def _serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            job = await self._queue.get()
+            if job.prepared is not None:
+                try:
+                    await job.prepared
+                except Exception:   # its handler answers the error; nothing to run
+                    continue
+            if job.cancelled:
+                log.info("%s: the client left while queued; skipped", job.id)
+                job.emit(Failed(APIError("the client closed the connection", status=499,
+                                         code="client_closed_request")))
+                continue
+            self.busy = job
+            try:
+                await loop.run_in_executor(self._thread, self._run, job)
+            finally:
+                self.busy = None
+
+    def _run(self, job: Job) -> None:
+        """Engine thread: one whole generation; every failure becomes the job's `Failed`."""
+        started = time.monotonic()
+        try:
+            self._generate(self.engine, job)
+        except APIError as err:
+            job.emit(Failed(err))
+        except Exception as err:  # one request's failure must not take the server down
+            log.error("%s failed:\n%s", job.id, traceback.format_exc())
+            job.emit(Failed(internal_error(f"internal error while generating: "
+                                           f"{type(err).__name__}: {err}")))
+        queued = (started - job.arrived) * 1e3
+        ran = (time.monotonic() - started) * 1e3
+        if job.cancelled:
+            log.info("%s: cancelled by the client after %d tokens (%s after the disconnect); "
+                     "queued %.0f ms, ran %.0f ms", job.id, job.generated,
+                     job.tokens_after_cancel, queued, ran)
+        else:
+            log.info("%s: %d tokens; queued %.0f ms, ran %.0f ms", job.id, job.generated,
+                     queued, ran)

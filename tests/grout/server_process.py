@@ -1,0 +1,113 @@
+"""A real `grout serve` subprocess on a free loopback port, for the server tests."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m grout serve`` with its stderr in ``log_path``; a context manager."""
+
+    def __init__(self, model: str, log_path: Path, *extra: str) -> None:
+        self.model = model
+        self.log_path = log_path
+        self.extra = extra
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300.0) -> "ServerProcess":
+        """Start the server and wait until /health says ok (a few tries if a port is taken)."""
+        for _ in range(3):
+            self.port = free_port()
+            self._spawn()
+            if self.wait_healthy(timeout):
+                return self
+            if "address already in use" not in self.log().lower():
+                break
+        raise RuntimeError(f"grout serve did not become healthy; its log:\n{self.log()[-4000:]}")
+
+    def _spawn(self) -> None:
+        env = dict(os.environ, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                   PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", "grout", "serve", "--model", self.model,
+               "--port", str(self.port), *self.extra]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_healthy(self, timeout: float) -> bool:
+        """Poll /health until 200; False when the process exits first or time runs out."""
+        deadline = time.monotonic() + timeout
+        assert self.proc is not None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+        """The first match of ``pattern`` in the server log, waiting for it to appear."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.log())
+            if m is not None:
+                return m
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{pattern!r} not in the server log:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def client(self, **kw) -> openai.OpenAI:
+        """The official sync client, pointed at this server (no retries: tests count requests)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                             timeout=kw.pop("timeout", 120.0), **kw)
+
+    def async_client(self, **kw) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                                  timeout=kw.pop("timeout", 120.0), **kw)
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL after 20 s; returns the exit status."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
