@@ -73,6 +73,9 @@ class Job:
         self.fault_after: int | None = None                 # tests: fail after this many tokens
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.generated = 0          # tokens produced so far (written by the engine thread)
+        self.first_token_at = 0.0   # perf_counter() when the first and the latest token came
+        self.last_token_at = 0.0
+        self.finished = False       # its terminal event (Finished or Failed) is out
         self._loop = loop
         self._cancelled = threading.Event()
         self._generated_at_cancel: int | None = None
@@ -82,13 +85,18 @@ class Job:
         return self._cancelled.is_set()
 
     def cancel(self) -> None:
-        """The client is gone: stop before the next decode step and drop what is queued."""
-        if not self._cancelled.is_set():
+        """The client is gone: stop before the next decode step and drop what is queued.
+
+        A job whose last event is out already is not cancelled: it completed.
+        """
+        if not self.finished and not self._cancelled.is_set():
             self._generated_at_cancel = self.generated
             self._cancelled.set()
 
     def emit(self, event: Event) -> None:
         """Hand an event to the loop (callable from any thread; never blocks)."""
+        if not isinstance(event, Delta):
+            self.finished = True
         self._loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     @property
@@ -162,12 +170,13 @@ class Scheduler:
             log.error("%s failed:\n%s", job.id, traceback.format_exc())
             job.emit(Failed(internal_error(f"internal error while generating: "
                                            f"{type(err).__name__}: {err}")))
-        queued = (started - job.arrived) * 1e3
-        ran = (time.monotonic() - started) * 1e3
+        timing = f"queued {(started - job.arrived) * 1e3:.0f} ms, " \
+                 f"ran {(time.monotonic() - started) * 1e3:.0f} ms"
+        if job.generated > 1:
+            rate = (job.generated - 1) / max(job.last_token_at - job.first_token_at, 1e-9)
+            timing += f", decode {rate:.1f} tok/s"
         if job.cancelled:
             log.info("%s: cancelled by the client after %d tokens (%s after the disconnect); "
-                     "queued %.0f ms, ran %.0f ms", job.id, job.generated,
-                     job.tokens_after_cancel, queued, ran)
+                     "%s", job.id, job.generated, job.tokens_after_cancel, timing)
         else:
-            log.info("%s: %d tokens; queued %.0f ms, ran %.0f ms", job.id, job.generated,
-                     queued, ran)
+            log.info("%s: %d tokens; %s", job.id, job.generated, timing)

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -87,19 +88,19 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         return error_response(internal_error(f"{type(exc).__name__}: {exc}"))
 
     routes = [
-        Route("/health", lambda r: _health(state), methods=["GET"]),
-        Route("/v1/models", lambda r: _models(state), methods=["GET"]),
-        Route("/v1/models/{model_id:path}", lambda r: _model(state, r), methods=["GET"]),
-        Route("/v1/completions", lambda r: _generation(state, r, parse_completion_request),
+        Route("/health", partial(_health, state), methods=["GET"]),
+        Route("/v1/models", partial(_models, state), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", partial(_model, state), methods=["GET"]),
+        Route("/v1/completions", partial(_generation, state, parse_completion_request),
               methods=["POST"]),
-        Route("/v1/chat/completions", lambda r: _generation(state, r, parse_chat_request),
+        Route("/v1/chat/completions", partial(_generation, state, parse_chat_request),
               methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
-async def _health(state: ServerState) -> Response:
+async def _health(state: ServerState, request: Request) -> Response:
     if state.scheduler.ready.is_set():
         return JSONResponse({"status": "ok", "model": state.model_name})
     status = "failed" if state.load_error is not None else "loading"
@@ -114,7 +115,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     return card
 
 
-async def _models(state: ServerState) -> Response:
+async def _models(state: ServerState, request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [_model_card(state)]})
 
 
@@ -154,8 +155,8 @@ def _fault_after(state: ServerState, request: Request) -> int | None:
         raise APIError(f"the {FAULT_HEADER} header must be an integer") from None
 
 
-async def _generation(state: ServerState, request: Request,
-                      parse: Callable[[Any, str], GenerationRequest]) -> Response:
+async def _generation(state: ServerState, parse: Callable[[Any, str], GenerationRequest],
+                      request: Request) -> Response:
     if not state.scheduler.ready.is_set():
         return error_response(APIError("the model is still loading; retry when /health says ok",
                                        status=503, type="service_unavailable"))
@@ -185,9 +186,8 @@ async def _generation(state: ServerState, request: Request,
             return error_response(first.error)
         if req.stream:
             stream = _stream(job, ChunkWriter(job, state.model_name), first)
-            response = EventStream(stream, on_close=lambda: (job.cancel(), watcher.cancel()))
-            watcher = None  # the response owns it now
-            return response
+            owned, watcher = watcher, None   # the response cancels the watcher when done
+            return EventStream(stream, on_close=lambda: (job.cancel(), owned.cancel()))
         return await _collect(state, job, watcher, first)
     finally:
         if watcher is not None:

@@ -9,10 +9,11 @@ retracted; the engine itself runs without stop strings and is closed as soon as 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import grout
-from grout.logprobs import token_entry
+from grout.logprobs import TokenLogprobs, token_bytes
 from grout.protocol import APIError, GenerationRequest
 from grout.scheduler import Delta, Finished, Job
 from grout.stop_strings import StopStringMatcher
@@ -46,8 +47,11 @@ def prepare(engine: Any, job: Job) -> None:
     req = job.request
     tokenizer = engine.tokenizer
     if req.kind == "chat":
-        text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
-                                             enable_thinking=req.enable_thinking)
+        try:
+            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
+                                                 enable_thinking=req.enable_thinking)
+        except grout.RequestError as err:
+            raise APIError(str(err), param="messages") from None
         ids, param = tokenizer.encode(text), "messages"
     elif isinstance(req.prompt, str):
         ids, param = tokenizer.encode(req.prompt), "prompt"
@@ -70,6 +74,21 @@ def prepare(engine: Any, job: Job) -> None:
                        f"most {budget}", param="max_tokens", code="context_length_exceeded")
     job.prompt_ids = ids
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
+
+
+def token_entry(tokenizer: Any, piece: Any, offset: int) -> dict[str, Any]:
+    """The neutral logprob entry (grout.responses) of one generated token."""
+    lp: TokenLogprobs = piece.logprobs
+
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = token_bytes(tokenizer, token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
+
+    entry = one(lp.token_id, lp.logprob)
+    entry["top"] = [one(t, v) for t, v in zip(lp.top_ids, lp.top_logprobs)]
+    entry["offset"] = offset
+    return entry
 
 
 class _Released:
@@ -105,6 +124,9 @@ def generate(engine: Any, job: Job) -> None:
                            seed=req.seed, logprobs=req.logprobs if want_logprobs else None)
     try:
         for piece in pieces:
+            job.last_token_at = time.perf_counter()
+            if not job.generated:
+                job.first_token_at = job.last_token_at
             job.generated += 1
             if want_logprobs:
                 entries.pending.append(token_entry(engine.tokenizer, piece, text_len))

@@ -111,3 +111,49 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# -- a checkpoint small enough for the CPU executor ------------------------------------------
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Hello, world! How are you today?",
+    "A server streams tokens to its clients, one request at a time, in order of arrival.",
+    "system user assistant: once upon a time a small model answered every question.",
+]
+
+
+def build_checkpoint(directory: Path, *, vocab: int = 320) -> Path:
+    """A random Qwen3 checkpoint (one layer, hidden 32) with its own byte-level BPE tokenizer.
+
+    Qwen's 151,936-token vocabulary would make each step's lm_head thousands of programs on
+    the CPU executor; a tokenizer.json of ``vocab`` tokens (Qwen3's special tokens included,
+    so the chat template and the end tokens work) keeps a request to a fraction of a second.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    assert tok.get_vocab_size() == vocab, tok.get_vocab_size()
+    tok.save(str(directory / "tokenizer.json"))
+
+    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True,
+                         initializer_range=0.5, rope_theta=1e6, rms_norm_eps=1e-6,
+                         eos_token_id=tok.token_to_id("<|im_end|>"),
+                         bos_token_id=tok.token_to_id("<|endoftext|>"))
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    GenerationConfig(eos_token_id=[tok.token_to_id("<|im_end|>"),
+                                   tok.token_to_id("<|endoftext|>")]).save_pretrained(directory)
+    return directory
