@@ -24,6 +24,7 @@ Convention, shared by every op:
 to measure the cost of safety.
 """
 from .argmax import ArgmaxWorkspace, argmax, argmax_workspace  # noqa: F401
+from .copy import add_scalar, copy  # noqa: F401
 from .decode_attention import (DecodeWorkspace, decode_attention,  # noqa: F401
                                decode_attention_merge, decode_attention_split)
 from .flash_attention import flash_attention  # noqa: F401
@@ -34,4 +35,6 @@ from .gemv import GemvConfig, gemv  # noqa: F401
 from .matmul import MatmulConfig, linear, matmul  # noqa: F401
 from .norm import add_rmsnorm, rmsnorm  # noqa: F401
 from .rope import inv_freq_table, rope  # noqa: F401
+from .sampling import (SamplerWorkspace, sample, sampler_workspace,  # noqa: F401
+                       sampling_key, sampling_params)
 from .softmax import softmax  # noqa: F401

@@ -1,0 +1,202 @@
+"""The model's dimensions: ``Qwen3Config``, read from a checkpoint's config.json or named.
+
+Named shapes carry the published Qwen3 configs' dimensions (random weights are built for
+them): ``tiny`` is a CPU-sized model with Qwen3's vocabulary, so text round-trips through
+the real tokenizer while every op stays small enough for the CPU executor.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .errors import CheckpointError, RequestError
+
+ARCHITECTURE = "Qwen3ForCausalLM"
+QWEN3_VOCAB = 151936
+# <|im_end|> and <|endoftext|>: Qwen3's chat models stop on either.
+QWEN3_EOS = (151645, 151643)
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """The dimensions and constants of a Qwen3 model (Hugging Face's config.json names)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 40960
+    dtype: str = "bfloat16"
+    eos_token_ids: tuple = QWEN3_EOS
+    name: str = ""
+
+    def __post_init__(self):
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "max_position_embeddings"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise CheckpointError(f"{self.name or 'config'}: {f} must be a positive int, "
+                                      f"got {v!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CheckpointError(f"{self.name}: num_attention_heads "
+                                  f"{self.num_attention_heads} is not a multiple of "
+                                  f"num_key_value_heads {self.num_key_value_heads}")
+        d = self.head_dim
+        if d < 16 or d & (d - 1):
+            raise CheckpointError(f"{self.name}: head_dim {d} is not supported (the attention "
+                                  f"kernels need a power of two >= 16; Qwen3 uses 128)")
+        if self.dtype not in DTYPES:
+            raise CheckpointError(f"{self.name}: dtype {self.dtype!r} is not one of {DTYPES}")
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection (heads x head_dim; not always hidden_size)."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of each of the key and value projections."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def num_parameters(self) -> int:
+        """Parameters, counting a tied embedding once."""
+        h, i = self.hidden_size, self.intermediate_size
+        layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i \
+            + 2 * h + 2 * self.head_dim
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * layer + embed + h
+
+    def decode_bytes(self, itemsize: int = 2) -> int:
+        """Bytes a decode step reads at least: every weight once (the lm_head once even when
+        tied: the embedding lookup reads one row)."""
+        h = self.hidden_size
+        embed_rows = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return (self.num_parameters() - embed_rows) * itemsize
+
+    def with_dtype(self, dtype: str) -> "Qwen3Config":
+        return replace(self, dtype=dtype)
+
+
+def _shape(name, hidden, inter, layers, heads, tied, kv=8, head_dim=128, vocab=QWEN3_VOCAB):
+    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv, head_dim=head_dim, tie_word_embeddings=tied,
+                       name=name)
+
+
+# The published Qwen3 config.json dimensions (vocab 151936, 8 kv heads, head_dim 128,
+# rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions, bfloat16).
+SHAPES = {
+    "tiny": _shape("tiny", 64, 128, 2, 4, True, kv=2, head_dim=32),
+    "qwen3-0.6b": _shape("qwen3-0.6b", 1024, 3072, 28, 16, True),
+    "qwen3-1.7b": _shape("qwen3-1.7b", 2048, 6144, 28, 16, True),
+    "qwen3-4b": _shape("qwen3-4b", 2560, 9728, 36, 32, True),
+    "qwen3-8b": _shape("qwen3-8b", 4096, 12288, 36, 32, False),
+    "qwen3-14b": _shape("qwen3-14b", 5120, 17408, 40, 40, False),
+    "qwen3-32b": _shape("qwen3-32b", 5120, 25600, 64, 64, False),
+}
+
+
+def named(name: str) -> Qwen3Config:
+    """The config of a named shape, or ``RequestError`` listing the names."""
+    try:
+        return SHAPES[name.lower()]
+    except KeyError:
+        raise RequestError(f"unknown model {name!r}: not a checkpoint directory and not a named "
+                           f"shape ({', '.join(SHAPES)})") from None
+
+
+def _read_json(path: Path, required: bool) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path}: missing (a Hugging Face Qwen3 checkpoint directory "
+                                  f"has config.json next to its safetensors files)")
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _rope_theta(raw: dict, path: Path) -> float:
+    """rope_theta from transformers 5's ``rope_parameters`` or the older top-level keys;
+    only the default (unscaled) rotary embedding is supported."""
+    params = raw.get("rope_parameters")
+    scaling = raw.get("rope_scaling")
+    if isinstance(params, dict):
+        kind = params.get("rope_type", params.get("type", "default"))
+        theta = params.get("rope_theta", raw.get("rope_theta"))
+    else:
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+        theta = raw.get("rope_theta")
+    if kind != "default":
+        raise CheckpointError(f"{path}: rope scaling {kind!r} is not supported (only the "
+                              f"default rotary embedding)")
+    return float(theta if theta is not None else 1_000_000.0)
+
+
+def _eos_ids(generation: dict | None, raw: dict) -> tuple:
+    ids = list(QWEN3_EOS)
+    for source in (raw, generation or {}):
+        v = source.get("eos_token_id")
+        for i in (v if isinstance(v, list) else [v]):
+            if isinstance(i, int) and not isinstance(i, bool) and i not in ids:
+                ids.append(i)
+    return tuple(ids)
+
+
+def from_checkpoint(directory: Path) -> Qwen3Config:
+    """The config of a Hugging Face Qwen3 checkpoint: config.json (required) and
+    generation_config.json (its eos ids, when present). ``CheckpointError`` names the file."""
+    path = directory / "config.json"
+    raw = _read_json(path, required=True)
+    archs = raw.get("architectures") or []
+    if ARCHITECTURE not in archs and not (not archs and raw.get("model_type") == "qwen3"):
+        raise CheckpointError(f"{path}: architecture {archs or raw.get('model_type')!r} is not "
+                              f"supported; grout runs {ARCHITECTURE}")
+    for key, ok in (("attention_bias", False), ("use_sliding_window", False)):
+        if raw.get(key, ok) != ok:
+            raise CheckpointError(f"{path}: {key}={raw[key]!r} is not supported")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
+    dtype = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    generation = _read_json(directory / "generation_config.json", required=False)
+    try:
+        heads = raw["num_attention_heads"]
+        cfg = Qwen3Config(
+            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            rope_theta=_rope_theta(raw, path), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=raw.get("max_position_embeddings", 40960),
+            dtype=str(dtype), eos_token_ids=_eos_ids(generation, raw), name=str(directory))
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return cfg
+
+
+__all__ = ["Qwen3Config", "SHAPES", "named", "from_checkpoint"]

@@ -1,0 +1,297 @@
+"""The engine: ``grout.load(...)`` and ``Engine.generate / stream / chat / logits``.
+
+Batch 1: one request at a time owns the device state (the cache and the decode buffers).
+A request is checked completely before anything runs (``RequestError``), so a bad one
+leaves the engine as it was. ``stream`` returns a generator that produces one
+:class:`Piece` per token; closing it (or dropping it) stops generation, and a new request
+supersedes an unfinished stream (which then raises if resumed).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+import safetile as st
+
+from . import config as config_mod
+from .config import Qwen3Config
+from .errors import CheckpointError, GroutError, RequestError
+from .runner import Runner
+from .sampler import SamplingParams
+from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
+from .weights import Weights, load_checkpoint, random_weights
+
+GEMMS = ("safetile", "cublas")
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32",
+               "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
+
+
+@dataclass
+class Completion:
+    """A finished generation: ``finish_reason`` is "stop" (an eos token or a stop string)
+    or "length" (``max_new_tokens`` or a full cache)."""
+
+    text: str
+    token_ids: list
+    finish_reason: str
+    prompt_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Piece:
+    """One generated token and the text it completes (possibly empty: text is held back
+    while it may still turn into a stop string or an incomplete character). The last piece
+    of a stream carries the ``finish_reason``."""
+
+    text: str
+    token_id: int
+    finish_reason: str | None = None
+
+
+class Stream:
+    """The generator :meth:`Engine.stream` returns: iterate it for :class:`Piece` values;
+    ``close()`` stops generation. ``prompt_tokens``: the prompt's length in tokens."""
+
+    def __init__(self, gen, prompt_tokens: int):
+        self._gen = gen
+        self.prompt_tokens = prompt_tokens
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Piece:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop generating (the engine is free for the next request)."""
+        self._gen.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def resolve_device(device) -> torch.device:
+    """None: CUDA when present, else the CPU; ``RequestError`` for CUDA without a GPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise RequestError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RequestError(f"device {device!r} was asked for, but no CUDA GPU is available "
+                           f"(use device='cpu')")
+    if dev.type not in ("cpu", "cuda"):
+        raise RequestError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def resolve_dtype(dtype, default: str) -> str:
+    if dtype is None:
+        return default
+    if isinstance(dtype, st.DType):
+        dtype = dtype.name
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    name = DTYPE_NAMES.get(str(dtype).lower())
+    if name is None:
+        raise RequestError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+    return name
+
+
+def _stop_strings(stop) -> tuple:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    return tuple(stops)
+
+
+def _held_back(text: str, stops: tuple) -> int:
+    """Characters at the end of ``text`` that could begin a stop string."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1)
+                if text.endswith(s[:k])), default=0)
+
+
+class Engine:
+    """A loaded model: ``generate``, ``stream``, ``chat``, ``logits``, ``tokenizer``,
+    ``config``."""
+
+    def __init__(self, cfg: Qwen3Config, weights: Weights, tokenizer: Tokenizer,
+                 device: torch.device, dtype: str, max_seq_len: int, gemm: str,
+                 progress: bool = True):
+        self.config = cfg
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.gemm = gemm
+        self.backend = "interpret" if device.type == "cpu" else "triton"
+        self.eos_ids = frozenset(cfg.eos_token_ids)
+        self._lock = threading.RLock()
+        self._request = 0
+        with st.backend(self.backend):
+            self.runner = Runner(cfg, weights, device, getattr(st, dtype), max_seq_len, gemm,
+                                 progress)
+
+    def __repr__(self) -> str:
+        return (f"<grout.Engine {self.config.name} on {self.device} ({self.dtype}, "
+                f"max_seq_len={self.max_seq_len}, gemm={self.gemm})>")
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.runner.max_seq_len
+
+    # -- requests ------------------------------------------------------------------------
+    def _ids(self, prompt) -> list:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+            for i in ids:
+                if isinstance(i, bool) or not isinstance(i, int):
+                    raise RequestError(f"token ids must be ints, got {i!r}")
+        else:
+            raise RequestError(f"prompt must be a str or a list of token ids, got "
+                               f"{type(prompt).__name__}")
+        if not ids:
+            raise RequestError("the prompt is empty (it has no tokens)")
+        bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
+        if bad:
+            raise RequestError(f"token ids {bad[:5]} are outside the vocabulary "
+                               f"[0, {self.config.vocab_size})")
+        if len(ids) > self.max_seq_len:
+            raise RequestError(f"the prompt has {len(ids)} tokens; it does not fit the "
+                               f"{self.max_seq_len}-position cache (max_seq_len)")
+        return ids
+
+    def stream(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+               stop=None) -> "Stream":
+        """An iterator of :class:`Piece` (one per token); the request is checked now, the
+        work runs as it is iterated. ``close()`` it to stop early."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
+                max_new_tokens < 0:
+            raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        stops = _stop_strings(stop)
+        ids = self._ids(prompt)
+        return Stream(self._generate(ids, max_new_tokens, sampling, stops), len(ids))
+
+    def _generate(self, ids, max_new_tokens, sampling, stops) -> Iterator[Piece]:
+        if max_new_tokens == 0:
+            return
+        with self._lock:
+            self._request += 1
+            request = self._request
+            params, key = sampling.tensors(self.device)
+            with st.backend(self.backend):
+                token = self.runner.begin(ids, params, key, sampling.greedy)
+        decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
+        position = len(ids)                      # where the token just sampled goes
+        for n in range(1, max_new_tokens + 1):
+            finish = None
+            if token in self.eos_ids:
+                finish = "stop"
+            else:
+                text += decoder.push(token)
+            hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
+                       if i >= 0), default=-1)
+            if hit >= 0:
+                finish, end = "stop", hit
+            elif finish is None and (n == max_new_tokens or position >= self.max_seq_len):
+                finish = "length"
+            if finish is not None and hit < 0:
+                text += decoder.flush()
+                end = len(text)
+            elif finish is None:
+                end = len(text) - _held_back(text, stops)
+            piece, emitted = text[emitted:end], max(emitted, end)
+            yield Piece(piece, token, finish)
+            if finish is not None:
+                return
+            with self._lock:
+                if self._request != request:
+                    raise RequestError("this stream was superseded by a newer request on the "
+                                       "same engine")
+                with st.backend(self.backend):
+                    token = self.runner.step(sampling.greedy)
+            position += 1
+
+    def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop=None) -> Completion:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (a str or token ids)."""
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
+        pieces = list(stream)
+        return Completion("".join(p.text for p in pieces), [p.token_id for p in pieces],
+                          pieces[-1].finish_reason if pieces else "length", stream.prompt_tokens)
+
+    def chat(self, messages, enable_thinking: bool = False, **kwargs) -> Completion:
+        """Generate the assistant's reply to ``messages`` (the chat template applied)."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                    enable_thinking=enable_thinking)
+        return self.generate(prompt, **kwargs)
+
+    def logits(self, ids) -> torch.Tensor:
+        """Prefill logits of ``ids``: torch.float32 (len, vocab) on the CPU."""
+        ids = self._ids(ids.tolist() if hasattr(ids, "tolist") else ids)
+        with self._lock:
+            self._request += 1
+            with st.backend(self.backend):
+                return self.runner.logits(ids)
+
+
+def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",
+         *, seed: int = 0, progress: bool = True) -> Engine:
+    """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
+
+    ``max_seq_len``: positions of the preallocated cache (at most the model's
+    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul."""
+    if gemm not in GEMMS:
+        raise RequestError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise RequestError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
+    dev = resolve_device(device)
+    path = Path(str(model)).expanduser()
+    if path.is_dir():
+        cfg = config_mod.from_checkpoint(path)
+        tokenizer = load_tokenizer(path)
+    elif isinstance(model, str) and model.lower() in config_mod.SHAPES:
+        cfg, tokenizer, path = config_mod.named(model), qwen_tokenizer(), None
+    elif isinstance(model, str) and ("/" in model or model.startswith(".") or path.exists()):
+        raise CheckpointError(f"{path}: no such checkpoint directory")
+    else:
+        cfg = config_mod.named(str(model))           # RequestError listing the names
+        tokenizer, path = qwen_tokenizer(), None
+    name = resolve_dtype(dtype, cfg.dtype)
+    cfg = cfg.with_dtype(name)
+    seq = min(max_seq_len, cfg.max_position_embeddings)
+    tdtype = getattr(torch, name)
+    keep_torch = gemm == "cublas"
+    if path is not None:
+        weights = load_checkpoint(path, cfg, dev, tdtype, keep_torch, progress)
+    else:
+        weights = random_weights(cfg, dev, tdtype, seed, keep_torch, progress)
+    try:
+        return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress)
+    except BaseException:
+        weights.release()
+        raise
+
+
+__all__ = ["Engine", "Completion", "Piece", "load", "GroutError"]

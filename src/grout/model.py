@@ -1,0 +1,267 @@
+"""The Qwen3 forward pass as sequences of safetile ops: the decode step and prefill.
+
+A forward pass is a list of *steps*, each a function that builds one lazy op (``() ->
+st.DeviceOp``) or a :class:`TorchStep`. Steps are built one at a time, just before they run
+or are recorded: an op registers its borrows when it is built, so the next op, which reads
+what this one writes, can only be built once this one has been handed its place in the
+stream (see runner.py, which records the decode step into one graph and runs prefill as one
+chained execution).
+
+:func:`decode_layer` is *the* per-layer decode sequence (14 launches): every fusion of the
+decode step changes that one function. Decode works on 1-D vectors in preallocated buffers
+(:class:`DecodeBuffers`); the token and the position live on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+import safetile as st
+from safetile import ops
+
+from .config import Qwen3Config
+from .kv_cache import KVCache
+from .weights import Layer, Linear, Weights
+
+
+@dataclass
+class TorchStep:
+    """Work torch enqueues between two safetile ops (the ``gemm="cublas"`` comparison path).
+
+    Runs on the execution's stream after the ops before it; it reaches safetile tensors only
+    through :func:`torch_view`. It cannot be recorded into a safetile graph."""
+
+    run: Callable[[], None]
+
+
+Step = Callable[[], st.DeviceOp] | TorchStep
+
+
+def torch_view(t: st.Tensor) -> torch.Tensor:
+    """A torch alias of ``t`` through DLPack. The export is checked: it raises while an
+    operation of another execution uses the bytes; ops of the running execution are ordered
+    before the torch work on the same stream."""
+    return torch.from_dlpack(t)
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class SafetileGemm:
+    """Projections on safetile's gemv (decode) and matmul (prefill).
+
+    On the CPU executor, which runs programs one after another, the tiles are as large as
+    possible (few programs); on the GPU the ops' own tuned configs apply."""
+
+    name = "safetile"
+
+    def __init__(self, device: torch.device):
+        self.cpu = device.type == "cpu"
+
+    def _gemv_config(self, n: int, k: int):
+        if not self.cpu:
+            return None
+        bk = min(_pow2(k), 1024)
+        return ops.GemvConfig(min(_pow2(n), max(4, (1 << 20) // bk)), bk, 4, 1, tma=False,
+                              head=0)
+
+    def _matmul_config(self, m: int, n: int, k: int):
+        if not self.cpu:
+            return None
+        return ops.MatmulConfig(max(16, min(128, _pow2(m))), min(512, _pow2(n)),
+                                min(128, _pow2(k)), 4, 2)
+
+    def vec(self, lin: Linear, x: st.Tensor, out: st.Tensor) -> Step:
+        """``out = W @ x`` for one token."""
+        n, k = lin.w.shape
+        cfg = self._gemv_config(n, k)
+        return lambda: ops.gemv(lin.w, x, out=out, config=cfg)
+
+    def mat(self, x: st.Tensor, lin: Linear, out: st.Tensor) -> Step:
+        """``out = x @ W.T`` for a block of tokens."""
+        (m, k), n = x.shape, lin.w.shape[0]
+        cfg = self._matmul_config(m, n, k)
+        return lambda: ops.linear(x, lin.w, out=out, config=cfg)
+
+
+class CublasGemm:
+    """Projections on torch.matmul (cuBLAS on the GPU): a comparison path, eager only."""
+
+    name = "cublas"
+
+    def vec(self, lin: Linear, x: st.Tensor, out: st.Tensor) -> Step:
+        return TorchStep(lambda: torch.mv(lin.t, torch_view(x).reshape(-1),
+                                          out=torch_view(out).reshape(-1)))
+
+    def mat(self, x: st.Tensor, lin: Linear, out: st.Tensor) -> Step:
+        return TorchStep(lambda: torch.matmul(torch_view(x), lin.t.T, out=torch_view(out)))
+
+
+class DecodeBuffers:
+    """Every tensor one decode step reads or writes, allocated once for the engine.
+
+    ``cursor`` = [position, sampler step] (int32, on the device); the step advances it
+    through ``cursor_next``. ``token`` holds the token being fed in, and after the step, the
+    one sampled. The residual stream alternates between ``resid[0]`` and ``resid[1]``
+    (safe ops never write what they read)."""
+
+    def __init__(self, cfg: Qwen3Config, cache: KVCache, dtype, device: torch.device):
+        h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        q, kv, hq, hkv = cfg.q_size, cfg.kv_size, cfg.num_attention_heads, cfg.num_key_value_heads
+
+        def empty(*shape, dt=dtype):
+            return st.empty(shape, dtype=dt, device=device)
+
+        self.token = st.zeros((1,), dtype=st.i32, device=device)
+        self.cursor = st.zeros((2,), dtype=st.i32, device=device)
+        self.cursor_next = empty(2, dt=st.i32)
+        self.pos, self.counter = self.cursor.slice(0, 0, 1), self.cursor.slice(0, 1, 2)
+        self.resid = (empty(h), empty(h))
+        self.h = empty(h)
+        self.qkv = empty(q + 2 * kv)
+        self.q = self.qkv.slice(0, 0, q).view(hq, d)
+        self.k = self.qkv.slice(0, q, q + kv).view(hkv, d)
+        self.v = self.qkv.slice(0, q + kv, q + 2 * kv).view(hkv, d)
+        self.qn, self.kn = empty(hq, d), empty(hkv, d)
+        self.qr, self.kr = empty(1, hq, d), empty(1, hkv, d)
+        self.attn = empty(hq, d)
+        self.o, self.mlp = empty(h), empty(h)
+        self.gate_up = empty(2 * i)
+        self.gate, self.up = self.gate_up.slice(0, 0, i), self.gate_up.slice(0, i, 2 * i)
+        self.act = empty(i)
+        self.logits = empty(cfg.vocab_size)
+        self.attn_ws = ops.DecodeWorkspace.for_cache(self.qn, cache.k[0])
+        # The CPU executor runs programs one by one: few, large blocks there.
+        cpu = {"block": 16384} if device.type == "cpu" else {}
+        self.argmax_ws = ops.argmax_workspace(cfg.vocab_size, st.i32, device, **cpu)
+        self.sampler_ws = ops.sampler_workspace(cfg.vocab_size, st.i32, device)
+        self.params = st.zeros((4,), device=device)
+        self.key = st.zeros((2,), dtype=st.i64, device=device)
+        self.inv_freq = ops.inv_freq_table(d, cfg.rope_theta, device)
+
+
+def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
+                 b: DecodeBuffers, gemm, next_norm: st.Shared) -> list:
+    """One layer of the decode step, from the normed input ``b.h`` and the residual
+    ``b.resid[0]`` to the next layer's normed input (``next_norm``: its input norm, or the
+    final norm) and residual, again in ``b.h`` and ``b.resid[0]``."""
+    eps, hq, hkv, d = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, \
+        cfg.head_dim
+    return [
+        gemm.vec(layer.qkv, b.h, b.qkv),
+        lambda: ops.rmsnorm(b.q, layer.q_norm, eps, out=b.qn),
+        lambda: ops.rmsnorm(b.k, layer.k_norm, eps, out=b.kn),
+        lambda: ops.rope(b.qn.view(1, hq, d), b.pos, b.inv_freq, out=b.qr),
+        lambda: ops.rope(b.kn.view(1, hkv, d), b.pos, b.inv_freq, out=b.kr),
+        lambda: ops.kv_append(b.kr.view(hkv, d), b.v, b.pos, k_cache, v_cache),
+        lambda: ops.decode_attention(b.qr.view(hq, d), k_cache, v_cache, b.pos, out=b.attn,
+                                     workspace=b.attn_ws, length_offset=1),
+        gemm.vec(layer.o, b.attn.view(hq * d), b.o),
+        lambda: ops.add_rmsnorm(b.o, b.resid[0], layer.post_norm, eps, out=b.h,
+                                residual_out=b.resid[1]),
+        gemm.vec(layer.gate_up, b.h, b.gate_up),
+        lambda: ops.silu_mul(b.gate, b.up, out=b.act),
+        gemm.vec(layer.down, b.act, b.mlp),
+        lambda: ops.add_rmsnorm(b.mlp, b.resid[1], next_norm, eps, out=b.h,
+                                residual_out=b.resid[0]),
+    ]
+
+
+def sample_step(b: DecodeBuffers, greedy: bool) -> Step:
+    """The next token into ``b.token``: the argmax, or a draw under ``b.params``."""
+    if greedy:
+        return lambda: ops.argmax(b.logits, out=b.token, workspace=b.argmax_ws)
+    return lambda: ops.sample(b.logits, b.params, b.key, b.counter, out=b.token,
+                              workspace=b.sampler_ws)
+
+
+def decode_step(cfg: Qwen3Config, w: Weights, cache: KVCache, b: DecodeBuffers, gemm,
+                greedy: bool) -> list:
+    """The whole decode step: embed ``b.token`` at ``b.pos``, every layer, the lm_head,
+    sample into ``b.token``, advance the cursor."""
+    steps = [lambda: ops.embedding(b.token, w.embed, out=b.resid[0].view(1, cfg.hidden_size)),
+             lambda: ops.rmsnorm(b.resid[0], w.layers[0].input_norm, cfg.rms_norm_eps, out=b.h)]
+    for n, layer in enumerate(w.layers):
+        nxt = w.layers[n + 1].input_norm if n + 1 < len(w.layers) else w.final_norm
+        steps += decode_layer(cfg, layer, cache.k[n], cache.v[n], b, gemm, nxt)
+    steps += [gemm.vec(w.lm_head, b.h, b.logits), sample_step(b, greedy),
+              lambda: ops.add_scalar(b.cursor, 1, out=b.cursor_next),
+              lambda: ops.copy(b.cursor_next, out=b.cursor)]
+    return steps
+
+
+class PrefillBuffers:
+    """The activations of a prefill over ``s`` tokens (allocated per prompt length).
+
+    The projections write (s, heads, head_dim) rows; attention reads and writes them as
+    (heads, s, head_dim): both are handles over one storage, made before anything runs."""
+
+    def __init__(self, cfg: Qwen3Config, s: int, dtype, device: torch.device):
+        h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+
+        def empty(*shape):
+            return st.empty(shape, dtype=dtype, device=device)
+
+        def torch_buf(*shape):
+            return torch.empty(shape, dtype=dtype.torch, device=device)
+
+        self.s = s
+        self.resid = (empty(s, h), empty(s, h))
+        self.h = empty(s, h)
+        self.q, self.k = empty(s, cfg.q_size), empty(s, cfg.kv_size)
+        self.qn, self.kn = empty(s * hq, d), empty(s * hkv, d)
+        qr, kr, v, o = torch_buf(s, hq, d), torch_buf(s, hkv, d), torch_buf(s, hkv, d), \
+            torch_buf(s, hq, d)
+        self.qr, self.qr_heads = st.from_torch(qr), st.from_torch(qr.permute(1, 0, 2))
+        self.kr, self.kr_heads = st.from_torch(kr), st.from_torch(kr.permute(1, 0, 2))
+        self.v, self.v_heads = st.from_torch(v.view(s, hkv * d)), st.from_torch(v.permute(1, 0, 2))
+        self.o_heads, self.o = st.from_torch(o.permute(1, 0, 2)), st.from_torch(o.view(s, hq * d))
+        self.attn_out, self.mlp = empty(s, h), empty(s, h)
+        self.gate_up = empty(s, 2 * i)
+        self.gate, self.up = self.gate_up.slice(1, 0, i), self.gate_up.slice(1, i, 2 * i)
+        self.act = empty(s, i)
+
+
+def prefill_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
+                  p: PrefillBuffers, positions: st.Tensor, start: st.Tensor,
+                  inv_freq: st.Tensor, gemm, next_norm: st.Shared) -> list:
+    """One layer over the prompt: like :func:`decode_layer`, with matmuls, flash attention
+    and the whole prompt's K/V appended at ``start``."""
+    eps, s = cfg.rms_norm_eps, p.s
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    return [
+        gemm.mat(p.h, layer.q, p.q),
+        gemm.mat(p.h, layer.k, p.k),
+        gemm.mat(p.h, layer.v, p.v),
+        lambda: ops.rmsnorm(p.q.view(s * hq, d), layer.q_norm, eps, out=p.qn),
+        lambda: ops.rmsnorm(p.k.view(s * hkv, d), layer.k_norm, eps, out=p.kn),
+        lambda: ops.rope(p.qn.view(s, hq, d), positions, inv_freq, out=p.qr),
+        lambda: ops.rope(p.kn.view(s, hkv, d), positions, inv_freq, out=p.kr),
+        lambda: ops.kv_append_many(p.kr_heads, p.v_heads, start, k_cache, v_cache),
+        lambda: ops.flash_attention(p.qr_heads, p.kr_heads, p.v_heads, out=p.o_heads),
+        gemm.mat(p.o, layer.o, p.attn_out),
+        lambda: ops.add_rmsnorm(p.attn_out, p.resid[0], layer.post_norm, eps, out=p.h,
+                                residual_out=p.resid[1]),
+        gemm.mat(p.h, layer.gate_up, p.gate_up),
+        lambda: ops.silu_mul(p.gate, p.up, out=p.act),
+        gemm.mat(p.act, layer.down, p.mlp),
+        lambda: ops.add_rmsnorm(p.mlp, p.resid[1], next_norm, eps, out=p.h,
+                                residual_out=p.resid[0]),
+    ]
+
+
+def prefill(cfg: Qwen3Config, w: Weights, cache: KVCache, p: PrefillBuffers, ids: st.Tensor,
+            positions: st.Tensor, start: st.Tensor, inv_freq: st.Tensor, gemm) -> list:
+    """Every layer over the prompt ``ids`` at ``positions`` (appending K/V from ``start``),
+    ending with the final-normed states in ``p.h``."""
+    steps = [lambda: ops.embedding(ids, w.embed, out=p.resid[0]),
+             lambda: ops.rmsnorm(p.resid[0], w.layers[0].input_norm, cfg.rms_norm_eps, out=p.h)]
+    for n, layer in enumerate(w.layers):
+        nxt = w.layers[n + 1].input_norm if n + 1 < len(w.layers) else w.final_norm
+        steps += prefill_layer(cfg, layer, cache.k[n], cache.v[n], p, positions, start,
+                               inv_freq, gemm, nxt)
+    return steps

@@ -1,0 +1,162 @@
+"""Running the model: prefill as one chained execution, the decode step as one recorded graph.
+
+- :func:`run_steps` runs a list of steps (model.py) as *one* execution: each op is built in
+  the ``then`` callback of the one before (after it took its place on the stream), and the
+  host waits once, at the end.
+- :func:`record_steps` records the steps into one graph (a CUDA graph on the GPU); nothing
+  allocates while it records, because every buffer is preallocated.
+- :class:`Runner` owns the KV cache and the decode buffers. ``begin`` prefills a prompt and
+  samples the first token; ``step`` replays the decode graph (one per sampling mode,
+  recorded on first use) and reads the new token: the one device-to-host read per token.
+  With ``gemm="cublas"`` the step runs eagerly, since torch work cannot be recorded into a
+  safetile graph.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import safetile as st
+from safetile import ops
+
+from .config import Qwen3Config
+from .kv_cache import KVCache
+from .model import (CublasGemm, DecodeBuffers, PrefillBuffers, SafetileGemm, TorchStep,
+                    decode_step, prefill, sample_step)
+from .weights import Weights
+
+
+def _then_build(torch_work: tuple, make):
+    """A ``then`` callback: enqueue the torch work, then build the next op."""
+    def callback(*_):
+        for work in torch_work:
+            work()
+        return make()
+    return callback
+
+
+def _torch_only(torch_work: tuple):
+    def callback(*_):
+        for work in torch_work:
+            work()
+    return callback
+
+
+def run_steps(steps: list) -> None:
+    """Run ``steps`` as one execution on the current stream; return when all are done."""
+    op, pending = None, []
+    for step in steps:
+        if isinstance(step, TorchStep):
+            pending.append(step.run)
+        elif op is None:
+            for work in pending:              # nothing of ours is in flight yet
+                work()
+            pending, op = [], step()
+        else:
+            op, pending = op.then(_then_build(tuple(pending), step)), []
+    if pending and op is not None:
+        op = op.map(_torch_only(tuple(pending)))
+    elif pending:
+        for work in pending:
+            work()
+    if op is not None:
+        op.sync()
+    elif torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def record_steps(steps: list, desc: str, progress: bool) -> st.Graph:
+    """Record ``steps`` (ops only) into one graph; on the GPU it is compiled and captured
+    when the recording closes."""
+    from tqdm import tqdm
+    with tqdm(total=len(steps) + 1, desc=desc, unit="op", file=sys.stderr,
+              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+        with st.graph_scope() as scope:
+            for step in steps:
+                scope.record(step())
+                bar.update(1)
+            bar.set_postfix_str("capturing")
+        bar.update(1)
+    return scope.graph
+
+
+def _small(values, dtype, device) -> st.Tensor:
+    return st.from_torch(torch.tensor(values, dtype=dtype, device=device))
+
+
+class Runner:
+    """The device state of one engine: cache, decode buffers, recorded decode graphs."""
+
+    def __init__(self, cfg: Qwen3Config, weights: Weights, device: torch.device, dtype,
+                 max_seq_len: int, gemm: str, progress: bool = True):
+        self.cfg, self.w, self.device, self.dtype = cfg, weights, device, dtype
+        self.progress = progress
+        self.cache = KVCache(cfg, max_seq_len, dtype, device)
+        self.buf = DecodeBuffers(cfg, self.cache, dtype, device)
+        self.gemm = CublasGemm() if gemm == "cublas" else SafetileGemm(device)
+        self.graphs: dict = {}
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cache.max_seq_len
+
+    def graphable(self) -> bool:
+        """Whether the decode step can be one recorded graph (not on the torch path)."""
+        return not isinstance(self.gemm, CublasGemm)
+
+    def _prefill_steps(self, ids: list) -> tuple[list, PrefillBuffers]:
+        s, dev = len(ids), self.device
+        p = PrefillBuffers(self.cfg, s, self.dtype, dev)
+        steps = prefill(self.cfg, self.w, self.cache, p, _small(ids, torch.int32, dev),
+                        _small(list(range(s)), torch.int32, dev), _small([0], torch.int32, dev),
+                        self.buf.inv_freq, self.gemm)
+        return steps, p
+
+    def logits(self, ids: list) -> torch.Tensor:
+        """Prefill logits of ``ids``: float32 (len, vocab) on the host."""
+        steps, p = self._prefill_steps(ids)
+        out = st.empty((len(ids), self.cfg.vocab_size), dtype=self.dtype, device=self.device)
+        run_steps(steps + [self.gemm.mat(p.h, self.w.lm_head, out)])
+        return out.to_torch().float().cpu()
+
+    def begin(self, ids: list, params: st.Tensor, key: st.Tensor, greedy: bool) -> int:
+        """Prefill ``ids`` (the cache starts over), set the sampling parameters and key, and
+        sample the first new token; the cursor then points at position ``len(ids)``."""
+        b, s, dev = self.buf, len(ids), self.device
+        steps, p = self._prefill_steps(ids)
+        last = p.h.slice(0, s - 1, s)
+        setup = [lambda: ops.copy(params, out=b.params), lambda: ops.copy(key, out=b.key),
+                 lambda t=_small([s, 0], torch.int32, dev): ops.copy(t, out=b.cursor)]
+        after = [lambda t=_small([s, 1], torch.int32, dev): ops.copy(t, out=b.cursor)]
+        run_steps(setup + steps + [self.gemm.vec(self.w.lm_head, last, b.logits.view(1, -1)),
+                                   sample_step(b, greedy)] + after)
+        return self.read_token()
+
+    def read_token(self) -> int:
+        return int(self.buf.token.numpy()[0])
+
+    def decode_steps(self, greedy: bool) -> list:
+        return decode_step(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy)
+
+    def graph(self, greedy: bool) -> st.Graph:
+        """The recorded decode step of this sampling mode (recorded on first use)."""
+        g = self.graphs.get(greedy)
+        if g is None:
+            g = self.graphs[greedy] = record_steps(
+                self.decode_steps(greedy), f"recording the {'greedy' if greedy else 'sampling'}"
+                f" decode step", self.progress)
+        return g
+
+    def step(self, greedy: bool) -> int:
+        """Feed the current token at the current position; return the next token."""
+        if self.graphable():
+            self.graph(greedy).launch().sync()
+        else:
+            run_steps(self.decode_steps(greedy))
+        return self.read_token()
+
+    def step_eager(self, greedy: bool) -> int:
+        """The same step as :meth:`step`, built and run op by op (no graph)."""
+        run_steps(self.decode_steps(greedy))
+        return self.read_token()

