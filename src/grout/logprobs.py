@@ -8,10 +8,11 @@ k + 1 numbers cross to the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
+
+from .errors import RequestError
 
 MAX_TOP_LOGPROBS = 20
 
@@ -26,14 +27,29 @@ class TokenLogprobs:
     top_logprobs: tuple[float, ...]
 
 
-def from_logits(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
-    """Log-probabilities of one decode step; ``logits`` is the (vocab,) row that chose the token.
+def check_top_logprobs(k: int | None) -> None:
+    """``RequestError`` unless ``k`` is None (no logprobs) or an int in [0, MAX_TOP_LOGPROBS]."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}], "
+                           f"got {k!r}")
 
-    Args:
-        k: how many alternatives to report (0 to MAX_TOP_LOGPROBS).
+
+def step_logprobs(runner: Any, token_id: int, k: int | None) -> TokenLogprobs | None:
+    """The logprobs of the token the runner's last step (or prefill) sampled; None if k is.
+
+    The step leaves its logits in the decode buffers, where the next step overwrites them,
+    so this runs right after the step, before the token is fed back.
     """
-    if not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"k must be in [0, {MAX_TOP_LOGPROBS}], got {k}")
+    if k is None:
+        return None
+    return from_logits(runner.buf.logits.to_torch(), token_id, k)
+
+
+def from_logits(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
+    """Log-probabilities of one decode step; ``logits`` is the (vocab,) row that chose the
+    token, ``k`` (checked by :func:`check_top_logprobs`) how many alternatives to report."""
     row = torch.log_softmax(logits.reshape(-1).float(), dim=-1)
     if k:
         top_values, top_ids = torch.topk(row, k)
@@ -42,28 +58,3 @@ def from_logits(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprobs:
     else:
         values, ids = [row[token_id].item()], []
     return TokenLogprobs(token_id, values[0], tuple(ids), tuple(values[1:]))
-
-
-@lru_cache(maxsize=1)
-def _byte_of_char() -> dict[str, int]:
-    """The byte-level BPE alphabet: every byte value has one printable stand-in character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1),
-                 *range(ord("\xae"), ord("\xff") + 1)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
-
-
-def token_bytes(hf_tokenizer: Any, token_id: int) -> bytes:
-    """The raw bytes one token stands for (a byte-level token may be part of a character)."""
-    piece = hf_tokenizer.id_to_token(token_id)
-    if piece is None:
-        return b""
-    table = _byte_of_char()
-    if all(c in table for c in piece):
-        return bytes(table[c] for c in piece)
-    return piece.encode()          # an added token such as <|im_end|>: its text as written

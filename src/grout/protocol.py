@@ -39,6 +39,12 @@ def internal_error(message: str) -> APIError:
     return APIError(message, status=500, type="server_error", code="internal_error")
 
 
+def client_closed() -> APIError:
+    """The end of a request whose client went away (nobody reads it; logs name it)."""
+    return APIError("the client closed the connection", status=499,
+                    code="client_closed_request")
+
+
 @dataclass
 class GenerationRequest:
     """One request, validated: what to generate and how to answer."""
@@ -56,6 +62,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None                 # None: off; k: chosen token plus k alternatives
+    ignore_eos: bool = False                    # an extension (vLLM's): generate past end tokens
 
 
 # Fields accepted and ignored: they describe the caller, not the generation.
@@ -72,7 +79,7 @@ _DEFAULTS_ONLY: dict[str, tuple[Any, ...]] = {
     "moderation": (None,), "prompt_cache_options": (None,), "verbosity": (None,),
 }
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
-           "seed", "stop"}
+           "seed", "stop", "ignore_eos"}
 _COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"}
 _CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
                           "chat_template_kwargs"}
@@ -157,6 +164,7 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
     req.top_k = 0 if top_k == -1 else top_k
     req.seed = _int(fields, "seed", default=None)
     req.stop = _stop(fields)
+    req.ignore_eos = _bool(fields, "ignore_eos", default=False)
 
 
 def _prompt(fields: dict[str, Any]) -> str | list[int]:

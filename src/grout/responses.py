@@ -25,8 +25,9 @@ def completion_logprobs(entries: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """The legacy completions format: parallel lists, top alternatives as {token: logprob}."""
     tops = []
     for e in entries:
-        top = {t["token"]: t["logprob"] for t in e["top"]}
-        top.setdefault(e["token"], e["logprob"])
+        top: dict[str, float] = {}
+        for t in [*e["top"], e]:      # best first; tokens that print alike keep the best
+            top.setdefault(t["token"], t["logprob"])
         tops.append(top)
     return {"tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from grout.protocol import APIError, GenerationRequest, internal_error
+from grout.protocol import APIError, GenerationRequest, client_closed, internal_error
 
 log = logging.getLogger("grout.server")
 
@@ -150,8 +150,7 @@ class Scheduler:
                     continue
             if job.cancelled:
                 log.info("%s: the client left while queued; skipped", job.id)
-                job.emit(Failed(APIError("the client closed the connection", status=499,
-                                         code="client_closed_request")))
+                job.emit(Failed(client_closed()))
                 continue
             self.busy = job
             try:

@@ -12,7 +12,6 @@ captures its decode graph and 200 after, and the server exits with status 1 if l
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -34,7 +33,7 @@ from grout.protocol import APIError, GenerationRequest, internal_error, parse_ch
     parse_completion_request
 from grout.responses import ChunkWriter, full_body
 from grout.scheduler import Delta, Failed, Finished, Job, Scheduler
-from grout.serving import FAULT_HEADER, generate, load_and_warm_up, max_model_len, prepare
+from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_up
 
 log = logging.getLogger("grout.server")
 
@@ -260,23 +259,10 @@ class EventStream:
             self.on_close()
 
 
-# -- the command line ----------------------------------------------------------------------------
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``grout serve`` beyond the engine's own (model, device, dtype, ...)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients send (default: the --model argument)")
-    parser.add_argument("--log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug"])
-    parser.add_argument("--fault-injection", action="store_true",
-                        help=f"testing aid: honour the {FAULT_HEADER} request header")
-
-
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False) -> int:
-    """Run the server until interrupted; returns the process exit status."""
+    """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
+    interrupted; returns the process exit status (1 when loading fails)."""
     import uvicorn
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -289,7 +275,7 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
         if server is not None:
             server.should_exit = True
 
-    app = create_app(load, model_name, fault_injection=fault_injection,
+    app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
                      on_load_failure=on_load_failure)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
@@ -303,10 +289,3 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
         return 1
     log.info("stopped after %.0f s", time.monotonic() - started)
     return 0
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    """``grout serve``: load ``args.model`` with the engine options and serve it."""
-    return serve(lambda: load_and_warm_up(args), args.served_model_name or args.model,
-                 host=args.host, port=args.port, log_level=args.log_level,
-                 fault_injection=args.fault_injection)

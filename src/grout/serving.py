@@ -2,39 +2,33 @@
 
 `prepare` tokenizes a request's prompt (chat template included) and checks it against the
 context; `generate` runs on the engine thread, turning the engine's token stream into the
-`Delta`/`Finished` events of a `Job`. Stop strings are matched here, over the decoded text,
-so that text which may begin a stop string is held back instead of being sent and then
-retracted; the engine itself runs without stop strings and is closed as soon as one is seen.
+`Delta`/`Finished` events of a `Job`.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
 import grout
-from grout.logprobs import TokenLogprobs, token_bytes
-from grout.protocol import APIError, GenerationRequest
-from grout.scheduler import Delta, Finished, Job
-from grout.stop_strings import StopStringMatcher
+from grout.logprobs import TokenLogprobs
+from grout.protocol import APIError, GenerationRequest, client_closed
+from grout.scheduler import Delta, Failed, Finished, Job
 
 FAULT_HEADER = "x-grout-fault"
 
 
-def load_and_warm_up(args: argparse.Namespace) -> Any:
-    """Load the engine, then run a short greedy and a short sampled generation.
+def warm_up(engine: Any) -> Any:
+    """Run a short greedy and a short sampled generation (with logprobs); returns ``engine``.
 
-    The warm-up compiles every kernel a request uses and captures the decode graph, so that
+    The warm-up compiles every kernel a request uses and records both decode graphs, so that
     ``/health`` says ok only when the first request will be served at full speed.
     """
-    eng = grout.load(args.model, device=args.device, dtype=args.dtype,
-                     max_seq_len=args.max_seq_len)
-    ids = eng.tokenizer.encode("Hello")
+    ids = engine.tokenizer.encode("Hello")
     for temperature in (0.0, 1.0):
-        for _ in eng.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
-                            logprobs=1):
+        for _ in engine.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
+                               logprobs=1):
             pass
-    return eng
+    return engine
 
 
 def max_model_len(engine: Any) -> int:
@@ -76,12 +70,10 @@ def prepare(engine: Any, job: Job) -> None:
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
 
 
-def token_entry(tokenizer: Any, piece: Any, offset: int) -> dict[str, Any]:
+def token_entry(tokenizer: Any, lp: TokenLogprobs, offset: int) -> dict[str, Any]:
     """The neutral logprob entry (grout.responses) of one generated token."""
-    lp: TokenLogprobs = piece.logprobs
-
     def one(token_id: int, logprob: float) -> dict[str, Any]:
-        raw = token_bytes(tokenizer, token_id)
+        raw = tokenizer.token_bytes(token_id)
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
                 "bytes": list(raw)}
 
@@ -91,71 +83,42 @@ def token_entry(tokenizer: Any, piece: Any, offset: int) -> dict[str, Any]:
     return entry
 
 
-class _Released:
-    """Logprob entries waiting for their text to be released past the stop-string hold."""
-
-    def __init__(self) -> None:
-        self.pending: list[dict[str, Any]] = []
-        self.released_chars = 0
-
-    def take(self, released: str, final: bool = False) -> list[dict[str, Any]]:
-        self.released_chars += len(released)
-        if final:
-            out, self.pending = self.pending, []
-            return out
-        n = 0
-        while n < len(self.pending) and self.pending[n]["offset"] < self.released_chars:
-            n += 1
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-
 def generate(engine: Any, job: Job) -> None:
-    """Engine thread: run the job's generation and emit its events (exactly one terminal)."""
+    """Engine thread: run the job's generation and emit its events, exactly one terminal.
+
+    The engine holds back text that may still become a stop string (or an incomplete
+    character) and cuts it at a stop string, so each piece's text can be sent as it comes.
+    A cancelled job stops before the next decode step.
+    """
     req: GenerationRequest = job.request
     assert job.prompt_ids is not None
-    matcher = StopStringMatcher(req.stop)
-    entries = _Released()
-    want_logprobs = req.logprobs is not None
-    text_len = 0
-    finish_reason = "length"
-    pieces = engine.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
-                           temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                           seed=req.seed, logprobs=req.logprobs if want_logprobs else None)
     try:
-        for piece in pieces:
+        stream = engine.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
+                               temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                               seed=req.seed, stop=req.stop or None, logprobs=req.logprobs,
+                               ignore_eos=req.ignore_eos)
+    except grout.RequestError as err:
+        raise APIError(str(err)) from None
+    released = 0
+    with stream:
+        for piece in stream:
             job.last_token_at = time.perf_counter()
             if not job.generated:
                 job.first_token_at = job.last_token_at
             job.generated += 1
-            if want_logprobs:
-                entries.pending.append(token_entry(engine.tokenizer, piece, text_len))
-            text_len += len(piece.text)
-            released = matcher.feed(piece.text)
-            if matcher.matched is not None:
-                job.emit(Delta(released, entries.take(released)))
-                finish_reason = "stop"
-                break
-            job.emit(Delta(released, entries.take(released)))
+            entries = [] if piece.logprobs is None else \
+                [token_entry(engine.tokenizer, piece.logprobs, released)]
+            released += len(piece.text)
+            if piece.finish_reason is not None:
+                job.emit(Finished(piece.finish_reason, piece.text, entries,
+                                  len(job.prompt_ids), job.generated))
+                return
+            job.emit(Delta(piece.text, entries))
             if job.fault_after is not None and job.generated >= job.fault_after:
                 raise RuntimeError(f"fault injected after {job.generated} tokens "
                                    f"({FAULT_HEADER} header)")
             if job.cancelled:
-                finish_reason = "cancelled"
-                break
-        else:
-            finish_reason = piece_finish_reason(pieces, job)
-    finally:
-        pieces.close()
-    tail = matcher.flush()
-    if matcher.matched is not None:
-        tail_entries: list[dict[str, Any]] = []
-        entries.pending = []
-    else:
-        tail_entries = entries.take(tail, final=True)
-    job.emit(Finished(finish_reason, tail, tail_entries, len(job.prompt_ids), job.generated))
-
-
-def piece_finish_reason(pieces: Any, job: Job) -> str:
-    """Why the engine's stream ended on its own: its token budget, else an end token."""
-    return "length" if job.generated >= job.max_new_tokens else "stop"
+                job.emit(Failed(client_closed()))
+                return
+    # Only a request for no tokens at all ends without a final piece.
+    job.emit(Finished("length", "", [], len(job.prompt_ids), job.generated))

@@ -123,6 +123,14 @@ _CORPUS = [
 ]
 
 
+def shared_checkpoint(tmp_path_factory) -> Path:
+    """The session's one test checkpoint (built by the first module that asks for it)."""
+    directory = tmp_path_factory.getbasetemp() / "grout-server-checkpoint"
+    if not (directory / "model.safetensors").is_file():
+        build_checkpoint(directory)
+    return directory
+
+
 def build_checkpoint(directory: Path, *, vocab: int = 320) -> Path:
     """A random Qwen3 checkpoint (one layer, hidden 32) with its own byte-level BPE tokenizer.
 

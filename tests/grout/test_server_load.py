@@ -9,18 +9,18 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import grout
-from server_process import ServerProcess, build_checkpoint
+from server_process import ServerProcess, shared_checkpoint
 
 MAX_SEQ_LEN = 128
-LOAD_REQUESTS, LOAD_THREADS, LOAD_TOKENS = 200, 8, 2
-PROMPTS = [f"{word} number {i}" for i, word in enumerate(
-    ["Hello", "The fox", "A server", "Once upon", "How are", "The lazy dog", "Tokens", "World",
-     "Quick", "Brown"])]
+LOAD_REQUESTS, LOAD_THREADS, LOAD_TOKENS = 200, 8, 1
+# Prompts of different lengths: an answer given to the wrong request shows in its usage
+# even where two prompts happen to share their first generated token.
+PROMPTS = [" ".join(["fox"] * n) for n in range(1, 11)]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return build_checkpoint(tmp_path_factory.mktemp("server_load") / "ckpt")
+    return shared_checkpoint(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -36,36 +36,37 @@ def server(checkpoint, tmp_path_factory):
 def references(checkpoint):
     """Each prompt's greedy completion, from the engine in this process."""
     eng = grout.load(str(checkpoint), device="cpu", dtype="float32", max_seq_len=MAX_SEQ_LEN)
-    return {p: eng.generate(p, max_new_tokens=LOAD_TOKENS, temperature=0.0).text
-            for p in PROMPTS}
+    refs = {p: eng.generate(p, max_new_tokens=LOAD_TOKENS, temperature=0.0) for p in PROMPTS}
+    assert len({r.prompt_tokens for r in refs.values()}) == len(PROMPTS)
+    return {p: (r.text, r.prompt_tokens) for p, r in refs.items()}
 
 
 def test_six_concurrent_clients_are_served_one_at_a_time_in_arrival_order(server):
-    """Six async clients send 0.3 s apart while the first is still generating; each gets
-    its whole answer, and each answer starts only after the one before it finished."""
+    """Six async clients send 0.2 s apart, all while the first is still generating; each
+    gets its whole answer, and each answer starts only after the one before it finished."""
     async def one(ac, i):
-        await asyncio.sleep(0.3 * i)
-        stream = await ac.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=24,
+        await asyncio.sleep(0.2 * i)
+        sent = time.monotonic()
+        stream = await ac.completions.create(model="tiny", prompt=PROMPTS[i], max_tokens=8,
                                              temperature=0.0, stream=True,
-                                             stream_options={"include_usage": True})
-        first = last = None
-        usage = None
+                                             stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+        first = last = usage = None
         async for chunk in stream:
-            now = time.monotonic()
-            first = first or now
-            last = now
+            last = time.monotonic()
+            first = first or last
             usage = chunk.usage or usage
-        return i, first, last, usage
+        return {"sent": sent, "first": first, "last": last, "usage": usage}
 
     async def run():
         async with server.async_client() as ac:
             return await asyncio.gather(*(one(ac, i) for i in range(6)))
 
     results = asyncio.run(run())
-    assert [r[0] for r in sorted(results, key=lambda r: r[2])] == list(range(6))
-    for (_, _, last, _), (_, first, _, _) in zip(results, results[1:]):
-        assert first >= last - 0.05, "a request started before the one ahead of it finished"
-    assert all(u is not None and u.completion_tokens > 0 for *_, u in results)
+    assert results[-1]["sent"] < results[0]["last"], "the requests did not overlap"
+    assert all(r["usage"].completion_tokens == 8 for r in results)
+    for ahead, behind in zip(results, results[1:]):
+        assert behind["first"] >= ahead["last"], "a request ran before the one ahead of it"
 
 
 def test_two_hundred_requests_from_eight_threads_each_get_their_own_answer(
@@ -74,22 +75,22 @@ def test_two_hundred_requests_from_eight_threads_each_get_their_own_answer(
     lock = threading.Lock()
     latencies: list[float] = []
 
-    def one(k: int) -> tuple[int, str, str, str]:
+    def one(k: int) -> tuple[int, str, tuple[str, int]]:
+        """Request k: prompt k mod 10, streamed when k is odd; its (text, prompt tokens)."""
         prompt = PROMPTS[k % len(PROMPTS)]
-        stream = k % 2 == 1
+        args = dict(model="tiny", prompt=prompt, max_tokens=LOAD_TOKENS, temperature=0.0)
         started = time.perf_counter()
-        if stream:
-            text = "".join(c.choices[0].text for c in client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=LOAD_TOKENS, temperature=0.0,
-                stream=True))
-            finish = "streamed"
+        if k % 2:
+            chunks = list(client.completions.create(**args, stream=True,
+                                                    stream_options={"include_usage": True}))
+            answer = ("".join(c.choices[0].text for c in chunks if c.choices),
+                      chunks[-1].usage.prompt_tokens)
         else:
-            r = client.completions.create(model="tiny", prompt=prompt, max_tokens=LOAD_TOKENS,
-                                          temperature=0.0)
-            text, finish = r.choices[0].text, r.choices[0].finish_reason
+            r = client.completions.create(**args)
+            answer = (r.choices[0].text, r.usage.prompt_tokens)
         with lock:
             latencies.append(time.perf_counter() - started)
-        return k, prompt, text, finish
+        return k, prompt, answer
 
     started = time.perf_counter()
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
@@ -97,7 +98,8 @@ def test_two_hundred_requests_from_eight_threads_each_get_their_own_answer(
     wall = time.perf_counter() - started
 
     assert len(results) == LOAD_REQUESTS
-    wrong = [(k, p, t) for k, p, t, _ in results if t != references[p]]
+    assert [k for k, _, _ in results] == list(range(LOAD_REQUESTS))
+    wrong = [(k, p, a) for k, p, a in results if a != references[p]]
     assert not wrong, f"{len(wrong)} answers are not their own prompt's: {wrong[:3]}"
     latencies.sort()
     p50 = statistics.median(latencies)
