@@ -1,12 +1,13 @@
 """Decode speed through `grout serve` and the openai client, against `grout bench`.
 
-Starts ``grout serve --model SHAPE`` as a subprocess, streams ``--gen-len`` tokens through
-the official openai client (a prompt of exactly ``--prompt-len`` token ids, greedy), and
-measures the decode rate the client sees: tokens after the first over the time from the
-first streamed chunk to the last. The server logs the rate its engine thread measured for
-the same request. Then it runs ``grout bench`` with the same lengths. It prints the three
-rates and the client / bench ratio (the target: within 3%), and writes
-benchmarks/results/serve.json and serve.png.
+Starts ``grout serve --model SHAPE`` as a subprocess and streams ``--gen-len`` tokens through
+the official openai client: greedy, past end tokens (``ignore_eos``), after the very prompt
+``grout bench`` uses (``--prompt-len`` token ids from grout.bench.prompt_ids). The client's
+decode rate is the tokens after the first over the time from the first streamed chunk to
+the last, as ``grout bench`` times the steps after the first token; the server logs the rate
+its engine thread saw for the same request. Then the server stops and ``grout bench`` runs
+with the same lengths. The script prints the three rates and the client / bench ratio (the
+target: within 3%) and writes benchmarks/results/serve.json and serve.png.
 
     PYTHONPATH=src python3 benchmarks/bench_serve.py --model qwen3-4b --gen-len 512
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -43,7 +43,7 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "grout", "serve", "--model", args.model, "--port", str(port),
-           "--device", args.device, "--max-seq-len", str(args.max_seq_len)]
+           "--device", args.device, "--max-seq-len", str(args.max_seq_len), "--no-progress"]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -82,11 +82,7 @@ def stream_once(client, model: str, prompt: list[int], gen_len: int) -> dict:
     if tokens != gen_len:
         raise AssertionError(f"the server generated {tokens} tokens, not {gen_len}")
     return {"tokens": tokens, "ttft_s": first - sent, "decode_s": last - first,
-            "client_tok_s": (tokens - 1) / (last - first), "id": stream_id(chunk)}
-
-
-def stream_id(chunk) -> str:
-    return chunk.id
+            "client_tok_s": (tokens - 1) / (last - first), "id": chunk.id}
 
 
 def engine_rate(log_text: str, request_id: str) -> float | None:
@@ -102,18 +98,16 @@ def run_bench(args) -> dict:
         env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         cmd = [sys.executable, "-m", "grout", "bench", "--model", args.model, "--device",
                args.device, "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len),
-               "--max-seq-len", str(args.max_seq_len), "--json", str(out)]
+               "--max-seq-len", str(args.max_seq_len), "--repeats", str(args.repeats),
+               "--json", str(out)]
         print("$", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, env=env)
         return json.loads(out.read_text())
 
 
 def bench_decode_rate(bench: dict) -> float:
-    """The decode tok/s in `grout bench`'s JSON."""
-    for key in ("decode_tok_s", "decode_tokens_per_s", "tok_s"):
-        if key in bench:
-            return float(bench[key])
-    raise KeyError(f"no decode rate in grout bench's JSON (keys: {sorted(bench)})")
+    """The decode tok/s in `grout bench`'s JSON (its one result)."""
+    return float(bench["results"][0]["decode_tok_s"])
 
 
 def plot(rows: dict, path: Path) -> None:
@@ -147,8 +141,8 @@ def main() -> int:
     args = p.parse_args()
 
     import openai
-    rng = random.Random(0)
-    prompt = [rng.randrange(1000, 150000) for _ in range(args.prompt_len)]
+    from grout.bench import prompt_ids
+    prompt = prompt_ids(args.prompt_len)
     log_path = Path(tempfile.mkdtemp()) / "serve.log"
     proc, url = start_server(args, log_path)
     try:

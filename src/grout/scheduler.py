@@ -78,18 +78,21 @@ class Job:
         self.finished = False       # its terminal event (Finished or Failed) is out
         self._loop = loop
         self._cancelled = threading.Event()
+        self.cancel_reason: APIError | None = None
         self._generated_at_cancel: int | None = None
 
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
-    def cancel(self) -> None:
-        """The client is gone: stop before the next decode step and drop what is queued.
+    def cancel(self, reason: APIError | None = None) -> None:
+        """Stop before the next decode step (or never start); ``reason`` is the error the
+        job then ends with (default: its client went away).
 
         A job whose last event is out already is not cancelled: it completed.
         """
         if not self.finished and not self._cancelled.is_set():
+            self.cancel_reason = reason or client_closed()
             self._generated_at_cancel = self.generated
             self._cancelled.set()
 
@@ -97,7 +100,10 @@ class Job:
         """Hand an event to the loop (callable from any thread; never blocks)."""
         if not isinstance(event, Delta):
             self.finished = True
-        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:    # the loop is closed: the server stopped, nobody listens
+            pass
 
     @property
     def tokens_after_cancel(self) -> int | None:
@@ -139,6 +145,16 @@ class Scheduler:
     def waiting(self) -> int:
         return self._queue.qsize()
 
+    def cancel_all(self) -> None:
+        """Cancel the running job and every queued one: the server is stopping."""
+        reason = APIError("the server is shutting down", status=503, type="service_unavailable")
+        if self.busy is not None:
+            self.busy.cancel(reason)
+        while not self._queue.empty():
+            job = self._queue.get_nowait()
+            job.cancel(reason)
+            job.emit(Failed(reason))
+
     async def _serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -149,8 +165,8 @@ class Scheduler:
                 except Exception:   # its handler answers the error; nothing to run
                     continue
             if job.cancelled:
-                log.info("%s: the client left while queued; skipped", job.id)
-                job.emit(Failed(client_closed()))
+                log.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason.message)
+                job.emit(Failed(job.cancel_reason))
                 continue
             self.busy = job
             try:
@@ -173,9 +189,9 @@ class Scheduler:
                  f"ran {(time.monotonic() - started) * 1e3:.0f} ms"
         if job.generated > 1:
             rate = (job.generated - 1) / max(job.last_token_at - job.first_token_at, 1e-9)
-            timing += f", decode {rate:.1f} tok/s"
+            timing += f", decode {rate:.2f} tok/s"
         if job.cancelled:
-            log.info("%s: cancelled by the client after %d tokens (%s after the disconnect); "
-                     "%s", job.id, job.generated, job.tokens_after_cancel, timing)
+            log.info("%s: cancelled (%s) after %d tokens (%s after the cancel); %s", job.id,
+                     job.cancel_reason.message, job.generated, job.tokens_after_cancel, timing)
         else:
             log.info("%s: %d tokens; %s", job.id, job.generated, timing)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -75,6 +76,7 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         task = asyncio.create_task(start(), name="grout-load")
         yield
         task.cancel()
+        state.scheduler.cancel_all()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -95,8 +97,10 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         Route("/v1/chat/completions", partial(_generation, state, parse_chat_request),
               methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.grout = state
+    return app
 
 
 async def _health(state: ServerState, request: Request) -> Response:
@@ -259,12 +263,25 @@ class EventStream:
             self.on_close()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within one token) with
+    a "shutting down" error, so that open streams close before the graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+        super().__init__(config)
+        self.scheduler = scheduler
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        # A signal handler runs between two bytecodes of the loop's thread: defer the
+        # cancellation to the loop itself.
+        asyncio.get_event_loop().call_soon_threadsafe(self.scheduler.cancel_all)
+
+
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when loading fails)."""
-    import uvicorn
-
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed: list[BaseException] = []
@@ -279,7 +296,7 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
                      on_load_failure=on_load_failure)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = _Server(config, app.state.grout.scheduler)
     started = time.monotonic()
     server.run()
     if failed:

@@ -11,7 +11,7 @@ from typing import Any
 
 import grout
 from grout.logprobs import TokenLogprobs
-from grout.protocol import APIError, GenerationRequest, client_closed
+from grout.protocol import APIError, GenerationRequest
 from grout.scheduler import Delta, Failed, Finished, Job
 
 FAULT_HEADER = "x-grout-fault"
@@ -118,7 +118,7 @@ def generate(engine: Any, job: Job) -> None:
                 raise RuntimeError(f"fault injected after {job.generated} tokens "
                                    f"({FAULT_HEADER} header)")
             if job.cancelled:
-                job.emit(Failed(client_closed()))
+                job.emit(Failed(job.cancel_reason))
                 return
     # Only a request for no tokens at all ends without a final piece.
     job.emit(Finished("length", "", [], len(job.prompt_ids), job.generated))
