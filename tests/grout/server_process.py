@@ -31,6 +31,7 @@ class ServerProcess:
         self.extra = extra
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.health_seen: list[tuple[int, str]] = []   # (status, body) of each /health poll
 
     @property
     def url(self) -> str:
@@ -63,11 +64,13 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 return False
             try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                r = httpx.get(f"{self.url}/health", timeout=2.0)
+                self.health_seen.append((r.status_code, r.text))
+                if r.status_code == 200:
                     return True
             except httpx.TransportError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         return False
 
     def log(self) -> str:

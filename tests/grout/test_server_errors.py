@@ -2,6 +2,7 @@
 away mid-stream, a checkpoint that cannot load; after each, the next request is served."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -162,3 +163,31 @@ def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path)
                        timeout=120, env=env)
     assert r.returncode != 0
     assert re.search(r"could not load .*no-such-checkpoint", r.stderr), r.stderr[-2000:]
+
+
+def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_factory):
+    """Its own server: /health says loading (503) before ok; SIGTERM mid-stream ends the
+    generation within one token and the stream with a "shutting down" error event, and the
+    process shuts down cleanly."""
+    log = tmp_path_factory.mktemp("server_shutdown") / "serve.log"
+    server = ServerProcess(str(shared_checkpoint(tmp_path_factory)), log, "--device", "cpu",
+                           "--dtype", "float32", "--max-seq-len", str(MAX_SEQ_LEN),
+                           "--served-model-name", "tiny")
+    try:
+        server.start()
+        assert (503, '{"status":"loading"}') in server.health_seen
+        stream = server.client().completions.create(model="tiny", prompt="Hello",
+                                                    max_tokens=MAX_SEQ_LEN // 2, stream=True,
+                                                    extra_body={"ignore_eos": True})
+        next(iter(stream))
+        server.proc.terminate()
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for _ in stream:
+                pass
+        # uvicorn shuts down, then re-raises the signal it caught: the exit is by SIGTERM.
+        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in server.log()
+        assert re.search(r"cancelled \(the server is shutting down\) after \d+ tokens "
+                         r"\([01] after the cancel\)", server.log())
+    finally:
+        server.stop()
