@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: set up the environment (scripts/env.sh), then run every numbered example
-# (examples/[0-9][0-9]_*.py, in order) or the example paths given as arguments. Each example
-# checks its own results. Without a GPU the examples run on the CPU executor (safetile picks
-# its default backend); with one, on the GPU. Exits non-zero if any example fails.
+# (examples/[0-9][0-9]_*.py, in order) or the example paths given as arguments, then (in a
+# full run) grout: `grout generate --model tiny` on the CPU executor. Each example checks its
+# own results. Without a GPU the examples run on the CPU executor (safetile picks its default
+# backend); with one, on the GPU. Exits non-zero if any example or the grout run fails.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -10,8 +11,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh" || { echo "[run] environment setup failed" >&2; exit 1; }
 cd "$SAFETILE_ROOT" || exit 1
 
+full=1
 if [ "$#" -gt 0 ]; then
     examples=("$@")
+    full=0
 else
     shopt -s nullglob
     examples=(examples/[0-9][0-9]_*.py)
@@ -42,8 +45,27 @@ for ex in "${examples[@]}"; do
     fi
 done
 
+if [ "$full" -eq 1 ]; then
+    echo
+    echo "=============================================================="
+    echo "== grout generate --model tiny (CPU executor)"
+    echo "=============================================================="
+    start=$(date +%s.%N)
+    "$SAFETILE_PYTHON" -m grout generate --model tiny --device cpu --prompt "Hello, world" \
+        --max-new-tokens 8
+    rc=$?
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    if [ "$rc" -eq 0 ]; then
+        echo "[run] OK   grout generate (${secs}s)"
+        passed=$((passed + 1))
+    else
+        echo "[run] FAIL grout generate (exit $rc, ${secs}s)"
+        failed+=("grout generate")
+    fi
+fi
+
 echo
-echo "examples: $passed passed, ${#failed[@]} failed"
+echo "examples and grout: $passed passed, ${#failed[@]} failed"
 if [ "${#failed[@]}" -gt 0 ]; then
     printf '[run] failed: %s\n' "${failed[@]}"
     exit 1

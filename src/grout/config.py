@@ -101,7 +101,7 @@ def _shape(name, hidden, inter, layers, heads, tied, kv=8, head_dim=128, vocab=Q
 # The published Qwen3 config.json dimensions (vocab 151936, 8 kv heads, head_dim 128,
 # rope_theta 1e6, rms_norm_eps 1e-6, 40960 positions, bfloat16).
 SHAPES = {
-    "tiny": _shape("tiny", 64, 128, 2, 4, True, kv=2, head_dim=32),
+    "tiny": _shape("tiny", 32, 64, 2, 4, True, kv=2, head_dim=16),
     "qwen3-0.6b": _shape("qwen3-0.6b", 1024, 3072, 28, 16, True),
     "qwen3-1.7b": _shape("qwen3-1.7b", 2048, 6144, 28, 16, True),
     "qwen3-4b": _shape("qwen3-4b", 2560, 9728, 36, 32, True),

@@ -137,7 +137,7 @@ class DecodeBuffers:
         # The CPU executor runs programs one by one: few, large blocks there.
         cpu = {"block": 16384} if device.type == "cpu" else {}
         self.argmax_ws = ops.argmax_workspace(cfg.vocab_size, st.i32, device, **cpu)
-        self.sampler_ws = ops.sampler_workspace(cfg.vocab_size, st.i32, device)
+        self.sampler_ws = ops.sampler_workspace(cfg.vocab_size, st.i32, device, **cpu)
         self.params = st.zeros((4,), device=device)
         self.key = st.zeros((2,), dtype=st.i64, device=device)
         self.inv_freq = ops.inv_freq_table(d, cfg.rope_theta, device)

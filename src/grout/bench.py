@@ -1,0 +1,110 @@
+"""Measuring an engine: time to first token, decode speed, and the share of the bandwidth
+roofline it reaches.
+
+Batch-1 decode reads every weight once per token (the lm_head once even when tied) plus the
+KV cache up to the current position, so the fastest possible step is those bytes over the
+memory bandwidth: 4.26e12 B/s on the H200 (the measured copy bandwidth). ``% of roofline``
+is the decode tok/s over that bound, at the mean context of the measured steps.
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import random
+import statistics
+import time
+
+import torch
+
+import safetile as st
+
+H200_BANDWIDTH = 4.26e12        # bytes/s, measured copy bandwidth (FACTS.md)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def prompt_ids(length: int, seed: int = 0) -> list:
+    """A reproducible prompt of ordinary (non-special) Qwen3 token ids."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 151_000) for _ in range(length)]
+
+
+def bytes_per_token(engine, context: float) -> float:
+    """Bytes one decode step reads at ``context`` positions: the weights and the KV cache."""
+    cfg = engine.config
+    itemsize = getattr(st, engine.dtype).itemsize
+    kv = 2 * cfg.num_hidden_layers * cfg.kv_size * itemsize * context
+    return cfg.decode_bytes(itemsize) + kv
+
+
+def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:
+    """TTFT and decode figures (medians over ``repeats`` after one warm-up) for greedy
+    decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt."""
+    if prompt_len < 1 or gen_len < 2:
+        raise ValueError("bench needs prompt_len >= 1 and gen_len >= 2")
+    if prompt_len + gen_len > engine.max_seq_len:
+        raise ValueError(f"prompt_len + gen_len = {prompt_len + gen_len} exceeds max_seq_len "
+                         f"{engine.max_seq_len}")
+    ids = prompt_ids(prompt_len, seed)
+    runner, dev = engine.runner, engine.device
+    params, key = engine_sampling_tensors(engine)
+    ttft, decode, tokens = [], [], None
+    with st.backend(engine.backend):
+        for r in range(repeats + 1):
+            _sync(dev)
+            t0 = time.perf_counter()
+            out = [runner.begin(ids, params, key, greedy=True)]
+            t1 = time.perf_counter()
+            for _ in range(gen_len - 1):
+                out.append(runner.step(greedy=True))
+            t2 = time.perf_counter()
+            if r == 0:
+                tokens = out
+                continue
+            if out != tokens:
+                raise RuntimeError("greedy decoding gave different tokens on a repeat run")
+            ttft.append(t1 - t0)
+            decode.append((t2 - t1) / (gen_len - 1))
+    step = statistics.median(decode)
+    context = prompt_len + gen_len / 2
+    roofline = H200_BANDWIDTH / bytes_per_token(engine, context)
+    return {
+        "model": engine.config.name, "dtype": engine.dtype, "gemm": engine.gemm,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "prompt_len": prompt_len, "gen_len": gen_len, "repeats": repeats,
+        "ttft_ms": statistics.median(ttft) * 1e3, "ttft_ms_all": [t * 1e3 for t in ttft],
+        "ms_per_token": step * 1e3, "decode_tok_s": 1.0 / step,
+        "ms_per_token_all": [t * 1e3 for t in decode],
+        "bytes_per_token": bytes_per_token(engine, context),
+        "roofline_tok_s": roofline, "pct_of_roofline": 100.0 / step / roofline,
+        "graph": runner.graphable(), "tokens": tokens[:16],
+    }
+
+
+def engine_sampling_tensors(engine):
+    from .sampler import SamplingParams
+    return SamplingParams(0.0, seed=0).tensors(engine.device)
+
+
+def environment() -> dict:
+    """Versions and date for a results file."""
+    import triton
+    return {"date": datetime.date.today().isoformat(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "safetile": st.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def report(r: dict) -> str:
+    """A short human-readable summary of :func:`run`'s figures."""
+    return (f"{r['model']} ({r['dtype']}, gemm={r['gemm']}, {r['device']}): prompt {r['prompt_len']}"
+            f", {r['gen_len']} new tokens\n"
+            f"  time to first token  {r['ttft_ms']:9.2f} ms\n"
+            f"  decode               {r['decode_tok_s']:9.1f} tok/s  ({r['ms_per_token']:.3f} "
+            f"ms/token{', one graph replay per token' if r['graph'] else ', eager'})\n"
+            f"  roofline             {r['roofline_tok_s']:9.1f} tok/s  "
+            f"({r['bytes_per_token'] / 1e9:.2f} GB/token at 4.26 TB/s)  -> "
+            f"{r['pct_of_roofline']:.1f}% of roofline")

@@ -1,0 +1,107 @@
+"""The ``grout`` command line: ``generate`` and ``bench`` (``python -m grout`` too).
+
+Every subcommand takes ``--device cpu|cuda``, ``--dtype`` and ``--max-seq-len``. Text goes to
+stdout as it is produced; progress bars and statistics go to stderr. A bad request or
+checkpoint exits with status 1 and a one-line ``grout: error: ...``; bad usage with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .errors import GroutError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
+                        "qwen3-32b: random weights)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: cuda when a GPU is present, else cpu")
+    p.add_argument("--dtype", default=None,
+                   help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    p.add_argument("--max-seq-len", type=int, default=4096, help="KV cache positions")
+    p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
+                   help="cublas: projections on torch.matmul, for comparison")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (and weights seed)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="grout", description="A batch-1 Qwen3 engine on safetile.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text, streamed as it is produced")
+    _common(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
+    g.add_argument("--enable-thinking", action="store_true",
+                   help="with --chat: let the model think first (<think> ... </think>)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 is off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 is off")
+    g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    b = sub.add_parser("bench", help="time to first token, decode tok/s, % of roofline")
+    _common(b)
+    b.add_argument("--prompt-len", type=int, required=True)
+    b.add_argument("--gen-len", type=int, required=True)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--json", default=None, help="also write the figures to this file")
+    return ap
+
+
+def _load(args):
+    from .engine import load
+    return load(args.model, device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
+                gemm=args.gemm, seed=args.seed or 0, progress=not args.no_progress)
+
+
+def generate(args) -> int:
+    eng = _load(args)
+    prompt = args.prompt
+    if args.chat:
+        prompt = eng.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                   enable_thinking=args.enable_thinking)
+    stream = eng.stream(prompt, max_new_tokens=args.max_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, stop=args.stop)
+    start, first, n, finish = time.perf_counter(), None, 0, "length"
+    for piece in stream:
+        if first is None:
+            first = time.perf_counter()
+        n += 1
+        finish = piece.finish_reason or finish
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+    end = time.perf_counter()
+    sys.stdout.write("\n")
+    if n:
+        rate = (n - 1) / (end - first) if n > 1 and end > first else float("nan")
+        print(f"[{n} tokens, finish: {finish}; first token {1e3 * (first - start):.1f} ms, "
+              f"then {rate:.1f} tok/s]", file=sys.stderr)
+    return 0
+
+
+def bench(args) -> int:
+    from . import bench as measure
+    eng = _load(args)
+    result = measure.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats)
+    print(measure.report(result))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"environment": measure.environment(), "results": [result]}, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return {"generate": generate, "bench": bench}[args.command](args)
+    except (GroutError, ValueError) as e:
+        print(f"grout: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,183 @@
+"""Loading Hugging Face checkpoints: sharded and single files, and every way a checkpoint can
+be broken (each a CheckpointError naming the file and the tensor, with nothing left behind)."""
+import json
+import struct
+
+import pytest
+import torch
+
+import grout
+
+from conftest import SPECS
+
+
+def load(path, **kw):
+    return grout.load(path, device="cpu", dtype="float32", max_seq_len=16, progress=False, **kw)
+
+
+def test_a_sharded_checkpoint_loads_from_its_index(checkpoints, engines):
+    path, _ = checkpoints["untied"]
+    assert (path / "model.safetensors.index.json").is_file()
+    assert len(list(path.glob("model-*.safetensors"))) > 2
+    cfg = engines["untied"].config
+    assert (cfg.head_dim, cfg.group, cfg.tie_word_embeddings) == (128, 3, False)
+
+
+def test_the_config_follows_config_json(engines):
+    spec = SPECS["tied"]
+    cfg = engines["tied"].config
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.vocab_size, cfg.tie_word_embeddings) == (
+        spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"],
+        spec["head_dim"], spec["vocab_size"], True)
+    assert cfg.rope_theta == 10_000.0 and cfg.dtype == "float32"
+    assert engines["untied"].config.rope_theta == 1_000_000.0
+
+
+def test_dtype_none_is_the_checkpoint_dtype(checkpoints):
+    eng = grout.load(checkpoints["tied"][0], device="cpu", max_seq_len=8, progress=False)
+    assert eng.dtype == "float32"
+
+
+def test_generation_config_eos_ids_stop_generation(checkpoint_copy, engines):
+    first = engines["tied"].generate([1, 2, 3], max_new_tokens=4).token_ids
+    (checkpoint_copy / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [first[2]]}))
+    c = load(checkpoint_copy).generate([1, 2, 3], max_new_tokens=4)
+    assert c.token_ids == first[:first.index(first[2]) + 1] and c.finish_reason == "stop"
+
+
+def _rewrite_header(path, edit):
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+
+
+def test_a_missing_config_names_the_file(checkpoint_copy, no_new_holds):
+    (checkpoint_copy / "config.json").unlink()
+    with pytest.raises(grout.CheckpointError, match=r"config\.json: missing"):
+        load(checkpoint_copy)
+
+
+def test_another_architecture_is_rejected(checkpoint_copy, no_new_holds):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
+        load(checkpoint_copy)
+
+
+def test_rope_scaling_is_rejected(checkpoint_copy):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError, match="yarn"):
+        load(checkpoint_copy)
+
+
+def test_a_truncated_safetensors_file_names_the_file_and_tensor(checkpoint_copy, no_new_holds):
+    f = checkpoint_copy / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[:len(data) - 1000])
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: truncated: tensor "):
+        load(checkpoint_copy)
+
+
+def test_a_corrupt_header_is_a_checkpoint_error(checkpoint_copy, no_new_holds):
+    f = checkpoint_copy / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:16] = b"\x00garbage"
+    f.write_bytes(bytes(data))
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: corrupt"):
+        load(checkpoint_copy)
+    f.write_bytes(b"abc")
+    with pytest.raises(grout.CheckpointError, match="truncated"):
+        load(checkpoint_copy)
+
+
+def test_a_shape_that_disagrees_with_config_json(checkpoint_copy, no_new_holds):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError,
+                       match=r"model\.safetensors: tensor 'model\.layers\.0\.mlp\.\w+_proj"
+                             r"\.weight' has shape \[\d+, \d+\], config\.json implies"):
+        load(checkpoint_copy)
+
+
+def test_a_missing_tensor_is_named(checkpoint_copy, no_new_holds):
+    name = "model.layers.1.self_attn.k_norm.weight"
+    _rewrite_header(checkpoint_copy / "model.safetensors", lambda h: h.pop(name))
+    with pytest.raises(grout.CheckpointError, match=rf"tensor '{name}' is missing"):
+        load(checkpoint_copy)
+
+
+def test_untied_config_without_an_lm_head(checkpoint_copy, no_new_holds):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError, match="'lm_head.weight' is missing"):
+        load(checkpoint_copy)
+
+
+def test_a_missing_shard_is_named(checkpoints, tmp_path, no_new_holds):
+    import shutil
+    src, _ = checkpoints["untied"]
+    shutil.copytree(src, tmp_path / "m")
+    victim = sorted((tmp_path / "m").glob("model-*.safetensors"))[1]
+    victim.unlink()
+    with pytest.raises(grout.CheckpointError, match=f"{victim.name}: missing"):
+        load(tmp_path / "m")
+
+
+def test_a_bad_tensor_offset_is_caught_before_reading(checkpoint_copy, no_new_holds):
+    def shift(h):
+        h["model.norm.weight"]["data_offsets"][1] += 4
+    _rewrite_header(checkpoint_copy / "model.safetensors", shift)
+    with pytest.raises(grout.CheckpointError, match="'model.norm.weight': data offsets"):
+        load(checkpoint_copy)
+
+
+def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
+    with pytest.raises(grout.CheckpointError, match="no such checkpoint directory"):
+        grout.load("./no/such/dir", device="cpu")
+    with pytest.raises(grout.RequestError, match="unknown model 'qwen9-1b'.*tiny"):
+        grout.load("qwen9-1b", device="cpu")
+
+
+def test_errors_are_value_errors():
+    assert issubclass(grout.CheckpointError, grout.GroutError)
+    assert issubclass(grout.RequestError, grout.GroutError)
+    assert issubclass(grout.GroutError, ValueError)
+
+
+def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+                          "{% if add_generation_prompt %}[assistant]{% endif %}"}))
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.source.endswith("tokenizer.json")
+    assert eng.tokenizer.encode("Hello, world!") == [9707, 11, 1879, 0]
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
+def test_weights_are_shared_on_the_device_and_released_with_the_engine(checkpoints):
+    import gc
+    from safetile.tensor import active_holds
+    gc.collect()
+    before = len(active_holds())
+    eng = load(checkpoints["tied"][0])
+    assert len(active_holds()) > before          # every weight holds its read borrow
+    w = eng.runner.w
+    assert w.lm_head.w.shape == w.embed.shape    # tied: the embedding's storage
+    assert torch.equal(w.lm_head.w.to_torch(), w.embed.to_torch())
+    del eng, w
+    gc.collect()
+    assert len(active_holds()) == before

@@ -1,0 +1,67 @@
+"""The grout command line: ``python -m grout generate`` as a subprocess, ``bench`` and bad
+arguments in-process."""
+import json
+
+import pytest
+import torch
+
+from grout import cli
+from grout_support import run_cli
+
+
+def test_python_m_grout_generate_streams_text_from_the_tiny_model():
+    code, out, err = run_cli("generate", "--model", "tiny", "--prompt", "Hello, world",
+                             "--max-new-tokens", "5", "--device", "cpu")
+    assert code == 0, err
+    assert out.strip() and "5 tokens, finish: length" in err
+    assert "random tiny" in err and "recording the greedy decode step" in err   # progress
+
+
+def test_generate_in_process_matches_the_engine(capsys):
+    import grout
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3",
+                     "--device", "cpu", "--no-progress", "--temperature", "0.7", "--seed",
+                     "4"]) == 0
+    out = capsys.readouterr().out
+    eng = grout.load("tiny", device="cpu", seed=4, progress=False)
+    assert out == eng.generate("Hi", max_new_tokens=3, temperature=0.7, seed=4).text \
+        + "\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "qwen5-7b"], "unknown model"),
+    (["--model", "tiny", "--max-new-tokens", "-2"], "max_new_tokens"),
+    (["--model", "tiny", "--top-p", "0"], "top_p"),
+    (["--model", "tiny", "--temperature", "-1"], "temperature"),
+    (["--model", "./missing/dir"], "no such checkpoint"),
+])
+def test_bad_arguments_exit_1_with_a_one_line_error(capsys, args, message):
+    assert cli.main(["generate", "--prompt", "x", "--device", "cpu", "--no-progress",
+                     *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grout: error: ") and message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_device_cuda_without_a_gpu_exits_1(capsys):
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "x", "--device", "cuda"]) == 1
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2():
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--prompt", "x"])
+    assert e.value.code == 2
+
+
+def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",
+                     "--repeats", "1", "--device", "cpu", "--no-progress", "--json",
+                     str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "time to first token" in text and "% of roofline" in text
+    r = json.loads(out.read_text())["results"][0]
+    for key in ("ttft_ms", "decode_tok_s", "ms_per_token", "pct_of_roofline", "roofline_tok_s"):
+        assert r[key] > 0
+    assert r["graph"] and r["model"] == "tiny"

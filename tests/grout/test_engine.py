@@ -1,0 +1,176 @@
+"""The Engine API: generate / stream / chat / logits, stopping, seeded sampling, and every bad
+request (a RequestError, with the engine usable afterwards)."""
+import gc
+
+import pytest
+import torch
+
+import grout
+
+PROMPT = [3, 17, 250, 41, 99, 5]
+
+
+@pytest.fixture
+def eng(engines):
+    return engines["tied"]
+
+
+@pytest.fixture(scope="module")
+def reference(engines):
+    """The greedy tokens of PROMPT, to check the engine is unharmed by a bad request."""
+    return engines["tied"].generate(PROMPT, max_new_tokens=3).token_ids
+
+
+BAD = [
+    (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(max_new_tokens=2.5), "max_new_tokens"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-3), "top_k"),
+    (dict(seed="7"), "seed"),
+    (dict(stop=[""]), "stop"),
+]
+
+
+BAD_PROMPTS = [([1, 2, 384], "outside the vocabulary"), ([-1], "outside the vocabulary"),
+               ([], "empty"), ([1, 2.0], "ints"), (list(range(65)), "does not fit"),
+               (42, "prompt must")]
+
+
+def test_bad_request_parameters_raise_and_leave_the_engine_usable(eng, reference):
+    for kwargs, word in BAD:
+        with pytest.raises(grout.RequestError, match=word):
+            eng.generate(PROMPT, **{"max_new_tokens": 3, **kwargs})
+        with pytest.raises(grout.RequestError, match=word):
+            eng.stream(PROMPT, **{"max_new_tokens": 3, **kwargs})   # checked when made
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+def test_bad_prompts_raise_and_leave_the_engine_usable(eng, reference):
+    for prompt, word in BAD_PROMPTS:
+        with pytest.raises(grout.RequestError, match=word):
+            eng.generate(prompt, max_new_tokens=3)
+        with pytest.raises(grout.RequestError, match=word):
+            eng.logits(prompt)
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+def test_text_prompts_with_ids_outside_a_small_vocabulary_are_rejected(eng):
+    with pytest.raises(grout.RequestError, match="outside the vocabulary"):
+        eng.logits("Hello, world!")              # Qwen ids 9707, 1879 > 384
+
+
+def test_a_prompt_that_fills_the_cache_generates_until_it_is_full(eng):
+    c = eng.generate(list(range(60)), max_new_tokens=10)
+    assert len(c.token_ids) == 5 and c.finish_reason == "length"
+
+
+def test_zero_new_tokens(eng):
+    c = eng.generate(PROMPT, max_new_tokens=0)
+    assert (c.text, c.token_ids, c.finish_reason, c.prompt_tokens) == ("", [], "length", 6)
+
+
+def test_bad_load_arguments():
+    with pytest.raises(grout.RequestError, match="gemm"):
+        grout.load("tiny", gemm="mkl")
+    with pytest.raises(grout.RequestError, match="dtype"):
+        grout.load("tiny", device="cpu", dtype="int8")
+    with pytest.raises(grout.RequestError, match="max_seq_len"):
+        grout.load("tiny", max_seq_len=0)
+    with pytest.raises(grout.RequestError, match="device"):
+        grout.load("tiny", device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_is_a_request_error():
+    with pytest.raises(grout.RequestError, match="no CUDA GPU"):
+        grout.load("tiny", device="cuda")
+
+
+def test_stream_yields_one_piece_per_token_and_the_text_of_generate(engines):
+    eng = engines["untied"]
+    c = eng.generate(PROMPT, max_new_tokens=6)
+    pieces = list(eng.stream(PROMPT, max_new_tokens=6))
+    assert [p.token_id for p in pieces] == c.token_ids
+    assert "".join(p.text for p in pieces) == c.text
+    assert [p.finish_reason for p in pieces] == [None] * 5 + ["length"]
+
+
+def test_closing_a_stream_stops_it_and_frees_the_engine(eng, reference):
+    s = eng.stream(PROMPT, max_new_tokens=50)
+    first = next(s)
+    s.close()
+    with pytest.raises(StopIteration):
+        next(s)
+    assert first.token_id == reference[0]
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+def test_a_newer_request_supersedes_an_unfinished_stream(eng, reference):
+    old = eng.stream(PROMPT, max_new_tokens=10)
+    next(old)
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+    with pytest.raises(grout.RequestError, match="superseded"):
+        next(old)
+    del old
+    gc.collect()
+
+
+def test_stop_strings_end_the_text_before_them(engines):
+    eng = engines["untied"]
+    full = eng.generate(PROMPT, max_new_tokens=8)
+    assert len(full.text) > 4
+    stop = full.text[2:4]
+    c = eng.generate(PROMPT, max_new_tokens=8, stop=[stop, "\x00never"])
+    assert c.finish_reason == "stop" and c.text == full.text[:full.text.find(stop)]
+    pieces = list(eng.stream(PROMPT, max_new_tokens=8, stop=stop))
+    assert "".join(p.text for p in pieces) == c.text and pieces[-1].finish_reason == "stop"
+
+
+def test_eos_tokens_stop_generation_and_add_no_text(checkpoints):
+    path, _ = checkpoints["tied"]
+    eng = grout.load(path, device="cpu", dtype="float32", max_seq_len=32, progress=False)
+    first = eng.generate(PROMPT, max_new_tokens=4).token_ids
+    eng.eos_ids = frozenset({first[1]})
+    c = eng.generate(PROMPT, max_new_tokens=4)
+    assert c.token_ids == first[:first.index(first[1]) + 1] and c.finish_reason == "stop"
+    assert c.text == eng.tokenizer.decode(c.token_ids[:-1])
+
+
+def test_sampling_with_a_seed_repeats_and_other_seeds_differ(eng):
+    kw = dict(max_new_tokens=3, temperature=1.5)
+    a = eng.generate(PROMPT, seed=1, **kw).token_ids
+    assert eng.generate(PROMPT, seed=1, **kw).token_ids == a
+    others = {tuple(eng.generate(PROMPT, seed=s, **kw).token_ids) for s in (2, 3)}
+    assert others != {tuple(a)}
+
+
+def test_a_tiny_top_p_is_greedy_and_the_engine_keeps_a_graph_per_mode(eng, reference):
+    assert eng.generate(PROMPT, max_new_tokens=3, temperature=0.8, top_p=1e-6,
+                        seed=5).token_ids == reference
+    assert set(eng.runner.graphs) == {True, False}
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+def test_chat_applies_the_template():
+    eng = grout.load("tiny", device="cpu", max_seq_len=128, progress=False)
+    msgs = [{"role": "user", "content": "Hi"}]
+    c = eng.chat(msgs, enable_thinking=False, max_new_tokens=2)
+    prompt = eng.tokenizer.apply_chat_template(msgs, enable_thinking=False)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert c.prompt_tokens == len(eng.tokenizer.encode(prompt))
+    assert c.token_ids == eng.generate(prompt, max_new_tokens=2).token_ids
+    with pytest.raises(grout.RequestError, match="role"):
+        eng.chat([{"role": "robot", "content": "x"}])
+
+
+def test_named_shape_weights_are_random_varied_and_bf16():
+    eng = grout.load("tiny", device="cpu", max_seq_len=32, progress=False)
+    assert eng.dtype == "bfloat16" and eng.config.vocab_size == 151936
+    w = eng.runner.w.layers[0].qkv.w.to_torch().float()
+    assert w.std() > 0.05 and w.abs().max() > 0
+    c = eng.generate("Hello, world", max_new_tokens=4)
+    assert len(set(c.token_ids)) > 1
+    assert c.text == eng.tokenizer.decode(c.token_ids)

