@@ -1,9 +1,9 @@
 """OpenAI response bodies and server-sent-event chunks for one request.
 
 Logprob entries arrive in one neutral form per token, ``{"token", "bytes", "logprob",
-"top": [{"token", "logprob", "bytes"}], "offset"}`` (offset: where the token's text starts in
-the completion), and are written in each endpoint's own format: the legacy completions
-columns or chat's ``content`` list.
+"top": [{"token", "logprob", "bytes"}], "offset"}`` (offset: the length of the completion's
+text sent before the token's own chunk), and are written in each endpoint's own format: the
+legacy completions columns or chat's ``content`` list.
 """
 from __future__ import annotations
 

@@ -1,17 +1,17 @@
 """The server's request queue: one engine thread, one request at a time, in arrival order.
 
-Every engine call (loading, warm-up, tokenizing for the engine, each generation) runs on a
-single worker thread, so the asyncio event loop never blocks on the engine and the engine
-never sees two requests at once. The loop enqueues a `Job` when its request arrives; the
-worker takes jobs in that order. The worker hands results back to the loop with
-``call_soon_threadsafe`` and never waits for the loop, so streaming costs the engine no
-round trip per token. A job is cancelled (its client went away) by setting a flag that the
-worker checks before each decode step: a cancelled generation stops within one token.
+Loading, warm-up and every generation run on a single worker thread, so the asyncio event
+loop never blocks on the engine and the engine never sees two requests at once. The loop
+enqueues a `Job` when its request arrives; the worker takes jobs in that order, each once
+its prompt is tokenized (which the loop has done beside the worker). The worker hands
+results back to the loop with ``call_soon_threadsafe`` and never waits for the loop, so
+streaming costs the engine no round trip per token. A job is cancelled (its client went
+away, or the server is stopping) by a flag that the worker checks before each decode step:
+a cancelled generation stops within one token.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
@@ -54,7 +54,6 @@ class Failed:
 
 
 Event = Delta | Finished | Failed
-_serial = itertools.count(1)
 
 
 class Job:
@@ -62,7 +61,6 @@ class Job:
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
-        self.serial = next(_serial)
         prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
@@ -107,7 +105,7 @@ class Job:
 
     @property
     def tokens_after_cancel(self) -> int | None:
-        """Decode steps that ran after the client went away (at most one, by design)."""
+        """Decode steps that ran after the cancel (at most one, by design)."""
         if self._generated_at_cancel is None:
             return None
         return self.generated - self._generated_at_cancel
@@ -133,17 +131,9 @@ class Scheduler:
         self._task = asyncio.create_task(self._serve_forever(), name="grout-scheduler")
         self.ready.set()
 
-    async def run_on_engine_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the engine thread (after the job in progress)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-
     def submit(self, job: Job) -> None:
         """Queue a job behind every job that arrived before it."""
         self._queue.put_nowait(job)
-
-    @property
-    def waiting(self) -> int:
-        return self._queue.qsize()
 
     def cancel_all(self) -> None:
         """Cancel the running job and every queued one: the server is stopping."""

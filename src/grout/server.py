@@ -68,7 +68,7 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
             try:
                 await state.scheduler.start()
                 log.info("ready: serving %r", model_name)
-            except BaseException as err:
+            except Exception as err:
                 state.load_error = err
                 log.error("loading %r failed: %s: %s", model_name, type(err).__name__, err)
                 if on_load_failure is not None:

@@ -1,4 +1,4 @@
-"""One server request on the engine: its prompt, its generation, its stop strings and logprobs.
+"""One server request on the engine: its prompt, its generation, its logprob entries.
 
 `prepare` tokenizes a request's prompt (chat template included) and checks it against the
 context; `generate` runs on the engine thread, turning the engine's token stream into the

@@ -220,8 +220,18 @@ def test_a_streamed_sample_equals_the_non_streamed_one_with_its_seed(client):
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
 
 
-def test_max_tokens_is_the_length_limit(client):
-    r = complete(client, max_tokens=3)
-    assert r.usage.completion_tokens <= 3
-    if r.usage.completion_tokens == 3:
-        assert r.choices[0].finish_reason == "length"
+def test_an_end_token_stops_generation_unless_ignore_eos(client, engine):
+    prompt = "time a"      # the test checkpoint's greedy answer to it ends in <|endoftext|>
+    ref = engine.generate(prompt, max_new_tokens=8)
+    assert ref.finish_reason == "stop" and len(ref.token_ids) < 8, "pick another prompt"
+    r = complete(client, prompt, max_tokens=8)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens == len(ref.token_ids)     # the end token counts
+    r = complete(client, prompt, max_tokens=8, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+
+
+def test_max_tokens_zero_generates_nothing(client):
+    r = complete(client, max_tokens=0)
+    assert r.choices[0].text == "" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens > 0
