@@ -66,6 +66,8 @@ def main() -> None:
         r = bench.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats)
         print(bench.report(r), flush=True)
         rows.append(r)
+        harness.write_results(f"grout_{args.model.replace('.', '_')}", {"model": args.model,
+                                                                        "rows": rows})
         del eng
         gc.collect()
         torch.cuda.empty_cache()

@@ -27,41 +27,33 @@ fi
 
 passed=0
 failed=()
-for ex in "${examples[@]}"; do
+# run_one NAME CMD...: run CMD under a banner, record it as passed or failed.
+run_one() {
+    local name="$1" start rc secs
+    shift
     echo
     echo "=============================================================="
-    echo "== $ex"
+    echo "== $name"
     echo "=============================================================="
     start=$(date +%s.%N)
-    "$SAFETILE_PYTHON" "$ex"
+    "$@"
     rc=$?
     secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     if [ "$rc" -eq 0 ]; then
-        echo "[run] OK   $ex (${secs}s)"
+        echo "[run] OK   $name (${secs}s)"
         passed=$((passed + 1))
     else
-        echo "[run] FAIL $ex (exit $rc, ${secs}s)"
-        failed+=("$ex")
+        echo "[run] FAIL $name (exit $rc, ${secs}s)"
+        failed+=("$name")
     fi
-done
+}
 
+for ex in "${examples[@]}"; do
+    run_one "$ex" "$SAFETILE_PYTHON" "$ex"
+done
 if [ "$full" -eq 1 ]; then
-    echo
-    echo "=============================================================="
-    echo "== grout generate --model tiny (CPU executor)"
-    echo "=============================================================="
-    start=$(date +%s.%N)
-    "$SAFETILE_PYTHON" -m grout generate --model tiny --device cpu --prompt "Hello, world" \
-        --max-new-tokens 8
-    rc=$?
-    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-    if [ "$rc" -eq 0 ]; then
-        echo "[run] OK   grout generate (${secs}s)"
-        passed=$((passed + 1))
-    else
-        echo "[run] FAIL grout generate (exit $rc, ${secs}s)"
-        failed+=("grout generate")
-    fi
+    run_one "grout generate --model tiny (CPU executor)" "$SAFETILE_PYTHON" -m grout generate \
+        --model tiny --device cpu --prompt "Hello, world" --max-new-tokens 8
 fi
 
 echo

@@ -18,6 +18,8 @@ import torch
 
 import safetile as st
 
+from .sampler import SamplingParams
+
 H200_BANDWIDTH = 4.26e12        # bytes/s, measured copy bandwidth (FACTS.md)
 
 
@@ -50,7 +52,7 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
                          f"{engine.max_seq_len}")
     ids = prompt_ids(prompt_len, seed)
     runner, dev = engine.runner, engine.device
-    params, key = engine_sampling_tensors(engine)
+    params, key = SamplingParams(0.0, seed=0).tensors(dev)
     ttft, decode, tokens = [], [], None
     with st.backend(engine.backend):
         for r in range(repeats + 1):
@@ -82,11 +84,6 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
         "roofline_tok_s": roofline, "pct_of_roofline": 100.0 / step / roofline,
         "graph": runner.graphable(), "tokens": tokens[:16],
     }
-
-
-def engine_sampling_tensors(engine):
-    from .sampler import SamplingParams
-    return SamplingParams(0.0, seed=0).tensors(engine.device)
 
 
 def environment() -> dict:

@@ -25,7 +25,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=int, default=4096, help="KV cache positions")
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (and weights seed)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument("--weights-seed", type=int, default=0,
+                   help="seed of a named shape's random weights")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -66,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
 def _load(args):
     from .engine import load
     return load(args.model, device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                gemm=args.gemm, seed=args.seed or 0, progress=not args.no_progress)
+                gemm=args.gemm, seed=args.weights_seed, progress=not args.no_progress)
 
 
 def generate(args) -> int:

@@ -19,7 +19,7 @@ import safetile as st
 
 from . import config as config_mod
 from .config import Qwen3Config
-from .errors import CheckpointError, GroutError, RequestError
+from .errors import CheckpointError, RequestError
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
 from .sampler import SamplingParams
@@ -305,4 +305,4 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
         raise
 
 
-__all__ = ["Engine", "Completion", "Piece", "load", "GroutError"]
+__all__ = ["Engine", "Completion", "Piece", "Stream", "load"]

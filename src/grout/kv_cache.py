@@ -13,15 +13,17 @@ from .config import Qwen3Config
 
 
 class KVCache:
-    """Keys ``k[layer]`` and values ``v[layer]``, each (kv heads, max_seq_len, head_dim)."""
+    """Keys ``k[layer]`` and values ``v[layer]``, each (kv heads, max_seq_len, head_dim):
+    views of one (layers, 2, kv heads, max_seq_len, head_dim) tensor (one storage, so a
+    recorded decode graph borrows one cache storage, not two per layer)."""
 
     def __init__(self, cfg: Qwen3Config, max_seq_len: int, dtype, device):
-        shape = (cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
         self.max_seq_len = max_seq_len
-        self.k = [st.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.v = [st.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.all = st.zeros((cfg.num_hidden_layers, 2, cfg.num_key_value_heads, max_seq_len,
+                             cfg.head_dim), dtype=dtype, device=device)
+        self.k = [self.all[n, 0] for n in range(cfg.num_hidden_layers)]
+        self.v = [self.all[n, 1] for n in range(cfg.num_hidden_layers)]
 
     def nbytes(self) -> int:
         """Bytes held by the cache."""
-        t = self.k[0]
-        return 2 * len(self.k) * t.numel * t.dtype.itemsize
+        return self.all.numel * self.all.dtype.itemsize

@@ -23,7 +23,7 @@ from safetile import ops
 
 from .config import Qwen3Config
 from .kv_cache import KVCache
-from .weights import Layer, Linear, Weights
+from .weights import Arena, Layer, Linear, Weights
 
 
 @dataclass
@@ -111,12 +111,17 @@ class DecodeBuffers:
     def __init__(self, cfg: Qwen3Config, cache: KVCache, dtype, device: torch.device):
         h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         q, kv, hq, hkv = cfg.q_size, cfg.kv_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        # One zeroed storage for all of them (see weights.Arena); 8 bytes an element bounds
+        # every dtype used here.
+        shapes = [(h,)] * 5 + [(q + 2 * kv,), (q,), (kv,), (q,), (kv,), (q,), (2 * i,), (i,),
+                               (cfg.vocab_size,), (1,), (2,), (2,), (4,), (2,)]
+        arena = Arena(Arena.size(shapes, 8), device, zero=True)
 
         def empty(*shape, dt=dtype):
-            return st.empty(shape, dtype=dt, device=device)
+            return st.from_torch(arena.take(shape, dt.torch))
 
-        self.token = st.zeros((1,), dtype=st.i32, device=device)
-        self.cursor = st.zeros((2,), dtype=st.i32, device=device)
+        self.token = empty(1, dt=st.i32)
+        self.cursor = empty(2, dt=st.i32)
         self.cursor_next = empty(2, dt=st.i32)
         self.pos, self.counter = self.cursor.slice(0, 0, 1), self.cursor.slice(0, 1, 2)
         self.resid = (empty(h), empty(h))
@@ -138,8 +143,8 @@ class DecodeBuffers:
         cpu = {"block": 16384} if device.type == "cpu" else {}
         self.argmax_ws = ops.argmax_workspace(cfg.vocab_size, st.i32, device, **cpu)
         self.sampler_ws = ops.sampler_workspace(cfg.vocab_size, st.i32, device, **cpu)
-        self.params = st.zeros((4,), device=device)
-        self.key = st.zeros((2,), dtype=st.i64, device=device)
+        self.params = empty(4, dt=st.f32)
+        self.key = empty(2, dt=st.i64)
         self.inv_freq = ops.inv_freq_table(d, cfg.rope_theta, device)
 
 

@@ -186,15 +186,56 @@ def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
                 disable=not enabled, leave=False, dynamic_ncols=True)
 
 
+class Arena:
+    """One device allocation carved into aligned tensors.
+
+    Every weight of a model lives in one storage (and the decode step's buffers in another):
+    a recorded graph borrows each storage it touches for every replay, so a few storages
+    keep that host cost independent of the layer count."""
+
+    ALIGN = 256                 # bytes: tensor-descriptor (TMA) loads need 16
+
+    def __init__(self, nbytes: int, device: torch.device, zero: bool = False):
+        alloc = torch.zeros if zero else torch.empty
+        self.buf = alloc(nbytes, dtype=torch.uint8, device=device)
+        self.used = 0
+
+    @classmethod
+    def size(cls, shapes, itemsize: int) -> int:
+        """Bytes an arena needs for tensors of ``shapes``."""
+        return sum(-(-math.prod(s) * itemsize // cls.ALIGN) * cls.ALIGN for s in shapes)
+
+    def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """The next ``shape`` tensor of ``dtype`` (uninitialized)."""
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if self.used + n > self.buf.numel():
+            raise RuntimeError(f"arena of {self.buf.numel()} bytes is full")
+        t = self.buf[self.used:self.used + n].view(dtype).view(shape)
+        self.used += -(-n // self.ALIGN) * self.ALIGN
+        return t
+
+
+def weight_shapes(cfg: Qwen3Config) -> list:
+    """Shapes of the device tensors grout keeps: fused per-layer weights, norms, embedding."""
+    c = cfg
+    h, i, q, kv = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size
+    layer = [(q + 2 * kv, h), (2 * i, h), (h, q), (h, i), (h,), (h,), (c.head_dim,),
+             (c.head_dim,)]
+    head = [] if c.tie_word_embeddings else [(c.vocab_size, h)]
+    return [(c.vocab_size, h), (h,)] + head + layer * c.num_hidden_layers
+
+
 class _Builder:
-    """Fills fused device buffers from source tensors and shares them as weights."""
+    """Fills fused device buffers (in one arena) and shares them as weights."""
 
     def __init__(self, cfg: Qwen3Config, device: torch.device, dtype: torch.dtype,
                  keep_torch: bool):
         self.cfg, self.device, self.dtype, self.keep_torch = cfg, device, dtype, keep_torch
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.arena = Arena(Arena.size(weight_shapes(cfg), itemsize), device)
 
     def empty(self, *shape) -> torch.Tensor:
-        return torch.empty(shape, dtype=self.dtype, device=self.device)
+        return self.arena.take(shape, self.dtype)
 
     def shared(self, t: torch.Tensor) -> st.Shared:
         return st.from_torch(t).share()
@@ -238,29 +279,30 @@ def load_checkpoint(directory: Path, cfg: Qwen3Config, device: torch.device,
     handles: dict = {}
     bar = _progress(total, f"loading {directory.name or directory}", progress)
 
-    def read(name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def read(name: str, out: torch.Tensor) -> torch.Tensor:
         path, entry = found[name]
         if path not in handles:
             handles[path] = safe_open(str(path), framework="pt", device="cpu")
-        host = handles[path].get_tensor(name)
-        if out is None:
-            out = host.to(device=device, dtype=dtype, copy=True)
-        else:
-            out.copy_(host)
+        out.copy_(handles[path].get_tensor(name))
         bar.update(entry[2][1] - entry[2][0])
         return out
 
-    b = _Builder(cfg, device, dtype, keep_torch)
+    b = None
     layers: list = []
     try:
-        embed = read("model.embed_tokens.weight")
+        b = _Builder(cfg, device, dtype, keep_torch)
+        h = cfg.hidden_size
+        embed = read("model.embed_tokens.weight", b.empty(cfg.vocab_size, h))
+        norm = read("model.norm.weight", b.empty(h))
+        head = None if cfg.tie_word_embeddings else read("lm_head.weight",
+                                                         b.empty(cfg.vocab_size, h))
         for n in range(cfg.num_hidden_layers):
             layers.append(b.layer(lambda part, buf, n=n: read(f"model.layers.{n}.{part}.weight",
                                                               buf)))
-        head = None if cfg.tie_word_embeddings else read("lm_head.weight")
-        return b.weights(embed, head, read("model.norm.weight"), layers)
+        return b.weights(embed, head, norm, layers)
     except (SafetensorError, OSError, RuntimeError) as e:
         layers.clear()
+        b = None
         e.__traceback__ = None
         raise CheckpointError(f"{directory}: reading the weights failed ({e})") from None
     finally:
@@ -272,8 +314,10 @@ def random_weights(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, s
                    keep_torch: bool = False, progress: bool = True) -> Weights:
     """Random weights of ``cfg``'s shape, drawn on the device (no host copy).
 
-    Projections are N(0, 1/fan_in), so each keeps its input's scale and every layer moves
-    the residual stream; the embedding is N(0, (2.5/sqrt(hidden))^2), so the logits
+    Projections are N(0, 1/fan_in), so each keeps its input's scale, and the two that write
+    the residual stream (o, down) twice that, so every layer outweighs the token's own
+    embedding there (with tied embeddings that term alone would make each token predict
+    itself); the embedding is N(0, (2.5/sqrt(hidden))^2), so the logits
     (lm_head times a unit-RMS state) have a standard deviation of about 2.5: peaked enough
     that greedy decoding follows the context, spread enough that sampling varies. Norm
     weights are 1 plus a little noise."""
@@ -290,18 +334,19 @@ def random_weights(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, s
         if buf.dim() == 1:
             normal(buf, 0.05, 1.0)
         else:
-            normal(buf, fan_in.get(part, h) ** -0.5)
+            normal(buf, (2.0 if part in fan_in else 1.0) * fan_in.get(part, h) ** -0.5)
 
     bar = _progress(cfg.num_hidden_layers, f"random {cfg.name or 'weights'}", progress,
                     unit="layer")
     try:
         embed = normal(b.empty(cfg.vocab_size, h), 2.5 / h ** 0.5)
+        norm = normal(b.empty(h), 0.05, 1.0)
+        head = None if cfg.tie_word_embeddings else normal(b.empty(cfg.vocab_size, h),
+                                                           2.5 / h ** 0.5)
         layers = []
         for _ in range(cfg.num_hidden_layers):
             layers.append(b.layer(fill))
             bar.update(1)
-        head = None if cfg.tie_word_embeddings else normal(b.empty(cfg.vocab_size, h),
-                                                           2.5 / h ** 0.5)
-        return b.weights(embed, head, normal(b.empty(h), 0.05, 1.0), layers)
+        return b.weights(embed, head, norm, layers)
     finally:
         bar.close()

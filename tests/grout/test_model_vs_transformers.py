@@ -18,9 +18,10 @@ def hf_logits(model, ids):
 
 
 def hf_greedy(model, ids, n):
+    t = torch.tensor([ids])
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
+        out = model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 
