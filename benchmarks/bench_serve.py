@@ -31,6 +31,12 @@ sys.path.insert(0, str(ROOT / "src"))
 from harness import RESULTS, write_results  # noqa: E402
 
 
+def project_env() -> dict:
+    """This process's environment with the project's src first on PYTHONPATH."""
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{path}")
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -40,8 +46,7 @@ def free_port() -> int:
 
 def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               PYTHONUNBUFFERED="1")
+    env = dict(project_env(), PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "grout", "serve", "--model", args.model, "--port", str(port),
            "--device", args.device, "--max-seq-len", str(args.max_seq_len), "--no-progress"]
     log = open(log_path, "wb")
@@ -51,7 +56,8 @@ def start_server(args, log_path: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + args.load_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"grout serve exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+            raise SystemExit(f"grout serve exited ({proc.returncode}):\n"
+                             f"{log_path.read_text()[-3000:]}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc, url
@@ -95,7 +101,7 @@ def run_bench(args) -> dict:
     """``grout bench`` with the same lengths, in its own process (the server is stopped)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env = project_env()
         cmd = [sys.executable, "-m", "grout", "bench", "--model", args.model, "--device",
                args.device, "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len),
                "--max-seq-len", str(args.max_seq_len), "--repeats", str(args.repeats),

@@ -160,7 +160,7 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
     req.top_p = _float(fields, "top_p", default=1.0)
     if not 0.0 < req.top_p <= 1.0:
         raise APIError(f"'top_p' must be in (0, 1], got {req.top_p}", param="top_p")
-    top_k = _int(fields, "top_k", default=0, low=-1)
+    top_k = _int(fields, "top_k", default=0, low=-1) or 0
     req.top_k = 0 if top_k == -1 else top_k
     req.seed = _int(fields, "seed", default=None)
     req.stop = _stop(fields)
@@ -265,7 +265,8 @@ def _int(fields: dict[str, Any], name: str, *, default: int | None, low: int | N
     return value
 
 
-def _float(fields: dict[str, Any], name: str, *, default: float, low: float | None = None) -> float:
+def _float(fields: dict[str, Any], name: str, *, default: float,
+           low: float | None = None) -> float:
     value = fields.get(name)
     if value is None:
         return default

@@ -76,7 +76,7 @@ class Job:
         self.finished = False       # its terminal event (Finished or Failed) is out
         self._loop = loop
         self._cancelled = threading.Event()
-        self.cancel_reason: APIError | None = None
+        self.cancel_reason = client_closed()   # the error a cancelled job ends with
         self._generated_at_cancel: int | None = None
 
     @property
@@ -90,7 +90,8 @@ class Job:
         A job whose last event is out already is not cancelled: it completed.
         """
         if not self.finished and not self._cancelled.is_set():
-            self.cancel_reason = reason or client_closed()
+            if reason is not None:
+                self.cancel_reason = reason
             self._generated_at_cancel = self.generated
             self._cancelled.set()
 

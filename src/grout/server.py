@@ -159,7 +159,7 @@ def _fault_after(state: ServerState, request: Request) -> int | None:
 
 
 async def _generation(state: ServerState, parse: Callable[[Any, str], GenerationRequest],
-                      request: Request) -> Response:
+                      request: Request) -> Response | EventStream:
     if not state.scheduler.ready.is_set():
         return error_response(APIError("the model is still loading; retry when /health says ok",
                                        status=503, type="service_unavailable"))
@@ -175,22 +175,26 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
     # thread, so a prompt too long for the context is refused without waiting in line.
     job.prepared = loop.run_in_executor(None, prepare, state.scheduler.engine, job)
     state.scheduler.submit(job)
-    watcher = asyncio.create_task(_wait_for_disconnect(request, job))
+    watcher: asyncio.Task[None] | None = asyncio.create_task(_wait_for_disconnect(request, job))
     try:
         try:
             await job.prepared
         except APIError as err:
             job.cancel()
             return error_response(err)
+        assert watcher is not None
         first = await _next_event(job, watcher)
         if first is None:
             return Response(status_code=499)
         if isinstance(first, Failed):
             return error_response(first.error)
         if req.stream:
-            stream = _stream(job, ChunkWriter(job, state.model_name), first)
             owned, watcher = watcher, None   # the response cancels the watcher when done
-            return EventStream(stream, on_close=lambda: (job.cancel(), owned.cancel()))
+
+            def close() -> None:
+                job.cancel()
+                owned.cancel()
+            return EventStream(_stream(job, ChunkWriter(job, state.model_name), first), close)
         return await _collect(state, job, watcher, first)
     finally:
         if watcher is not None:
@@ -230,9 +234,9 @@ async def _stream(job: Job, writer: ChunkWriter, event: Any) -> AsyncIterator[by
         yield chunk
     while True:
         if isinstance(event, Delta):
-            chunk = writer.delta(event)
-            if chunk is not None:
-                yield chunk
+            delta = writer.delta(event)
+            if delta is not None:
+                yield delta
         elif isinstance(event, Finished):
             for chunk in writer.closing(event):
                 yield chunk

@@ -126,6 +126,23 @@ _CORPUS = [
 ]
 
 
+def cpu_server(tmp_path_factory, name: str, max_seq_len: int, *extra: str) -> ServerProcess:
+    """A server (not started) for the session's checkpoint on the CPU, in fp32, serving it
+    as "tiny", with its log in a fresh ``name`` folder."""
+    log = tmp_path_factory.mktemp(name) / "serve.log"
+    return ServerProcess(str(shared_checkpoint(tmp_path_factory)), log, "--device", "cpu",
+                         "--dtype", "float32", "--max-seq-len", str(max_seq_len),
+                         "--served-model-name", "tiny", *extra)
+
+
+def cpu_engine(tmp_path_factory, max_seq_len: int):
+    """The session's checkpoint loaded in this process, as the servers load it: the tests'
+    reference for what the server answers."""
+    import grout
+    return grout.load(str(shared_checkpoint(tmp_path_factory)), device="cpu", dtype="float32",
+                      max_seq_len=max_seq_len, progress=False)
+
+
 def shared_checkpoint(tmp_path_factory) -> Path:
     """The session's one test checkpoint (built by the first module that asks for it)."""
     directory = tmp_path_factory.getbasetemp() / "grout-server-checkpoint"

@@ -5,7 +5,7 @@ import torch
 import grout
 from grout.logprobs import from_logits
 from grout.tokenizer import load_tokenizer
-from server_process import shared_checkpoint
+from server_process import cpu_engine, shared_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +38,8 @@ def test_token_bytes_rebuild_the_utf8_of_a_text(checkpoint):
     assert tok.token_bytes(10 ** 6) == b""
 
 
-def test_stream_logprobs_give_each_piece_its_tokens_distribution(checkpoint):
-    eng = grout.load(str(checkpoint), device="cpu", dtype="float32", max_seq_len=64,
-                     progress=False)
+def test_stream_logprobs_give_each_piece_its_tokens_distribution(tmp_path_factory):
+    eng = cpu_engine(tmp_path_factory, 64)
     prompt = eng.tokenizer.encode("The quick brown fox")
     pieces = list(eng.stream(prompt, max_new_tokens=4, logprobs=2))
     tokens = [p.token_id for p in pieces]

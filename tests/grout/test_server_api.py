@@ -6,8 +6,7 @@ import httpx
 import pytest
 import torch
 
-import grout
-from server_process import ServerProcess, shared_checkpoint
+from server_process import cpu_engine, cpu_server
 
 MAX_SEQ_LEN = 256
 USER = [{"role": "user", "content": "Hello, how are you today?"}]
@@ -15,21 +14,14 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return shared_checkpoint(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server_api_log") / "serve.log"
-    with ServerProcess(str(checkpoint), log, "--device", "cpu", "--dtype", "float32",
-                       "--max-seq-len", str(MAX_SEQ_LEN), "--served-model-name", "tiny") as s:
+def server(tmp_path_factory):
+    with cpu_server(tmp_path_factory, "server_api", MAX_SEQ_LEN) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint):
-    return grout.load(str(checkpoint), device="cpu", dtype="float32", max_seq_len=MAX_SEQ_LEN)
+def engine(tmp_path_factory):
+    return cpu_engine(tmp_path_factory, MAX_SEQ_LEN)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import SRC, ServerProcess, shared_checkpoint
+from server_process import SRC, cpu_server
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -19,11 +19,7 @@ FAULT = "x-grout-fault"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    ckpt = shared_checkpoint(tmp_path_factory)
-    log = tmp_path_factory.mktemp("server_errors_log") / "serve.log"
-    with ServerProcess(str(ckpt), log, "--device", "cpu", "--dtype", "float32",
-                       "--max-seq-len", str(MAX_SEQ_LEN), "--served-model-name", "tiny",
-                       "--fault-injection") as s:
+    with cpu_server(tmp_path_factory, "server_errors", MAX_SEQ_LEN, "--fault-injection") as s:
         yield s
 
 
@@ -169,10 +165,7 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
     """Its own server: /health says loading (503) before ok; SIGTERM mid-stream ends the
     generation within one token and the stream with a "shutting down" error event, and the
     process shuts down cleanly."""
-    log = tmp_path_factory.mktemp("server_shutdown") / "serve.log"
-    server = ServerProcess(str(shared_checkpoint(tmp_path_factory)), log, "--device", "cpu",
-                           "--dtype", "float32", "--max-seq-len", str(MAX_SEQ_LEN),
-                           "--served-model-name", "tiny")
+    server = cpu_server(tmp_path_factory, "server_shutdown", MAX_SEQ_LEN)
     try:
         server.start()
         assert (503, '{"status":"loading"}') in server.health_seen

@@ -8,8 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import grout
-from server_process import ServerProcess, shared_checkpoint
+from server_process import cpu_engine, cpu_server
 
 MAX_SEQ_LEN = 128
 LOAD_REQUESTS, LOAD_THREADS, LOAD_TOKENS = 200, 8, 1
@@ -19,23 +18,15 @@ PROMPTS = [" ".join(["fox"] * n) for n in range(1, 11)]
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return shared_checkpoint(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def server(checkpoint, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server_load_log") / "serve.log"
-    with ServerProcess(str(checkpoint), log, "--device", "cpu", "--dtype", "float32",
-                       "--max-seq-len", str(MAX_SEQ_LEN), "--served-model-name",
-                       "tiny") as s:
+def server(tmp_path_factory):
+    with cpu_server(tmp_path_factory, "server_load", MAX_SEQ_LEN) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def references(checkpoint):
+def references(tmp_path_factory):
     """Each prompt's greedy completion, from the engine in this process."""
-    eng = grout.load(str(checkpoint), device="cpu", dtype="float32", max_seq_len=MAX_SEQ_LEN)
+    eng = cpu_engine(tmp_path_factory, MAX_SEQ_LEN)
     refs = {p: eng.generate(p, max_new_tokens=LOAD_TOKENS, temperature=0.0) for p in PROMPTS}
     assert len({r.prompt_tokens for r in refs.values()}) == len(PROMPTS)
     return {p: (r.text, r.prompt_tokens) for p, r in refs.items()}
