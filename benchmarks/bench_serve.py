@@ -133,6 +133,8 @@ def plot(rows: dict, path: Path) -> None:
     ax.set_xlim(0, max(values) * 1.2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    if os.environ.get("OUT"):
+        fig.savefig(Path(os.environ["OUT"], path.name), dpi=120)
 
 
 def main() -> int:
