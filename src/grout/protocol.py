@@ -1,0 +1,277 @@
+"""The OpenAI API's request fields and error bodies, as grout's server accepts them.
+
+`parse_completion_request` and `parse_chat_request` turn a decoded JSON body into a
+`GenerationRequest`, or raise `APIError` (HTTP 400) naming the offending field. Fields the
+engine cannot honour are refused rather than ignored, so a client never silently gets a
+different generation than it asked for; fields that change nothing (``user``, ``metadata``,
+...) are accepted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_TOP_LOGPROBS = 5
+MAX_STOP_STRINGS = 16
+
+
+class APIError(Exception):
+    """An error the server answers with an OpenAI-shaped body and an HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The ``{"error": {...}}`` body OpenAI clients parse."""
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+def internal_error(message: str) -> APIError:
+    """An HTTP 500 for a failure inside one request."""
+    return APIError(message, status=500, type="server_error", code="internal_error")
+
+
+def client_closed() -> APIError:
+    """The end of a request whose client went away (nobody reads it; logs name it)."""
+    return APIError("the client closed the connection", status=499,
+                    code="client_closed_request")
+
+
+@dataclass
+class GenerationRequest:
+    """One request, validated: what to generate and how to answer."""
+
+    kind: str                                   # "completion" | "chat"
+    prompt: str | list[int] | None = None       # completions
+    messages: list[dict[str, str]] | None = None  # chat
+    enable_thinking: bool = True
+    max_tokens: int | None = None               # None: up to the context's end
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                              # 0: no top-k cut
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None                 # None: off; k: chosen token plus k alternatives
+    ignore_eos: bool = False                    # an extension (vLLM's): generate past end tokens
+
+
+# Fields accepted and ignored: they describe the caller, not the generation.
+_IGNORED = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+            "prompt_cache_retention", "parallel_tool_calls"}
+# Fields refused unless they hold their default (which means "not used").
+_DEFAULTS_ONLY: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None,),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+    "tool_choice": (None, "none"), "function_call": (None, "none"), "audio": (None,),
+    "prediction": (None,), "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]), "reasoning_effort": (None,), "web_search_options": (None,),
+    "moderation": (None,), "prompt_cache_options": (None,), "verbosity": (None,),
+}
+_COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
+           "seed", "stop", "ignore_eos"}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"}
+_CHAT_FIELDS = _COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
+                          "chat_template_kwargs"}
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+def parse_completion_request(body: Any, model_name: str) -> GenerationRequest:
+    """Validate a ``POST /v1/completions`` body."""
+    fields = _check_fields(body, _COMPLETION_FIELDS)
+    req = GenerationRequest(kind="completion", prompt=_prompt(fields))
+    _common(fields, req, model_name)
+    req.max_tokens = _int(fields, "max_tokens", default=16, low=0)
+    req.logprobs = _int(fields, "logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS)
+    return req
+
+
+def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
+    """Validate a ``POST /v1/chat/completions`` body."""
+    fields = _check_fields(body, _CHAT_FIELDS)
+    req = GenerationRequest(kind="chat", messages=_messages(fields))
+    _common(fields, req, model_name)
+    req.max_tokens = _int(fields, "max_completion_tokens", default=None, low=0)
+    if req.max_tokens is None:
+        req.max_tokens = _int(fields, "max_tokens", default=None, low=0)
+    want = fields.get("logprobs")
+    if want not in (None, True, False):
+        raise APIError("'logprobs' must be a boolean", param="logprobs")
+    top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS)
+    if top is not None and not want:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    req.logprobs = (top or 0) if want else None
+    kwargs = fields.get("chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
+            raise APIError("'chat_template_kwargs' supports only 'enable_thinking'",
+                           param="chat_template_kwargs")
+        thinking = kwargs.get("enable_thinking", True)
+        if not isinstance(thinking, bool):
+            raise APIError("'chat_template_kwargs.enable_thinking' must be a boolean",
+                           param="chat_template_kwargs.enable_thinking")
+        req.enable_thinking = thinking
+    return req
+
+
+def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object")
+    for name, value in body.items():
+        if name in allowed or name in _IGNORED:
+            continue
+        if name in _DEFAULTS_ONLY:
+            if not any(type(value) is type(d) and value == d for d in _DEFAULTS_ONLY[name]):
+                raise APIError(f"'{name}' = {value!r} is not supported by this server "
+                               f"(batch-1 engine)", param=name, code="unsupported_parameter")
+            continue
+        raise APIError(f"unrecognized request argument '{name}'", param=name,
+                       code="unsupported_parameter")
+    return body
+
+
+def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> None:
+    model = fields.get("model")
+    if model is not None and model != model_name:
+        raise APIError(f"the model '{model}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    req.stream = _bool(fields, "stream", default=False)
+    options = fields.get("stream_options")
+    if options is not None:
+        if not req.stream:
+            raise APIError("'stream_options' is only allowed with 'stream': true",
+                           param="stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise APIError("'stream_options' supports only 'include_usage'",
+                           param="stream_options")
+        req.include_usage = _bool(options, "include_usage", default=False,
+                                  param="stream_options.include_usage")
+    req.temperature = _float(fields, "temperature", default=1.0, low=0.0)
+    req.top_p = _float(fields, "top_p", default=1.0)
+    if not 0.0 < req.top_p <= 1.0:
+        raise APIError(f"'top_p' must be in (0, 1], got {req.top_p}", param="top_p")
+    top_k = _int(fields, "top_k", default=0, low=-1) or 0
+    req.top_k = 0 if top_k == -1 else top_k
+    req.seed = _int(fields, "seed", default=None)
+    req.stop = _stop(fields)
+    req.ignore_eos = _bool(fields, "ignore_eos", default=False)
+
+
+def _prompt(fields: dict[str, Any]) -> str | list[int]:
+    prompt = fields.get("prompt")
+    if prompt is None:
+        raise APIError("'prompt' is required", param="prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError("a list of several prompts is not supported (batch 1): send one "
+                           "prompt per request", param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError("'prompt' must not be empty", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise APIError("'prompt' must be a non-empty string or a non-empty list of token ids",
+                   param="prompt")
+
+
+def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
+    messages = fields.get("messages")
+    if messages is None:
+        raise APIError("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in _ROLES:
+            raise APIError(f"{where}.role must be one of {sorted(_ROLES)}, got {role!r}",
+                           param=f"{where}.role")
+        if message.get("tool_calls"):
+            raise APIError(f"{where}.tool_calls: tool calls are not supported",
+                           param=f"{where}.tool_calls", code="unsupported_parameter")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(message.get("content"), f"{where}.content")})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or \
+                    not isinstance(part.get("text"), str):
+                raise APIError(f"{where}: only text content parts are supported", param=where,
+                               code="unsupported_parameter")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise APIError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _stop(fields: dict[str, Any]) -> list[str]:
+    stop = fields.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise APIError("'stop' must be a string or a list of strings", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
+    return [s for s in stop if s]
+
+
+def _bool(fields: dict[str, Any], name: str, *, default: bool, param: str | None = None) -> bool:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise APIError(f"'{param or name}' must be a boolean", param=param or name)
+    return value
+
+
+def _int(fields: dict[str, Any], name: str, *, default: int | None, low: int | None = None,
+         high: int | None = None) -> int | None:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise APIError(f"'{name}' must be an integer, got {value!r}", param=name)
+    if low is not None and value < low:
+        raise APIError(f"'{name}' must be >= {low}, got {value}", param=name)
+    if high is not None and value > high:
+        raise APIError(f"'{name}' must be <= {high}, got {value}", param=name)
+    return value
+
+
+def _float(fields: dict[str, Any], name: str, *, default: float,
+           low: float | None = None) -> float:
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise APIError(f"'{name}' must be a finite number, got {value!r}", param=name)
+    if low is not None and value < low:
+        raise APIError(f"'{name}' must be >= {low}, got {value}", param=name)
+    return float(value)

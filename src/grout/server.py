@@ -1,0 +1,312 @@
+"""`grout serve`: an OpenAI-compatible HTTP server for one grout engine.
+
+Endpoints: ``GET /health``, ``GET /v1/models``, ``GET /v1/models/{id}``,
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (``"stream": true`` answers with
+server-sent events in the chunk format of the ``openai`` client).
+
+The stack is Starlette on uvicorn. Request bodies are validated by hand (grout.protocol), so
+errors come out as OpenAI-shaped 400s, not a framework's 422s, and the server needs neither
+FastAPI nor pydantic. Requests are served one at a time in arrival order
+(grout.scheduler); the port opens at once, ``/health`` answers 503 while the engine loads and
+captures its decode graph and 200 after, and the server exits with status 1 if loading fails.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from grout.protocol import APIError, GenerationRequest, internal_error, parse_chat_request, \
+    parse_completion_request
+from grout.responses import ChunkWriter, full_body
+from grout.scheduler import Delta, Failed, Finished, Job, Scheduler
+from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_up
+
+log = logging.getLogger("grout.server")
+
+
+@dataclass
+class ServerState:
+    """What every handler needs: the scheduler, the served name, options."""
+
+    scheduler: Scheduler
+    model_name: str
+    fault_injection: bool
+    load_error: BaseException | None = None
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
+               on_load_failure: Callable[[BaseException], None] | None = None) -> Starlette:
+    """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
+
+    ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
+    that request's generation raise after the given number of tokens.
+    """
+    state = ServerState(Scheduler(load, generate), model_name, fault_injection)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def start() -> None:
+            try:
+                await state.scheduler.start()
+                log.info("ready: serving %r", model_name)
+            except Exception as err:
+                state.load_error = err
+                log.error("loading %r failed: %s: %s", model_name, type(err).__name__, err)
+                if on_load_failure is not None:
+                    on_load_failure(err)
+        task = asyncio.create_task(start(), name="grout-load")
+        yield
+        task.cancel()
+        state.scheduler.cancel_all()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(APIError(f"{request.method} {request.url.path}: {exc.detail}",
+                                       status=exc.status_code, type=kind))
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error_response(internal_error(f"{type(exc).__name__}: {exc}"))
+
+    routes = [
+        Route("/health", partial(_health, state), methods=["GET"]),
+        Route("/v1/models", partial(_models, state), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", partial(_model, state), methods=["GET"]),
+        Route("/v1/completions", partial(_generation, state, parse_completion_request),
+              methods=["POST"]),
+        Route("/v1/chat/completions", partial(_generation, state, parse_chat_request),
+              methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.state.grout = state
+    return app
+
+
+async def _health(state: ServerState, request: Request) -> Response:
+    if state.scheduler.ready.is_set():
+        return JSONResponse({"status": "ok", "model": state.model_name})
+    status = "failed" if state.load_error is not None else "loading"
+    return JSONResponse({"status": status}, status_code=503)
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    card: dict[str, Any] = {"id": state.model_name, "object": "model", "created": 0,
+                            "owned_by": "grout"}
+    if state.scheduler.ready.is_set():
+        card["max_model_len"] = max_model_len(state.scheduler.engine)
+    return card
+
+
+async def _models(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def _model(state: ServerState, request: Request) -> Response:
+    model_id = request.path_params["model_id"]
+    if model_id != state.model_name:
+        return error_response(APIError(f"the model '{model_id}' does not exist", status=404,
+                                       type="not_found_error", param="model",
+                                       code="model_not_found"))
+    return JSONResponse(_model_card(state))
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise APIError(f"the request body is not valid JSON: {err}") from None
+
+
+async def _wait_for_disconnect(request: Request, job: Job) -> None:
+    """Cancel ``job`` when the client closes its connection."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+def _fault_after(state: ServerState, request: Request) -> int | None:
+    value = request.headers.get(FAULT_HEADER)
+    if value is None or not state.fault_injection:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise APIError(f"the {FAULT_HEADER} header must be an integer") from None
+
+
+async def _generation(state: ServerState, parse: Callable[[Any, str], GenerationRequest],
+                      request: Request) -> Response | EventStream:
+    if not state.scheduler.ready.is_set():
+        return error_response(APIError("the model is still loading; retry when /health says ok",
+                                       status=503, type="service_unavailable"))
+    try:
+        req = parse(await _read_json(request), state.model_name)
+        fault_after = _fault_after(state, request)
+    except APIError as err:
+        return error_response(err)
+    loop = asyncio.get_running_loop()
+    job = Job(req, loop)
+    job.fault_after = fault_after
+    # The job takes its place in the queue now; its prompt is tokenized beside the engine
+    # thread, so a prompt too long for the context is refused without waiting in line.
+    job.prepared = loop.run_in_executor(None, prepare, state.scheduler.engine, job)
+    state.scheduler.submit(job)
+    watcher: asyncio.Task[None] | None = asyncio.create_task(_wait_for_disconnect(request, job))
+    try:
+        try:
+            await job.prepared
+        except APIError as err:
+            job.cancel()
+            return error_response(err)
+        assert watcher is not None
+        first = await _next_event(job, watcher)
+        if first is None:
+            return Response(status_code=499)
+        if isinstance(first, Failed):
+            return error_response(first.error)
+        if req.stream:
+            owned, watcher = watcher, None   # the response cancels the watcher when done
+
+            def close() -> None:
+                job.cancel()
+                owned.cancel()
+            return EventStream(_stream(job, ChunkWriter(job, state.model_name), first), close)
+        return await _collect(state, job, watcher, first)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def _next_event(job: Job, watcher: asyncio.Task[None]) -> Any:
+    """The job's next event, or None when the client disconnected first."""
+    getter = asyncio.ensure_future(job.events.get())
+    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    return None
+
+
+async def _collect(state: ServerState, job: Job, watcher: asyncio.Task[None],
+                   event: Any) -> Response:
+    texts: list[str] = []
+    entries: list[dict[str, Any]] = []
+    while isinstance(event, Delta):
+        texts.append(event.text)
+        entries.extend(event.logprobs)
+        event = await _next_event(job, watcher)
+        if event is None:
+            return Response(status_code=499)
+    if isinstance(event, Failed):
+        return error_response(event.error)
+    assert isinstance(event, Finished)
+    texts.append(event.text)
+    entries.extend(event.logprobs)
+    return JSONResponse(full_body(job, state.model_name, "".join(texts), entries, event))
+
+
+async def _stream(job: Job, writer: ChunkWriter, event: Any) -> AsyncIterator[bytes]:
+    for chunk in writer.opening():
+        yield chunk
+    while True:
+        if isinstance(event, Delta):
+            delta = writer.delta(event)
+            if delta is not None:
+                yield delta
+        elif isinstance(event, Finished):
+            for chunk in writer.closing(event):
+                yield chunk
+            return
+        else:
+            for chunk in writer.failure(event.error):
+                yield chunk
+            return
+        event = await job.events.get()
+
+
+class EventStream:
+    """A text/event-stream response; ``on_close`` runs however the stream ends."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], on_close: Callable[[], Any]) -> None:
+        self.chunks = chunks
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                   (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.on_close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within one token) with
+    a "shutting down" error, so that open streams close before the graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
+        super().__init__(config)
+        self.scheduler = scheduler
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        super().handle_exit(sig, frame)
+        # A signal handler runs between two bytecodes of the loop's thread: defer the
+        # cancellation to the loop itself.
+        asyncio.get_event_loop().call_soon_threadsafe(self.scheduler.cancel_all)
+
+
+def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
+          port: int = 8000, log_level: str = "info", fault_injection: bool = False) -> int:
+    """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
+    interrupted; returns the process exit status (1 when loading fails)."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_load_failure(err: BaseException) -> None:
+        failed.append(err)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
+                     on_load_failure=on_load_failure)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5)
+    server = _Server(config, app.state.grout.scheduler)
+    started = time.monotonic()
+    server.run()
+    if failed:
+        err = failed[0]
+        print(f"grout serve: could not load {model_name!r}: {type(err).__name__}: {err}",
+              file=sys.stderr)
+        return 1
+    log.info("stopped after %.0f s", time.monotonic() - started)
+    return 0

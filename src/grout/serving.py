@@ -1,0 +1,124 @@
+"""One server request on the engine: its prompt, its generation, its logprob entries.
+
+`prepare` tokenizes a request's prompt (chat template included) and checks it against the
+context; `generate` runs on the engine thread, turning the engine's token stream into the
+`Delta`/`Finished` events of a `Job`.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grout
+from grout.logprobs import TokenLogprobs
+from grout.protocol import APIError, GenerationRequest
+from grout.scheduler import Delta, Failed, Finished, Job
+
+FAULT_HEADER = "x-grout-fault"
+
+
+def warm_up(engine: Any) -> Any:
+    """Run a short greedy and a short sampled generation (with logprobs); returns ``engine``.
+
+    The warm-up compiles every kernel a request uses and records both decode graphs, so that
+    ``/health`` says ok only when the first request will be served at full speed.
+    """
+    ids = engine.tokenizer.encode("Hello")
+    for temperature in (0.0, 1.0):
+        for _ in engine.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
+                               logprobs=1):
+            pass
+    return engine
+
+
+def max_model_len(engine: Any) -> int:
+    """The context length: prompt plus generated tokens."""
+    return int(engine.max_seq_len)
+
+
+def prepare(engine: Any, job: Job) -> None:
+    """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
+    req = job.request
+    tokenizer = engine.tokenizer
+    if req.kind == "chat":
+        try:
+            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
+                                                 enable_thinking=req.enable_thinking)
+        except grout.RequestError as err:
+            raise APIError(str(err), param="messages") from None
+        ids, param = tokenizer.encode(text), "messages"
+    elif isinstance(req.prompt, str):
+        ids, param = tokenizer.encode(req.prompt), "prompt"
+    else:
+        ids, param = list(req.prompt or []), "prompt"
+        vocab = engine.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise APIError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                           param="prompt")
+    context = max_model_len(engine)
+    if len(ids) >= context:
+        raise APIError(f"this model's maximum context length is {context} tokens, and the "
+                       f"prompt has {len(ids)}: shorten it", param=param,
+                       code="context_length_exceeded")
+    budget = context - len(ids)
+    if req.max_tokens is not None and req.max_tokens > budget:
+        raise APIError(f"this model's maximum context length is {context} tokens: the prompt "
+                       f"has {len(ids)} and {req.max_tokens} more were asked for; ask for at "
+                       f"most {budget}", param="max_tokens", code="context_length_exceeded")
+    job.prompt_ids = ids
+    job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
+
+
+def token_entry(tokenizer: Any, lp: TokenLogprobs, offset: int) -> dict[str, Any]:
+    """The neutral logprob entry (grout.responses) of one generated token."""
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        raw = tokenizer.token_bytes(token_id)
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+                "bytes": list(raw)}
+
+    entry = one(lp.token_id, lp.logprob)
+    entry["top"] = [one(t, v) for t, v in zip(lp.top_ids, lp.top_logprobs)]
+    entry["offset"] = offset
+    return entry
+
+
+def generate(engine: Any, job: Job) -> None:
+    """Engine thread: run the job's generation and emit its events, exactly one terminal.
+
+    The engine holds back text that may still become a stop string (or an incomplete
+    character) and cuts it at a stop string, so each piece's text can be sent as it comes.
+    A cancelled job stops before the next decode step.
+    """
+    req: GenerationRequest = job.request
+    assert job.prompt_ids is not None
+    try:
+        stream = engine.stream(job.prompt_ids, max_new_tokens=job.max_new_tokens,
+                               temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                               seed=req.seed, stop=req.stop or None, logprobs=req.logprobs,
+                               ignore_eos=req.ignore_eos)
+    except grout.RequestError as err:
+        raise APIError(str(err)) from None
+    released = 0
+    with stream:
+        for piece in stream:
+            job.last_token_at = time.perf_counter()
+            if not job.generated:
+                job.first_token_at = job.last_token_at
+            job.generated += 1
+            entries = [] if piece.logprobs is None else \
+                [token_entry(engine.tokenizer, piece.logprobs, released)]
+            released += len(piece.text)
+            if piece.finish_reason is not None:
+                job.emit(Finished(piece.finish_reason, piece.text, entries,
+                                  len(job.prompt_ids), job.generated))
+                return
+            job.emit(Delta(piece.text, entries))
+            if job.fault_after is not None and job.generated >= job.fault_after:
+                raise RuntimeError(f"fault injected after {job.generated} tokens "
+                                   f"({FAULT_HEADER} header)")
+            if job.cancelled:
+                job.emit(Failed(job.cancel_reason))
+                return
+    # Only a request for no tokens at all ends without a final piece.
+    job.emit(Finished("length", "", [], len(job.prompt_ids), job.generated))

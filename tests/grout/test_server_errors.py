@@ -1,0 +1,186 @@
+"""grout serve under bad input and faults: OpenAI-shaped 400s and 500s, a client that walks
+away mid-stream, a checkpoint that cannot load; after each, the next request is served."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_process import SRC, cpu_server
+
+MAX_SEQ_LEN = 128
+FAULT = "x-grout-fault"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with cpu_server(tmp_path_factory, "server_errors", MAX_SEQ_LEN, "--fault-injection") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def assert_openai_error(body, status_type="invalid_request_error"):
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == status_type and body["error"]["message"]
+
+
+def assert_still_serving(client):
+    r = client.completions.create(model="tiny", prompt="Hello", max_tokens=1, temperature=0.0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("body", [b'{"prompt": "Hello", "max_tokens": 4', b"not json at all",
+                                  b"\xff\xfe", b"[1, 2, 3]"], ids=["truncated", "text",
+                                                                    "not-utf8", "array"])
+def test_malformed_json_is_a_400(server, client, body):
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"model": "tiny", "max_tokens": 2}, "prompt"),
+    ("/v1/chat/completions", {"model": "tiny", "max_tokens": 2}, "messages"),
+])
+def test_a_missing_prompt_or_messages_is_a_400(server, client, path, body, param):
+    r = httpx.post(f"{server.url}{path}", json=body)
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert r.json()["error"]["param"] == param
+    assert_still_serving(client)
+
+
+BAD_REQUESTS = {
+    "negative max_tokens": ({"max_tokens": -1}, "max_tokens"),
+    "top_p zero": ({"top_p": 0.0}, "top_p"),
+    "top_p above one": ({"top_p": 1.5}, "top_p"),
+    "negative temperature": ({"temperature": -1.0}, "temperature"),
+    "unknown model": ({"model": "gpt-4o"}, "model"),
+    "n above one": ({"n": 2}, "n"),
+    "best_of": ({"best_of": 2}, "best_of"),
+    "echo": ({"echo": True}, "echo"),
+    "penalty": ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    "logprobs above five": ({"logprobs": 6}, "logprobs"),
+    "unknown field": ({"extra_body": {"mirostat": 2}}, "mirostat"),
+    "prompt too long": ({"prompt": "fox " * 400}, "prompt"),
+    "prompt plus max_tokens too long": ({"max_tokens": MAX_SEQ_LEN}, "max_tokens"),
+    "token id outside the vocabulary": ({"prompt": [1, 2, 10 ** 6]}, "prompt"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_a_bad_completion_request_is_a_400_and_the_next_is_served(client, case):
+    fields, param = BAD_REQUESTS[case]
+    args = {"model": "tiny", "prompt": "Hello", "max_tokens": 4, **fields}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(**args)
+    assert info.value.status_code == 400
+    assert_openai_error(info.value.response.json())
+    assert info.value.body["param"] == param
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "fox " * 400}]}, "messages"),
+], ids=["unknown role", "top_logprobs without logprobs", "tools", "too long"])
+def test_a_bad_chat_request_is_a_400_and_the_next_is_served(client, fields, param):
+    args = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4, **fields}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**args)
+    assert info.value.body["param"] == param
+    assert_still_serving(client)
+
+
+def test_an_unknown_route_is_an_openai_shaped_404(server):
+    r = httpx.get(f"{server.url}/v1/engines")
+    assert r.status_code == 404
+    assert_openai_error(r.json(), "not_found_error")
+
+
+def test_an_internal_error_fails_only_its_own_request(client):
+    with pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(model="tiny", prompt="Hello", max_tokens=8,
+                                  extra_headers={FAULT: "2"})
+    assert info.value.status_code == 500
+    assert_openai_error(info.value.response.json(), "server_error")
+    assert_still_serving(client)
+
+
+def test_an_internal_error_mid_stream_ends_that_stream_with_an_error(client):
+    stream = client.completions.create(model="tiny", prompt="Hello", max_tokens=8, stream=True,
+                                       temperature=0.0, extra_headers={FAULT: "3"})
+    texts = []
+    with pytest.raises(openai.APIError, match="fault injected"):
+        for chunk in stream:
+            texts.append(chunk.choices[0].text)
+    assert len(texts) <= 3
+    assert_still_serving(client)
+
+
+def test_a_client_that_disconnects_stops_its_generation_within_one_token(server, client):
+    long = MAX_SEQ_LEN // 2
+    stream = client.completions.create(model="tiny", prompt="Hello", max_tokens=long,
+                                       stream=True, temperature=0.0,
+                                       extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    m = server.wait_for_log(r"(cmpl-\w+): cancelled \(the client closed the connection\) "
+                            r"after (\d+) tokens \((\d+) after the cancel\)")
+    assert int(m.group(3)) <= 1
+    assert int(m.group(2)) < long
+    started = time.monotonic()
+    assert_still_serving(client)
+    assert time.monotonic() - started < 30
+
+
+def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    r = subprocess.run([sys.executable, "-m", "grout", "serve", "--model", str(missing),
+                        "--device", "cpu", "--port", "0"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode != 0
+    assert re.search(r"could not load .*no-such-checkpoint", r.stderr), r.stderr[-2000:]
+
+
+def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_factory):
+    """Its own server: /health says loading (503) before ok; SIGTERM mid-stream ends the
+    generation within one token and the stream with a "shutting down" error event, and the
+    process shuts down cleanly."""
+    server = cpu_server(tmp_path_factory, "server_shutdown", MAX_SEQ_LEN)
+    try:
+        server.start()
+        assert (503, '{"status":"loading"}') in server.health_seen
+        stream = server.client().completions.create(model="tiny", prompt="Hello",
+                                                    max_tokens=MAX_SEQ_LEN // 2, stream=True,
+                                                    extra_body={"ignore_eos": True})
+        next(iter(stream))
+        server.proc.terminate()
+        with pytest.raises(openai.APIError, match="shutting down"):
+            for _ in stream:
+                pass
+        # uvicorn shuts down, then re-raises the signal it caught: the exit is by SIGTERM.
+        assert server.proc.wait(30) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in server.log()
+        assert re.search(r"cancelled \(the server is shutting down\) after \d+ tokens "
+                         r"\([01] after the cancel\)", server.log())
+    finally:
+        server.stop()

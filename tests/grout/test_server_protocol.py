@@ -1,0 +1,132 @@
+"""grout.protocol: which OpenAI request fields the server takes, their defaults, its 400s."""
+import pytest
+
+from grout.protocol import APIError, parse_chat_request, parse_completion_request
+
+MODEL = "tiny"
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def completion(**fields):
+    return parse_completion_request({"model": MODEL, "prompt": "Hello", **fields}, MODEL)
+
+
+def chat(**fields):
+    return parse_chat_request({"model": MODEL, "messages": USER, **fields}, MODEL)
+
+
+def refused(parse, **fields) -> APIError:
+    with pytest.raises(APIError) as info:
+        parse(**fields)
+    assert info.value.status == 400
+    return info.value
+
+
+def test_completion_defaults_follow_the_openai_api():
+    req = completion()
+    assert (req.max_tokens, req.temperature, req.top_p, req.top_k) == (16, 1.0, 1.0, 0)
+    assert req.seed is None
+    assert req.stop == [] and not req.stream and req.logprobs is None
+
+
+def test_chat_without_max_tokens_may_fill_the_context():
+    assert chat().max_tokens is None
+
+
+def test_chat_prefers_max_completion_tokens():
+    assert chat(max_tokens=5, max_completion_tokens=7).max_tokens == 7
+
+
+def test_a_stop_string_becomes_a_list():
+    assert completion(stop="\n").stop == ["\n"]
+    assert completion(stop=["a", "", "b"]).stop == ["a", "b"]
+
+
+def test_top_k_minus_one_means_no_cut():
+    assert completion(top_k=-1).top_k == 0
+
+
+def test_token_id_prompts_and_single_prompt_lists_are_accepted():
+    assert completion(prompt=[1, 2, 3]).prompt == [1, 2, 3]
+    assert completion(prompt=["x"]).prompt == "x"
+    assert completion(prompt=[[4, 5]]).prompt == [4, 5]
+
+
+def test_chat_logprobs_take_top_logprobs():
+    assert chat(logprobs=True, top_logprobs=3).logprobs == 3
+    assert chat(logprobs=True).logprobs == 0
+    assert chat(logprobs=False).logprobs is None
+
+
+def test_developer_role_and_text_parts_are_understood():
+    req = chat(messages=[{"role": "developer", "content": "Be brief."},
+                         {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                      {"type": "text", "text": "b"}]}])
+    assert req.messages == [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "ab"}]
+
+
+def test_enable_thinking_comes_from_chat_template_kwargs():
+    assert chat().enable_thinking is True
+    assert chat(chat_template_kwargs={"enable_thinking": False}).enable_thinking is False
+
+
+def test_default_valued_fields_are_accepted():
+    req = completion(n=1, best_of=1, echo=False, presence_penalty=0, logit_bias={}, user="u")
+    assert req.max_tokens == 16
+
+
+def test_include_usage_needs_stream():
+    assert completion(stream=True, stream_options={"include_usage": True}).include_usage
+    assert refused(completion, stream_options={"include_usage": True}).param == "stream_options"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"top_k": -2}, "top_k"),
+    ({"n": 2}, "n"),
+    ({"best_of": 3}, "best_of"),
+    ({"echo": True}, "echo"),
+    ({"logprobs": 6}, "logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"stop": 3}, "stop"),
+    ({"model": "gpt-4"}, "model"),
+    ({"bogus": 1}, "bogus"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": None}, "prompt"),
+    ({"stream": "yes"}, "stream"),
+])
+def test_completion_refusals_name_the_field(fields, param):
+    err = refused(completion, **fields)
+    assert err.param == param and err.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"messages": []}, "messages"),
+    ({"messages": None}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
+    ({"chat_template_kwargs": {"foo": 1}}, "chat_template_kwargs"),
+])
+def test_chat_refusals_name_the_field(fields, param):
+    assert refused(chat, **fields).param == param
+
+
+def test_the_body_must_be_an_object():
+    with pytest.raises(APIError, match="JSON object"):
+        parse_completion_request([1, 2], MODEL)
+
+
+def test_error_body_has_the_openai_shape():
+    err = refused(completion, n=2)
+    assert set(err.body()["error"]) == {"message", "type", "param", "code"}
