@@ -35,3 +35,6 @@ from .matmul import MatmulConfig, linear, matmul  # noqa: F401
 from .norm import add_rmsnorm, rmsnorm  # noqa: F401
 from .rope import inv_freq_table, rope  # noqa: F401
 from .softmax import softmax  # noqa: F401
+from .fused_gemv import gemv_add, rmsnorm_gemv, silu_mul_gemv_add  # noqa: F401
+from .gemv_argmax import gemv_argmax_workspace, rmsnorm_gemv_argmax  # noqa: F401
+from .qk_rope_append import qk_norm_rope_kv_append  # noqa: F401
