@@ -1,5 +1,6 @@
 """Decode-step fusion on the GPU: each fused kernel against the unfused chain it replaces, and
-whole Qwen3 decode steps (every layer, lm_head, argmax) assembled both ways.
+whole Qwen3 decode steps (every layer, lm_head, argmax) assembled both ways (and the fused
+step with the attention's reads before its PDL wait, as the unfused step has them).
 
 Every figure is a CUDA graph over distinct weights replayed back to back
 (``harness.time_ms_steady``), as decode runs: a stage chain is one stage of every layer of
@@ -12,10 +13,14 @@ fused step's logits against the unfused step's.
 
 Stages partition a layer's kernels: qkv = [add_rmsnorm, gemv] vs [rmsnorm_gemv];
 attn_prologue = [rmsnorm q, rmsnorm k, rope q, rope k, kv_append] vs
-[qk_norm_rope_kv_append]; attention = decode attention (the same in both); o = [gemv] vs
+[qk_norm_rope_kv_append]; prologue+attention = the prologue and decode attention (split,
+merge), its reads before the PDL wait vs after it (``early=False``: its launch then overlaps
+the append before it; with the reads before, the launcher puts it in plain order after the
+append); o = [gemv] vs
 [gemv_add]; gate_up = [add_rmsnorm, gemv] vs [rmsnorm_gemv]; down = [silu_mul, gemv] vs
 [silu_mul_gemv_add]; lm_head = [add_rmsnorm, gemv, argmax] vs [rmsnorm_gemv_argmax]. The
-plain gemv of each projection is timed too (``gemv_*``): the floor a fused gemv aims at.
+plain gemv of each projection is timed too (``gemv``): the floor a fused gemv aims at. A
+layer is qkv + prologue+attention + o + gate_up + down.
 
     python benchmarks/bench_fused.py                      # qwen3-4b, then qwen3-32b
     python benchmarks/bench_fused.py --models qwen3-4b --budget-s 120
@@ -129,11 +134,17 @@ class Stages:
             unfused=lambda rec, L: dl.attention_prologue_unfused(rec, st_, L),
             fused=lambda rec, L: dl.attention_prologue_fused(rec, st_, L), gemv=None,
             want=self._prologue_want))
+        def attention(prologue, early):
+            def body(rec, L):
+                prologue(rec, st_, L)
+                dl.attention(rec, st_, L, early)
+            return body
         rows.append(dict(
-            name="attention", out=st_.attn,
+            name="prologue+attention", out=st_.attn,
             nbytes=2 * sh.kv_heads * st_.context * sh.head_dim * 2,
-            unfused=lambda rec, L: dl.attention(rec, st_, L), fused=None, gemv=None,
-            want=self._attention_want, same=True))
+            unfused=attention(dl.attention_prologue_unfused, True),
+            fused=attention(dl.attention_prologue_fused, False), gemv=None,
+            want=self._attention_want))
         return rows
 
     def _prologue_want(self, variant, L):
@@ -244,7 +255,8 @@ def run_model(name: str, args, smoke: bool) -> dict:
                          serial_launches(g)))
     step_rows = []
     graphs = {v: record(lambda rec, f: f(rec, step), [a]) for v, a in
-              (("unfused", dl.record_unfused), ("fused", dl.record_fused))}
+              (("unfused", dl.record_unfused), ("fused", dl.record_fused),
+               ("fused_attn_early", lambda rec, s: dl.record_fused(rec, s, True)))}
     step_replays = {v: replay_of(g, smoke) for v, g in graphs.items()}
     for context in args.contexts:
         step.set_context(context)
@@ -253,25 +265,24 @@ def run_model(name: str, args, smoke: bool) -> dict:
             r()
             sync()
             out[v] = (T(step.logits), T(step.next_token).item())
-        err = check_close(f"{name} step at {context}: fused vs unfused logits", out["fused"][0],
-                          out["unfused"][0], 3e-2)
-        times = measure([step_replays["unfused"], step_replays["fused"]], smoke)
-        for v, ms in zip(("unfused", "fused"), times):
+        errs = {v: check_close(f"{name} step at {context}: {v} vs unfused logits", out[v][0],
+                               out["unfused"][0], 3e-2) for v in out}
+        times = measure(list(step_replays.values()), smoke)
+        for v, ms in zip(step_replays, times):
             g = graphs[v]
             step_rows.append(dict(model=name, context=context, variant=v,
                                   kernels=len(g.records), pdl_serial=serial_launches(g),
                                   step_us=ms and ms * 1e3, tok_s=ms and 1e3 / ms,
                                   frac_roofline=ms and shape.step_bytes(context) / (ms * 1e-3)
                                   / (COPY_TBS * 1e12),
-                                  logits_rel_err_vs_unfused=err,
-                                  same_token=out["fused"][1] == out["unfused"][1]))
+                                  logits_rel_err_vs_unfused=errs[v],
+                                  same_token=out[v][1] == out["unfused"][1]))
             print(step_rows[-1], flush=True)
     step.set_context(args.contexts[0])
     times = measure(replays, smoke)
     for (row, variant, n, kernels, err, serial), ms in zip(keys, times):
         us = ms and ms * 1e3 / n
-        rows.append(dict(model=name, stage=row["name"],
-                         variant="both" if row.get("same") else variant,
+        rows.append(dict(model=name, stage=row["name"], variant=variant,
                          kernels_per_layer=kernels, chain=n, us=us, nbytes=row["nbytes"],
                          frac_copy=(us and row["nbytes"] and row["nbytes"] / (us * 1e-6)
                                     / (COPY_TBS * 1e12)),
@@ -289,8 +300,8 @@ def summarize(name, shape, rows, step_rows, context) -> dict:
     """Per-layer sums of the stages, each way, against the measured steps."""
     out = {}
     for v in ("unfused", "fused"):
-        per_layer = sum(r["us"] or 0 for r in rows
-                        if r["stage"] != "lm_head" and r["variant"] in (v, "both"))
+        per_layer = sum(r["us"] or 0 for r in rows if r["variant"] == v
+                        and r["stage"] not in ("lm_head", "attn_prologue"))
         head = next((r["us"] for r in rows if r["stage"] == "lm_head" and r["variant"] == v),
                     None) or 0
         step = next((r for r in step_rows if r["variant"] == v and r["context"] == context),
@@ -318,8 +329,7 @@ def plot(results: dict, path) -> bool:
         rows = results[m]["stages"]
         names = [n for n in dict.fromkeys(r["stage"] for r in rows)]
         for dx, v in ((-0.27, "unfused"), (0, "fused"), (0.27, "gemv")):
-            ys = [next((r["us"] for r in rows if r["stage"] == n
-                        and r["variant"] in (v, "both" if v != "gemv" else v)), 0) or 0
+            ys = [next((r["us"] for r in rows if r["stage"] == n and r["variant"] == v), 0) or 0
                   for n in names]
             ax.bar([i + dx for i in range(len(names))], ys, 0.27,
                    label={"gemv": "plain gemv"}.get(v, v))

@@ -9,8 +9,9 @@ replayed step streams every weight from HBM as decode does. Two assemblies:
   k, rope of q and of k, kv_append, decode attention (split, merge), o gemv, add_rmsnorm,
   gate_up gemv, silu_mul, down gemv; then add_rmsnorm, lm_head gemv, argmax (2 kernels).
 - ``fused``: 7 kernels a layer: rmsnorm_gemv (qkv), qk_norm_rope_kv_append, decode attention
-  (split, merge), gemv_add (o), rmsnorm_gemv (gate_up), silu_mul_gemv_add (down); then
-  rmsnorm_gemv_argmax (2 kernels). The residual stream alternates between two buffers.
+  (split, merge; its reads after the PDL wait, so that its launch overlaps the append),
+  gemv_add (o), rmsnorm_gemv (gate_up), silu_mul_gemv_add (down); then rmsnorm_gemv_argmax
+  (2 kernels). The residual stream alternates between two buffers.
 
 Random weights (std 0.02, norm weights 1 + 0.1 N(0, 1)) and random caches: never zeros.
 """
@@ -158,9 +159,11 @@ def attention_prologue_fused(rec, st_, L):
                                    L.k_cache, L.v_cache, EPS, q_out=st_.q))
 
 
-def attention(rec, st_, L):
+def attention(rec, st_, L, early: bool = True):
+    """Decode attention; ``early=False``: its reads after the PDL wait, so the launch after
+    the cache append keeps programmatic launch (``ops.decode_attention``)."""
     rec(ops.decode_attention(st_.q, L.k_cache, L.v_cache, st_.pos, st_.attn, st_.ws,
-                             length_offset=1))
+                             length_offset=1, early=early))
 
 
 def mlp_unfused(rec, st_, L, resid):
@@ -194,14 +197,15 @@ def record_unfused(rec, st_):
     rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
 
 
-def record_fused(rec, st_):
-    """The whole fused step."""
+def record_fused(rec, st_, attention_early: bool = False):
+    """The whole fused step (``attention_early``: the attention's reads before its PDL
+    wait, which makes its launch after the append go in plain order)."""
     rec(ops.embedding(st_.token, st_.embed, out=st_.h[0]))
     cur, other = st_.h[0].view(-1), st_.h[1].view(-1)
     for L in st_.layers:
         rec(ops.rmsnorm_gemv(cur, L.ln1, L.wqkv, EPS, out=st_.qkv))
         attention_prologue_fused(rec, st_, L)
-        attention(rec, st_, L)
+        attention(rec, st_, L, attention_early)
         rec(ops.gemv_add(L.wo, st_.attn.view(-1), cur, out=other))
         rec(ops.rmsnorm_gemv(other, L.ln2, L.wgu, EPS, out=st_.gu))
         rec(ops.silu_mul_gemv_add(L.wd, st_.gu, other, out=cur))

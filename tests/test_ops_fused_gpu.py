@@ -109,7 +109,8 @@ def test_a_graph_of_fused_layers_replays_like_the_unfused_ops_step_by_step():
             scope.record(ops.rmsnorm_gemv(cur, L["ln1"], L["wqkv"], out=qkv))
             scope.record(ops.qk_norm_rope_kv_append(qkv, L["qn"], L["kn"], pos, inv, kc, vc,
                                                     q_out=q))
-            scope.record(ops.decode_attention(q, kc, vc, pos, attn, ws, length_offset=1))
+            scope.record(ops.decode_attention(q, kc, vc, pos, attn, ws, length_offset=1,
+                                              early=False))
             scope.record(ops.gemv_add(L["wo"], attn.view(-1), cur, out=other))
             scope.record(ops.rmsnorm_gemv(other, L["ln2"], L["wgu"], out=gu))
             scope.record(ops.silu_mul_gemv_add(L["wd"], gu, other, out=cur))
