@@ -353,15 +353,18 @@ def main() -> int:
             print(rows[-1], flush=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+            if not args.smoke:
+                write_results(args.name, {"rows": rows, "summary": summary(rows),
+                                          "method": __doc__.split("\n\n")[2]})
         del model
-        if not args.smoke:
-            write_results(args.name, {"rows": rows, "summary": summary(rows),
-                                      "method": __doc__.split("\n\n")[2]})
     if args.smoke:
         bad = [r for r in rows if "error" in r]
         print("smoke:", "every check passed" if not bad else bad)
         return 1 if bad else 0
-    plot(rows, RESULTS / f"{args.name}.png")
+    try:
+        plot(rows, RESULTS / f"{args.name}.png")
+    except Exception as e:                                # the JSON is written already
+        print("plot failed:", type(e).__name__, e)
     print_table(rows, ["model", "variant", "gen_len", "decode_tok_s", "request_tok_s",
                        "ms_per_token", "frac_roofline", "ttft_ms", "ttft_1024_ms",
                        "tokens_agreeing", "error"])

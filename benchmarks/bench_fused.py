@@ -218,9 +218,10 @@ def sync():
         torch.cuda.synchronize()
 
 
-def measure(replays: list, smoke: bool, rounds: int = 3) -> list:
-    """Median ms of each replay, timed ``rounds`` times in turn (None when ``smoke``)."""
-    if smoke:
+def measure(replays: list, rounds: int) -> list:
+    """Median ms of each replay, timed ``rounds`` times in turn (None for 0 rounds: the
+    smoke run times nothing)."""
+    if not rounds:
         return [None] * len(replays)
     samples = [[] for _ in replays]
     for _ in range(rounds):
@@ -229,81 +230,108 @@ def measure(replays: list, smoke: bool, rounds: int = 3) -> list:
     return [statistics.median(x) for x in samples]
 
 
-def run_model(name: str, args, smoke: bool) -> dict:
+def checked(name: str, got, want, rel: float):
+    """The relative error, or the failure's message (the variant is then not timed)."""
+    try:
+        return check_close(name, got, want, rel), None
+    except AssertionError as e:
+        print("CHECK FAILED:", e, flush=True)
+        return None, str(e)
+
+
+def time_steps(name: str, shape, step: dl.Step, contexts, smoke: bool,
+               rounds: int) -> list[dict]:
+    """The whole step, unfused and fused, at each context: checked, then timed."""
+    variants = {"unfused": dl.record_unfused, "fused": dl.record_fused,
+                "fused_attn_early": lambda rec, s: dl.record_fused(rec, s, True)}
+    graphs = {v: record(lambda rec, f: f(rec, step), [a]) for v, a in variants.items()}
+    replays = {v: replay_of(g, smoke) for v, g in graphs.items()}
+    rows = []
+    for context in contexts:
+        step.set_context(context)
+        out = {}
+        for v, r in replays.items():
+            r()
+            sync()
+            out[v] = (T(step.logits), T(step.next_token).item())
+        checks = {v: checked(f"{name} step at {context}: {v} vs unfused logits", out[v][0],
+                             out["unfused"][0], 3e-2) for v in out}
+        good = [v for v in replays if checks[v][1] is None]
+        times = dict(zip(good, measure([replays[v] for v in good], rounds)))
+        for v, g in graphs.items():
+            ms = times.get(v)
+            rows.append(dict(model=name, context=context, variant=v, kernels=len(g.records),
+                             pdl_serial=serial_launches(g), step_us=ms and ms * 1e3,
+                             tok_s=ms and 1e3 / ms,
+                             frac_roofline=ms and shape.step_bytes(context) / (ms * 1e-3)
+                             / (COPY_TBS * 1e12),
+                             logits_rel_err_vs_unfused=checks[v][0],
+                             same_token=out[v][1] == out["unfused"][1], error=checks[v][1]))
+            print(rows[-1], flush=True)
+    step.set_context(contexts[0])
+    return rows
+
+
+def time_stages(name: str, step: dl.Step, smoke: bool, rounds: int) -> list[dict]:
+    """Every stage chain, each variant: checked against torch, then timed."""
+    stages = Stages(step)
+    found = []
+    for row in stages.table() + [stages.lm_head()]:
+        items = [None] * LM_HEAD_COPIES if row["name"] == "lm_head" else step.layers
+        for variant in ("unfused", "fused", "gemv"):
+            if row[variant] is None:
+                continue
+            g = record(row[variant], items)
+            r = replay_of(g, smoke)
+            r()
+            sync()
+            err, error = checked(f"{name} {row['name']} {variant}", T(row["out"]).reshape(-1),
+                                 row["want"](variant, items[-1]).reshape(-1), 2e-2)
+            found.append(dict(model=name, stage=row["name"], variant=variant,
+                              kernels_per_layer=len(g.records) // len(items), chain=len(items),
+                              nbytes=row["nbytes"], rel_err=err, pdl_serial=serial_launches(g),
+                              error=error, replay=None if error else r))
+    timed_rows = [f for f in found if f["replay"] is not None]
+    for f, ms in zip(timed_rows, measure([f["replay"] for f in timed_rows], rounds)):
+        f["us"] = ms and ms * 1e3 / f["chain"]
+        f["frac_copy"] = f["us"] and f["nbytes"] and f["nbytes"] / (f["us"] * 1e-6) \
+            / (COPY_TBS * 1e12)
+    for f in found:
+        del f["replay"]
+        print(f, flush=True)
+    return found
+
+
+def run_model(name: str, args, smoke: bool, save=lambda result: None) -> dict:
+    """Build the model's step, time its steps then its stage chains (``save`` is called with
+    the partial result after each)."""
     shape = dl.MODELS[name]
     t0 = time.time()
     step = dl.Step(shape, args.max_seq, args.contexts[0])
     sync()
-    built = time.time() - t0
-    stages = Stages(step)
-    table = stages.table() + [stages.lm_head()]
-    rows, replays, keys = [], [], []
-    for row in table:
-        items = [None] * LM_HEAD_COPIES if row["name"] == "lm_head" else step.layers
-        for variant in ("unfused", "fused", "gemv"):
-            body = row[variant]
-            if body is None:
-                continue
-            g = record(body, items)
-            r = replay_of(g, smoke)
-            r()
-            sync()
-            err = check_close(f"{name} {row['name']} {variant}", T(row["out"]).reshape(-1),
-                              row["want"](variant, items[-1]).reshape(-1), 2e-2)
-            replays.append(r)
-            keys.append((row, variant, len(items), len(g.records) // len(items), err,
-                         serial_launches(g)))
-    step_rows = []
-    graphs = {v: record(lambda rec, f: f(rec, step), [a]) for v, a in
-              (("unfused", dl.record_unfused), ("fused", dl.record_fused),
-               ("fused_attn_early", lambda rec, s: dl.record_fused(rec, s, True)))}
-    step_replays = {v: replay_of(g, smoke) for v, g in graphs.items()}
-    for context in args.contexts:
-        step.set_context(context)
-        out = {}
-        for v, r in step_replays.items():
-            r()
-            sync()
-            out[v] = (T(step.logits), T(step.next_token).item())
-        errs = {v: check_close(f"{name} step at {context}: {v} vs unfused logits", out[v][0],
-                               out["unfused"][0], 3e-2) for v in out}
-        times = measure(list(step_replays.values()), smoke)
-        for v, ms in zip(step_replays, times):
-            g = graphs[v]
-            step_rows.append(dict(model=name, context=context, variant=v,
-                                  kernels=len(g.records), pdl_serial=serial_launches(g),
-                                  step_us=ms and ms * 1e3, tok_s=ms and 1e3 / ms,
-                                  frac_roofline=ms and shape.step_bytes(context) / (ms * 1e-3)
-                                  / (COPY_TBS * 1e12),
-                                  logits_rel_err_vs_unfused=errs[v],
-                                  same_token=out[v][1] == out["unfused"][1]))
-            print(step_rows[-1], flush=True)
-    step.set_context(args.contexts[0])
-    times = measure(replays, smoke)
-    for (row, variant, n, kernels, err, serial), ms in zip(keys, times):
-        us = ms and ms * 1e3 / n
-        rows.append(dict(model=name, stage=row["name"], variant=variant,
-                         kernels_per_layer=kernels, chain=n, us=us, nbytes=row["nbytes"],
-                         frac_copy=(us and row["nbytes"] and row["nbytes"] / (us * 1e-6)
-                                    / (COPY_TBS * 1e12)),
-                         rel_err=err, pdl_serial=serial))
-        print(rows[-1], flush=True)
-    summary = summarize(name, shape, rows, step_rows, args.contexts[0])
-    del graphs, step_replays, replays, stages, step
+    result = dict(build_s=time.time() - t0)
+    rounds = 0 if smoke else args.rounds
+    result["steps"] = time_steps(name, shape, step, args.contexts, smoke, rounds)
+    save(result)
+    result["stages"] = time_stages(name, step, smoke, rounds)
+    result["summary"] = summarize(name, shape, result["stages"], result["steps"],
+                                  args.contexts[0])
+    save(result)
+    del step
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return dict(stages=rows, steps=step_rows, summary=summary, build_s=built)
+    return result
 
 
 def summarize(name, shape, rows, step_rows, context) -> dict:
     """Per-layer sums of the stages, each way, against the measured steps."""
     out = {}
     for v in ("unfused", "fused"):
-        per_layer = sum(r["us"] or 0 for r in rows if r["variant"] == v
+        per_layer = sum(r.get("us") or 0 for r in rows if r["variant"] == v
                         and r["stage"] not in ("lm_head", "attn_prologue"))
-        head = next((r["us"] for r in rows if r["stage"] == "lm_head" and r["variant"] == v),
-                    None) or 0
+        head = next((r.get("us") for r in rows if r["stage"] == "lm_head"
+                     and r["variant"] == v), None) or 0
         step = next((r for r in step_rows if r["variant"] == v and r["context"] == context),
                     {})
         out[v] = dict(stage_sum_us=per_layer * shape.layers + head * 1.0,
@@ -321,7 +349,7 @@ def plot(results: dict, path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    models = [m for m in results if results[m].get("stages")]
+    models = [m for m in results if results[m].get("summary")]
     if not models:
         return False
     fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4), squeeze=False)
@@ -329,8 +357,8 @@ def plot(results: dict, path) -> bool:
         rows = results[m]["stages"]
         names = [n for n in dict.fromkeys(r["stage"] for r in rows)]
         for dx, v in ((-0.27, "unfused"), (0, "fused"), (0.27, "gemv")):
-            ys = [next((r["us"] for r in rows if r["stage"] == n and r["variant"] == v), 0) or 0
-                  for n in names]
+            ys = [next((r.get("us") for r in rows if r["stage"] == n and r["variant"] == v), 0)
+                  or 0 for n in names]
             ax.bar([i + dx for i in range(len(names))], ys, 0.27,
                    label={"gemv": "plain gemv"}.get(v, v))
         su = results[m]["summary"]
@@ -354,6 +382,8 @@ def main() -> int:
     p.add_argument("--max-seq", type=int, default=4096)
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="models not started by then are skipped")
+    p.add_argument("--name", default="fused", help="results file name")
+    p.add_argument("--rounds", type=int, default=3, help="times every graph is timed in turn")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes on the CPU executor: build, record and check only")
     args = p.parse_args()
@@ -372,21 +402,26 @@ def main() -> int:
         if time.time() > deadline:
             results[m] = {"error": "skipped: out of time"}
             continue
+        def save(result, m=m):
+            results[m] = result
+            write_results(args.name, {"models": results, "method": __doc__.split("\n\n")[1]})
         try:
-            results[m] = run_model(m, args, smoke=False)
+            run_model(m, args, smoke=False, save=save)
         except Exception as e:                            # report and go on
-            results[m] = {"error": f"{type(e).__name__}: {e}"[:400]}
+            save({**results.get(m, {}), "error": f"{type(e).__name__}: {e}"[:400]})
             print(m, results[m], flush=True)
-        write_results("fused", {"models": results, "method": __doc__.split("\n\n")[1]})
-    plot(results, RESULTS / "fused.png")
+    try:
+        plot(results, RESULTS / f"{args.name}.png")
+    except Exception as e:                                # the JSON is written already
+        print("plot failed:", type(e).__name__, e)
     for m, r in results.items():
-        if "stages" in r:
+        if "steps" in r:
             print(f"\n{m} stages (us per layer; lm_head per pass)")
-            print_table(r["stages"], ["stage", "variant", "kernels_per_layer", "us", "frac_copy",
-                                      "rel_err", "pdl_serial"])
+            print_table(r.get("stages", []), ["stage", "variant", "kernels_per_layer", "us",
+                                              "frac_copy", "rel_err", "pdl_serial", "error"])
             print_table(r["steps"], ["context", "variant", "kernels", "pdl_serial", "step_us",
                                      "tok_s", "frac_roofline", "logits_rel_err_vs_unfused"])
-            print("summary:", r["summary"])
+            print("summary:", r.get("summary"), "error:", r.get("error"))
         else:
             print(m, r)
     return 0
