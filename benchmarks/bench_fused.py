@@ -84,8 +84,9 @@ class Stages:
                                 residual_out=s.resid))
             rec(ops.gemv(getattr(L, weight), s.s.normed, out))
 
-        def fused(rec, L):
-            rec(ops.rmsnorm_gemv(s.x, getattr(L, norm), getattr(L, weight), dl.EPS, out=out))
+        def fused(rec, L, exact=True):
+            rec(ops.rmsnorm_gemv(s.x, getattr(L, norm), getattr(L, weight), dl.EPS, out=out,
+                                 exact=exact))
 
         def gemv(rec, L):
             rec(ops.gemv(getattr(L, weight), s.s.normed, out))
@@ -97,6 +98,11 @@ class Stages:
             return w @ hf_rmsnorm(s.xs if variant == "unfused" else T(s.x), nw)
         return unfused, fused, gemv, want
 
+    @staticmethod
+    def scaled_after(fused):
+        """The fused recorder with the norm's scale applied after the dot products."""
+        return lambda rec, L: fused(rec, L, exact=False)
+
     def table(self) -> list[dict]:
         s, sh, st_ = self, self.s.shape, self.s
         inter = sh.inter
@@ -105,7 +111,8 @@ class Stages:
                                             ("gate_up", "ln2", "wgu", st_.gu, 2 * inter)):
             unfused, fused, gemv, want = self._norm_gemv(norm, weight, out)
             rows.append(dict(name=name, unfused=unfused, fused=fused, gemv=gemv, out=out,
-                             want=want, nbytes=n * sh.hidden * 2))
+                             want=want, nbytes=n * sh.hidden * 2,
+                             fused_scaled_after=self.scaled_after(fused)))
         q = sh.q_heads * sh.head_dim
         rows.append(dict(
             name="o", out=st_.o, nbytes=sh.hidden * q * 2,
@@ -113,7 +120,7 @@ class Stages:
             fused=lambda rec, L: rec(ops.gemv_add(L.wo, s.attn_in, s.x, out=st_.o)),
             gemv=lambda rec, L: rec(ops.gemv(L.wo, s.attn_in, st_.o)),
             want=lambda v, L: T(L.wo).double() @ T(s.attn_in).double()
-            + (T(s.x).double() if v == "fused" else 0)))
+            + (T(s.x).double() if v.startswith("fused") else 0)))
 
         def act():
             g = T(s.gu_in).double()
@@ -128,7 +135,7 @@ class Stages:
             fused=lambda rec, L: rec(ops.silu_mul_gemv_add(L.wd, s.gu_in, s.x, out=st_.down)),
             gemv=lambda rec, L: rec(ops.gemv(L.wd, st_.act, st_.down)),
             want=lambda v, L: T(L.wd).double() @ (act() if v != "gemv" else T(st_.act).double())
-            + (T(s.x).double() if v == "fused" else 0)))
+            + (T(s.x).double() if v.startswith("fused") else 0)))
         rows.append(dict(
             name="attn_prologue", out=st_.q, nbytes=0,
             unfused=lambda rec, L: dl.attention_prologue_unfused(rec, st_, L),
@@ -175,10 +182,10 @@ class Stages:
             rec(ops.gemv(st_.lm_head, st_.normed, st_.logits))
             rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
 
-        def fused(rec, _):
+        def fused(rec, _, exact=True):
             rec(ops.rmsnorm_gemv_argmax(s.x, st_.final_norm, st_.lm_head, dl.EPS,
                                         logits=st_.logits, token=st_.next_token,
-                                        workspace=st_.head_ws))
+                                        workspace=st_.head_ws, exact=exact))
 
         def want(variant, _):
             lg = T(st_.logits)
@@ -187,7 +194,8 @@ class Stages:
             x = s.xs if variant == "unfused" else T(s.x)
             return T(st_.lm_head).double() @ hf_rmsnorm(x, T(st_.final_norm))
         return dict(name="lm_head", out=st_.logits, unfused=unfused, fused=fused, gemv=None,
-                    want=want, nbytes=st_.shape.vocab * st_.shape.hidden * 2)
+                    want=want, nbytes=st_.shape.vocab * st_.shape.hidden * 2,
+                    fused_scaled_after=self.scaled_after(fused))
 
 
 def record(bodies, items):
@@ -239,34 +247,63 @@ def checked(name: str, got, want, rel: float):
         return None, str(e)
 
 
-def time_steps(name: str, shape, step: dl.Step, contexts, smoke: bool,
-               rounds: int) -> list[dict]:
-    """The whole step, unfused and fused, at each context: checked, then timed."""
-    variants = {"unfused": dl.record_unfused, "fused": dl.record_fused,
-                "fused_attn_early": lambda rec, s: dl.record_fused(rec, s, True)}
-    graphs = {v: record(lambda rec, f: f(rec, step), [a]) for v, a in variants.items()}
+def step_variants(breakdown: bool) -> dict:
+    """name -> (recorder, checked): the steps to time. ``checked`` False marks a diagnostic
+    (not a decode step: nothing to check it against)."""
+    F = dl.record_fused
+    out = {"unfused": (dl.record_unfused, True),
+           "fused": (F, True),
+           "fused_attn_early": (lambda rec, s: F(rec, s, attention_early=True), True),
+           "fused_scaled_after": (lambda rec, s: F(rec, s, exact=False), True),
+           "fused_scaled_after_no_pdl": (lambda rec, s: F(rec, s, exact=False, pdl=False),
+                                         True)}
+    if breakdown:
+        for stage in ("qkv", "prologue", "o", "gate_up", "down", "lm_head"):
+            out[f"fused_scaled_after_but_{stage}"] = (
+                lambda rec, s, stage=stage: F(rec, s, exact=False,
+                                              unfused=frozenset([stage])), True)
+        out["fused_scaled_after_no_attention"] = (
+            lambda rec, s: F(rec, s, exact=False, with_attention=False), False)
+        out["gemvs_only"] = (dl.record_gemvs_only, False)
+    return out
+
+
+MAIN_STEPS = ("unfused", "fused", "fused_scaled_after")   # also timed at the other contexts
+
+
+def time_steps(name: str, shape, step: dl.Step, contexts, smoke: bool, rounds: int,
+               breakdown: bool = False) -> list[dict]:
+    """The whole step, each variant, at each context (the breakdown's variants at the first
+    only): checked against the unfused step's logits, then timed."""
+    variants = step_variants(breakdown)
+    graphs = {v: record(lambda rec, f: f(rec, step), [f]) for v, (f, _) in variants.items()}
     replays = {v: replay_of(g, smoke) for v, g in graphs.items()}
     rows = []
-    for context in contexts:
+    for n, context in enumerate(contexts):
         step.set_context(context)
+        names = list(replays) if n == 0 else [v for v in replays if v in MAIN_STEPS]
         out = {}
-        for v, r in replays.items():
-            r()
+        for v in names:
+            replays[v]()
             sync()
             out[v] = (T(step.logits), T(step.next_token).item())
         checks = {v: checked(f"{name} step at {context}: {v} vs unfused logits", out[v][0],
-                             out["unfused"][0], 3e-2) for v in out}
-        good = [v for v in replays if checks[v][1] is None]
+                             out["unfused"][0], 3e-2) if variants[v][1] else (None, None)
+                  for v in names}
+        good = [v for v in names if checks[v][1] is None]
         times = dict(zip(good, measure([replays[v] for v in good], rounds)))
-        for v, g in graphs.items():
-            ms = times.get(v)
+        for v in names:
+            g, ms = graphs[v], times.get(v)
             rows.append(dict(model=name, context=context, variant=v, kernels=len(g.records),
                              pdl_serial=serial_launches(g), step_us=ms and ms * 1e3,
                              tok_s=ms and 1e3 / ms,
                              frac_roofline=ms and shape.step_bytes(context) / (ms * 1e-3)
                              / (COPY_TBS * 1e12),
                              logits_rel_err_vs_unfused=checks[v][0],
-                             same_token=out[v][1] == out["unfused"][1], error=checks[v][1]))
+                             same_token=out[v][1] == out["unfused"][1] if variants[v][1]
+                             else None,
+                             error=checks[v][1] or (None if variants[v][1] else
+                                                    "diagnostic: not a decode step, unchecked")))
             print(rows[-1], flush=True)
     step.set_context(contexts[0])
     return rows
@@ -278,8 +315,8 @@ def time_stages(name: str, step: dl.Step, smoke: bool, rounds: int) -> list[dict
     found = []
     for row in stages.table() + [stages.lm_head()]:
         items = [None] * LM_HEAD_COPIES if row["name"] == "lm_head" else step.layers
-        for variant in ("unfused", "fused", "gemv"):
-            if row[variant] is None:
+        for variant in ("unfused", "fused", "fused_scaled_after", "gemv"):
+            if row.get(variant) is None:
                 continue
             g = record(row[variant], items)
             r = replay_of(g, smoke)
@@ -311,9 +348,10 @@ def run_model(name: str, args, smoke: bool, save=lambda result: None) -> dict:
     sync()
     result = dict(build_s=time.time() - t0)
     rounds = 0 if smoke else args.rounds
-    result["steps"] = time_steps(name, shape, step, args.contexts, smoke, rounds)
+    result["steps"] = time_steps(name, shape, step, args.contexts, smoke, rounds,
+                                 args.breakdown)
     save(result)
-    result["stages"] = time_stages(name, step, smoke, rounds)
+    result["stages"] = time_stages(name, step, smoke, rounds) if args.stages else []
     result["summary"] = summarize(name, shape, result["stages"], result["steps"],
                                   args.contexts[0])
     save(result)
@@ -356,10 +394,11 @@ def plot(results: dict, path) -> bool:
     for ax, m in zip(axes[0], models):
         rows = results[m]["stages"]
         names = [n for n in dict.fromkeys(r["stage"] for r in rows)]
-        for dx, v in ((-0.27, "unfused"), (0, "fused"), (0.27, "gemv")):
+        for dx, v in ((-0.3, "unfused"), (-0.1, "fused"), (0.1, "fused_scaled_after"),
+                      (0.3, "gemv")):
             ys = [next((r.get("us") for r in rows if r["stage"] == n and r["variant"] == v), 0)
                   or 0 for n in names]
-            ax.bar([i + dx for i in range(len(names))], ys, 0.27,
+            ax.bar([i + dx for i in range(len(names))], ys, 0.2,
                    label={"gemv": "plain gemv"}.get(v, v))
         su = results[m]["summary"]
         ax.set_title(f"{m}: step {su['unfused']['step_us'] or 0:.0f} -> "
@@ -384,12 +423,16 @@ def main() -> int:
                    help="models not started by then are skipped")
     p.add_argument("--name", default="fused", help="results file name")
     p.add_argument("--rounds", type=int, default=3, help="times every graph is timed in turn")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also the step with one stage unfused at a time, and diagnostics")
+    p.add_argument("--no-stages", dest="stages", action="store_false",
+                   help="time the steps only, not the stage chains")
     p.add_argument("--smoke", action="store_true",
                    help="tiny shapes on the CPU executor: build, record and check only")
     args = p.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
     if args.smoke:
-        args.models, args.max_seq, args.contexts = "tiny", 64, [10, 40]
+        args.models, args.max_seq, args.contexts, args.breakdown = "tiny", 64, [10, 40], True
         with st.backend("interpret", seed=0):
             run_model("tiny", args, smoke=True)
         print("smoke: every check passed")

@@ -23,6 +23,7 @@ import torch
 
 import safetile as st
 from safetile import ops
+from safetile.ops.gemv import choose_config
 
 VOCAB = 151936
 EPS = 1e-6
@@ -197,20 +198,73 @@ def record_unfused(rec, st_):
     rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
 
 
-def record_fused(rec, st_, attention_early: bool = False):
-    """The whole fused step (``attention_early``: the attention's reads before its PDL
-    wait, which makes its launch after the append go in plain order)."""
+def record_fused(rec, st_, attention_early: bool = False, exact: bool = True,
+                 unfused: frozenset = frozenset(), pdl: bool | None = None,
+                 with_attention: bool = True):
+    """The whole fused step. Options (for breakdowns; the defaults are the fused step):
+    ``attention_early``: the attention's reads before its PDL wait (its launch after the
+    append then goes in plain order); ``exact``: the norms of the fused gemvs rounded as
+    transformers rounds; ``unfused``: stages ("qkv", "prologue", "o", "gate_up", "down",
+    "lm_head") run as the unfused ops in this step's residual layout (rmsnorm + gemv,
+    gemv + add, silu_mul + gemv + add); ``pdl``: the gemvs' programmatic launch (default
+    on Hopper); ``with_attention=False`` leaves the prologue and attention out (a diagnostic,
+    not a decode step: o reads a stale attention output)."""
+    s = st_.shape
+
+    def cfg(w):
+        return choose_config(*w.shape, pdl=pdl)
     rec(ops.embedding(st_.token, st_.embed, out=st_.h[0]))
     cur, other = st_.h[0].view(-1), st_.h[1].view(-1)
     for L in st_.layers:
-        rec(ops.rmsnorm_gemv(cur, L.ln1, L.wqkv, EPS, out=st_.qkv))
-        attention_prologue_fused(rec, st_, L)
-        attention(rec, st_, L, attention_early)
-        rec(ops.gemv_add(L.wo, st_.attn.view(-1), cur, out=other))
-        rec(ops.rmsnorm_gemv(other, L.ln2, L.wgu, EPS, out=st_.gu))
-        rec(ops.silu_mul_gemv_add(L.wd, st_.gu, other, out=cur))
-    rec(ops.rmsnorm_gemv_argmax(cur, st_.final_norm, st_.lm_head, EPS, logits=st_.logits,
-                                token=st_.next_token, workspace=st_.head_ws))
+        if "qkv" in unfused:
+            rec(ops.rmsnorm(cur, L.ln1, EPS, out=st_.normed))
+            rec(ops.gemv(L.wqkv, st_.normed, st_.qkv, config=cfg(L.wqkv)))
+        else:
+            rec(ops.rmsnorm_gemv(cur, L.ln1, L.wqkv, EPS, out=st_.qkv, exact=exact,
+                                 config=cfg(L.wqkv)))
+        if with_attention:
+            if "prologue" in unfused:
+                attention_prologue_unfused(rec, st_, L)
+            else:
+                attention_prologue_fused(rec, st_, L)
+            attention(rec, st_, L, attention_early)
+        if "o" in unfused:
+            rec(ops.gemv(L.wo, st_.attn.view(-1), st_.o, config=cfg(L.wo)))
+            rec(ops.add(st_.o, cur, out=other))
+        else:
+            rec(ops.gemv_add(L.wo, st_.attn.view(-1), cur, out=other, config=cfg(L.wo)))
+        if "gate_up" in unfused:
+            rec(ops.rmsnorm(other, L.ln2, EPS, out=st_.normed))
+            rec(ops.gemv(L.wgu, st_.normed, st_.gu, config=cfg(L.wgu)))
+        else:
+            rec(ops.rmsnorm_gemv(other, L.ln2, L.wgu, EPS, out=st_.gu, exact=exact,
+                                 config=cfg(L.wgu)))
+        if "down" in unfused:
+            rec(ops.silu_mul(st_.gu.slice(0, 0, s.inter), st_.gu.slice(0, s.inter, 2 * s.inter),
+                             out=st_.act))
+            rec(ops.gemv(L.wd, st_.act, st_.down, config=cfg(L.wd)))
+            rec(ops.add(st_.down, other, out=cur))
+        else:
+            rec(ops.silu_mul_gemv_add(L.wd, st_.gu, other, out=cur, config=cfg(L.wd)))
+    if "lm_head" in unfused:
+        rec(ops.rmsnorm(cur, st_.final_norm, EPS, out=st_.normed))
+        rec(ops.gemv(st_.lm_head, st_.normed, st_.logits, config=cfg(st_.lm_head)))
+        rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
+    else:
+        rec(ops.rmsnorm_gemv_argmax(cur, st_.final_norm, st_.lm_head, EPS, logits=st_.logits,
+                                    token=st_.next_token, workspace=st_.head_ws, exact=exact,
+                                    config=cfg(st_.lm_head)))
+
+
+def record_gemvs_only(rec, st_):
+    """Only the step's weight streams: four plain gemvs a layer and lm_head (a diagnostic
+    floor of a kernel-per-gemv step, not a decode step)."""
+    for L in st_.layers:
+        rec(ops.gemv(L.wqkv, st_.normed, st_.qkv))
+        rec(ops.gemv(L.wo, st_.attn.view(-1), st_.o))
+        rec(ops.gemv(L.wgu, st_.normed, st_.gu))
+        rec(ops.gemv(L.wd, st_.act, st_.down))
+    rec(ops.gemv(st_.lm_head, st_.normed, st_.logits))
 
 
 def record(step: Step, assembly):

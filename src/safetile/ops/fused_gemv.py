@@ -5,11 +5,15 @@ Each is ``ops.gemv``'s kernel (same tiling, K loop, pipelining, early weight loa
 programmatic dependent launch; see ``gemv.py``) with a prologue or an epilogue, so a decode
 layer runs four kernels where the unfused chain runs nine:
 
-- ``rmsnorm_gemv``: ``W @ rmsnorm(x)``. Every program recomputes the norm's scale from the
-  whole of ``x`` (a few KB, read from L2, next to its ``BN * K * 2`` bytes of weights), then
-  normalizes each K block of ``x`` as it multiplies it, with Hugging Face Qwen3's rounding
-  points (normalized value rounded to x's dtype, times the weight, rounded again): the
-  vector it multiplies is exactly what ``ops.rmsnorm`` stores.
+- ``rmsnorm_gemv``: ``W @ rmsnorm(x)``. With ``exact`` (the default) every program
+  recomputes the norm's scale from the whole of ``x`` (a few KB, read from L2, next to its
+  ``BN * K * 2`` bytes of weights), then normalizes each K block of ``x`` as it multiplies
+  it, with Hugging Face Qwen3's rounding points (normalized value rounded to x's dtype,
+  times the weight, rounded again): the vector it multiplies is exactly what
+  ``ops.rmsnorm`` stores. The weight stream past the early blocks then waits for that scale.
+  Without ``exact`` each program accumulates ``W (x * weight)`` and the squares of x as the
+  blocks stream, and scales the dot products by ``rsqrt(mean(x^2) + eps)`` at the end: the
+  same function without the two roundings of the normalized vector, and nothing waits.
 - ``gemv_add``: ``W @ x + residual``: the product rounded to the output dtype, then added and
   rounded again, as ``ops.gemv`` followed by ``ops.add``.
 - ``silu_mul_gemv_add``: ``W @ silu_mul(gate, up) + residual``, ``gate_up`` the gate/up
@@ -46,10 +50,12 @@ def rms_scale(xt, n, eps):
 
 
 @st.function
-def silu_mul_block(g, u):
-    """``silu(g) * u`` in fp32, rounded once to g's dtype (as ``ops.silu_mul``), as fp32."""
+def silu_mul_block(g, u, valid):
+    """``silu(g) * u`` in fp32, rounded once to g's dtype (as ``ops.silu_mul``), as fp32;
+    0 where not ``valid``."""
     gf = g.astype(st.f32)
-    return (gf * sl.sigmoid(gf) * u.astype(st.f32)).astype(g.dtype).astype(st.f32)
+    act = (gf * sl.sigmoid(gf) * u.astype(st.f32)).astype(g.dtype).astype(st.f32)
+    return sl.where(valid, act, 0.0)
 
 
 @st.function
@@ -59,8 +65,38 @@ def plus_residual(acc, rt):
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_gemv_kernel(BK: int, HEAD: int):
-    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead."""
+def rmsnorm_gemv_kernel(BK: int, HEAD: int, EXACT: bool = True):
+    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead.
+    ``EXACT``: HF's rounding points (the scale first, from all of x); else the scale is
+    applied to the dot products (see the module docstring)."""
+    if not EXACT:
+        @st.kernel
+        def rmsnorm_gemv_scaled_after(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
+                                      w: st.In[IN_DTYPES, 2], y: st.Out[OUT_DTYPES, 1],
+                                      eps: float, K_BLOCKS: st.Const[int],
+                                      K_POW2: st.Const[int]):
+            """y[rows] = rsqrt(mean(x^2) + eps) * (W[rows] @ (x * norm_w)), in fp32."""
+            i = y.index[0]
+            if HEAD == 2:
+                w0 = w.load((i, 0), (y.shape[0], BK))
+                w1 = w.load((i, 1), (y.shape[0], BK))
+            acc = sl.zeros((y.shape[0], BK), st.f32)
+            sq = sl.zeros((BK,), st.f32)
+            if HEAD == 2:
+                x0 = x.load((0,), (BK,)).astype(st.f32)
+                x1 = x.load((1,), (BK,)).astype(st.f32)
+                acc += w0.astype(st.f32) * (x0 * norm_w.load((0,), (BK,)).astype(st.f32))[None, :]
+                acc += w1.astype(st.f32) * (x1 * norm_w.load((1,), (BK,)).astype(st.f32))[None, :]
+                sq += x0 * x0 + x1 * x1
+            for k in range(HEAD, K_BLOCKS):
+                wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
+                xk = x.load((k,), (BK,)).astype(st.f32)
+                acc += wt * (xk * norm_w.load((k,), (BK,)).astype(st.f32))[None, :]
+                sq += xk * xk
+            y.store(sl.sum(acc, 1) * sl.rsqrt(sl.sum(sq, 0) / x.shape[0] + eps))
+
+        return rmsnorm_gemv_scaled_after
+
     @st.kernel
     def rmsnorm_gemv(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
                      w: st.In[IN_DTYPES, 2], y: st.Out[OUT_DTYPES, 1], eps: float,
@@ -97,6 +133,7 @@ def gemv_add_kernel(BK: int, HEAD: int):
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
+        rt = residual.load((i,), (y.shape[0],))      # issued first: its latency hides
         acc = sl.zeros((y.shape[0], BK), st.f32)
         if HEAD == 2:
             acc += w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]
@@ -104,7 +141,7 @@ def gemv_add_kernel(BK: int, HEAD: int):
         for k in range(HEAD, K_BLOCKS):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
             acc += wt * x.load((k,), (BK,)).astype(st.f32)[None, :]
-        y.store(plus_residual(acc, residual.load((i,), (y.shape[0],))))
+        y.store(plus_residual(acc, rt))
 
     return gemv_add
 
@@ -113,25 +150,33 @@ def gemv_add_kernel(BK: int, HEAD: int):
 def silu_mul_gemv_add_kernel(BK: int, HEAD: int):
     """y = W @ silu_mul(gate, up) + residual with K blocks of ``BK``; ``HEAD`` ahead."""
     @st.kernel
-    def silu_mul_gemv_add(w: st.In[IN_DTYPES, 2], gate_up: st.In[IN_DTYPES, 2],
+    def silu_mul_gemv_add(w: st.In[IN_DTYPES, 2], gate_up: st.In[IN_DTYPES, 1],
                           residual: st.In[OUT_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
                           K_BLOCKS: st.Const[int]):
-        """y[rows] = round(W[rows] @ silu_mul(gate_up[0], gate_up[1])) + residual[rows]."""
+        """y[rows] = round(W[rows] @ silu_mul(gate_up[:K], gate_up[K:])) + residual[rows].
+
+        Gate and up blocks are 1-D tiles, as the gemv's x (a 2-D (1, BK) tile would take a
+        layout conversion in every iteration); the gate block past K is masked to 0."""
         i = y.index[0]
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
+        rt = residual.load((i,), (y.shape[0],))
+        K = w.shape[1]
         acc = sl.zeros((y.shape[0], BK), st.f32)
         if HEAD == 2:
-            acc += w0.astype(st.f32) * silu_mul_block(gate_up.load((0, 0), (1, BK)),
-                                                      gate_up.load((1, 0), (1, BK)))
-            acc += w1.astype(st.f32) * silu_mul_block(gate_up.load((0, 1), (1, BK)),
-                                                      gate_up.load((1, 1), (1, BK)))
+            acc += w0.astype(st.f32) * silu_mul_block(
+                gate_up.load_at((0,), (BK,)), gate_up.load_at((K,), (BK,)),
+                sl.arange(BK) < K)[None, :]
+            acc += w1.astype(st.f32) * silu_mul_block(
+                gate_up.load_at((BK,), (BK,)), gate_up.load_at((K + BK,), (BK,)),
+                BK + sl.arange(BK) < K)[None, :]
         for k in range(HEAD, K_BLOCKS):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
-            acc += wt * silu_mul_block(gate_up.load((0, k), (1, BK)),
-                                       gate_up.load((1, k), (1, BK)))
-        y.store(plus_residual(acc, residual.load((i,), (y.shape[0],))))
+            g = gate_up.load_at((k * BK,), (BK,))
+            u = gate_up.load_at((K + k * BK,), (BK,))
+            acc += wt * silu_mul_block(g, u, k * BK + sl.arange(BK) < K)[None, :]
+        y.store(plus_residual(acc, rt))
 
     return silu_mul_gemv_add
 
@@ -175,13 +220,17 @@ def result(name: str, out, n: int, dtype, device):
     return y, host.owned_view(y, (n,))
 
 
-def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
+def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *, exact: bool = True,
                  config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ rmsnorm(x)``: Qwen3's RMSNorm of ``x`` (K,) with ``norm_weight`` (K,), then the
     gemv with ``w`` (N, K); replaces ``ops.rmsnorm`` + ``ops.gemv``.
 
-    Returns a ``DeviceOp`` whose output is ``y`` (N,) in w's dtype (``out`` when given);
-    ``config`` as ``ops.gemv``'s (default: ``gemv.choose_config(N, K)``)."""
+    ``exact`` (default): the normalized vector is rounded where transformers rounds it, so
+    the result is exactly ``ops.gemv(w, ops.rmsnorm(x, norm_weight))``'s; ``exact=False``
+    scales the fp32 dot products by the norm instead (no rounding of the normalized vector:
+    a different rounding, not a larger error), so the weight stream need not wait for the
+    scale. Returns a ``DeviceOp`` whose output is ``y`` (N,) in w's dtype (``out`` when
+    given); ``config`` as ``ops.gemv``'s (default: ``gemv.choose_config(N, K)``)."""
     n, k = check_weight("ops.rmsnorm_gemv", w)
     xv = vector("ops.rmsnorm_gemv: x", x, k)
     host.check_value("ops.rmsnorm_gemv: norm_weight", norm_weight)
@@ -191,7 +240,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
+    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head, bool(exact)), cfg)
     op = kern(xv, host.borrow(norm_weight), host.borrow(w), yv.partition((cfg.bn,)), float(eps),
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
@@ -225,7 +274,8 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
 def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
                       config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ silu_mul(gate, up) + residual`` for ``w`` (N, K) and ``gate_up`` (2K,) (gate
-    first, up second: the fused gate/up projection's output; also (2, K)); replaces
+    first, up second: the fused gate/up projection's output; also a contiguous (2, K));
+    replaces
     ``ops.silu_mul`` + ``ops.gemv`` + ``ops.add``.
 
     Returns a ``DeviceOp`` whose output is ``y`` (N,) in the residual's dtype (``out`` when
@@ -235,12 +285,16 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     if tuple(gate_up.shape) not in ((2 * k,), (2, k)):
         raise ArgumentError(f"ops.silu_mul_gemv_add: gate_up must have shape ({2 * k},) or "
                             f"(2, {k}) for w {tuple(w.shape)}, got {tuple(gate_up.shape)}")
-    if gate_up.ndim == 2:
+    if gate_up.ndim == 1:
         gu = host.borrow(gate_up)
     elif hasattr(gate_up, "view"):
-        gu = gate_up.view(2, k)
+        try:
+            gu = gate_up.view(2 * k)
+        except ValueError:
+            raise ArgumentError("ops.silu_mul_gemv_add: a (2, K) gate_up must be contiguous "
+                                "(it is read as one (2K,) vector)") from None
     else:
-        raise ArgumentError("ops.silu_mul_gemv_add: a Shared gate_up must be 2-D (2, K)")
+        raise ArgumentError("ops.silu_mul_gemv_add: a Shared gate_up must be 1-D (2K,)")
     host.same_dtype("ops.silu_mul_gemv_add", w, gate_up)
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
