@@ -84,9 +84,8 @@ class Stages:
                                 residual_out=s.resid))
             rec(ops.gemv(getattr(L, weight), s.s.normed, out))
 
-        def fused(rec, L, exact=True):
-            rec(ops.rmsnorm_gemv(s.x, getattr(L, norm), getattr(L, weight), dl.EPS, out=out,
-                                 exact=exact))
+        def fused(rec, L):
+            rec(ops.rmsnorm_gemv(s.x, getattr(L, norm), getattr(L, weight), dl.EPS, out=out))
 
         def gemv(rec, L):
             rec(ops.gemv(getattr(L, weight), s.s.normed, out))
@@ -98,11 +97,6 @@ class Stages:
             return w @ hf_rmsnorm(s.xs if variant == "unfused" else T(s.x), nw)
         return unfused, fused, gemv, want
 
-    @staticmethod
-    def scaled_after(fused):
-        """The fused recorder with the norm's scale applied after the dot products."""
-        return lambda rec, L: fused(rec, L, exact=False)
-
     def table(self) -> list[dict]:
         s, sh, st_ = self, self.s.shape, self.s
         inter = sh.inter
@@ -111,8 +105,7 @@ class Stages:
                                             ("gate_up", "ln2", "wgu", st_.gu, 2 * inter)):
             unfused, fused, gemv, want = self._norm_gemv(norm, weight, out)
             rows.append(dict(name=name, unfused=unfused, fused=fused, gemv=gemv, out=out,
-                             want=want, nbytes=n * sh.hidden * 2,
-                             fused_scaled_after=self.scaled_after(fused)))
+                             want=want, nbytes=n * sh.hidden * 2))
         q = sh.q_heads * sh.head_dim
         rows.append(dict(
             name="o", out=st_.o, nbytes=sh.hidden * q * 2,
@@ -120,7 +113,7 @@ class Stages:
             fused=lambda rec, L: rec(ops.gemv_add(L.wo, s.attn_in, s.x, out=st_.o)),
             gemv=lambda rec, L: rec(ops.gemv(L.wo, s.attn_in, st_.o)),
             want=lambda v, L: T(L.wo).double() @ T(s.attn_in).double()
-            + (T(s.x).double() if v.startswith("fused") else 0)))
+            + (T(s.x).double() if v == "fused" else 0)))
 
         def act():
             g = T(s.gu_in).double()
@@ -135,7 +128,7 @@ class Stages:
             fused=lambda rec, L: rec(ops.silu_mul_gemv_add(L.wd, s.gu_in, s.x, out=st_.down)),
             gemv=lambda rec, L: rec(ops.gemv(L.wd, st_.act, st_.down)),
             want=lambda v, L: T(L.wd).double() @ (act() if v != "gemv" else T(st_.act).double())
-            + (T(s.x).double() if v.startswith("fused") else 0)))
+            + (T(s.x).double() if v == "fused" else 0)))
         rows.append(dict(
             name="attn_prologue", out=st_.q, nbytes=0,
             unfused=lambda rec, L: dl.attention_prologue_unfused(rec, st_, L),
@@ -182,10 +175,10 @@ class Stages:
             rec(ops.gemv(st_.lm_head, st_.normed, st_.logits))
             rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
 
-        def fused(rec, _, exact=True):
+        def fused(rec, _):
             rec(ops.rmsnorm_gemv_argmax(s.x, st_.final_norm, st_.lm_head, dl.EPS,
                                         logits=st_.logits, token=st_.next_token,
-                                        workspace=st_.head_ws, exact=exact))
+                                        workspace=st_.head_ws))
 
         def want(variant, _):
             lg = T(st_.logits)
@@ -194,8 +187,7 @@ class Stages:
             x = s.xs if variant == "unfused" else T(s.x)
             return T(st_.lm_head).double() @ hf_rmsnorm(x, T(st_.final_norm))
         return dict(name="lm_head", out=st_.logits, unfused=unfused, fused=fused, gemv=None,
-                    want=want, nbytes=st_.shape.vocab * st_.shape.hidden * 2,
-                    fused_scaled_after=self.scaled_after(fused))
+                    want=want, nbytes=st_.shape.vocab * st_.shape.hidden * 2)
 
 
 def record(bodies, items):
@@ -254,21 +246,17 @@ def step_variants(breakdown: bool) -> dict:
     out = {"unfused": (dl.record_unfused, True),
            "fused": (F, True),
            "fused_attn_early": (lambda rec, s: F(rec, s, attention_early=True), True),
-           "fused_scaled_after": (lambda rec, s: F(rec, s, exact=False), True),
-           "fused_scaled_after_no_pdl": (lambda rec, s: F(rec, s, exact=False, pdl=False),
-                                         True)}
+           "fused_no_pdl": (lambda rec, s: F(rec, s, pdl=False), True)}
     if breakdown:
         for stage in ("qkv", "prologue", "o", "gate_up", "down", "lm_head"):
-            out[f"fused_scaled_after_but_{stage}"] = (
-                lambda rec, s, stage=stage: F(rec, s, exact=False,
-                                              unfused=frozenset([stage])), True)
-        out["fused_scaled_after_no_attention"] = (
-            lambda rec, s: F(rec, s, exact=False, with_attention=False), False)
+            out[f"fused_but_{stage}"] = (
+                lambda rec, s, stage=stage: F(rec, s, unfused=frozenset([stage])), True)
+        out["fused_no_attention"] = (lambda rec, s: F(rec, s, with_attention=False), False)
         out["gemvs_only"] = (dl.record_gemvs_only, False)
     return out
 
 
-MAIN_STEPS = ("unfused", "fused", "fused_scaled_after")   # also timed at the other contexts
+MAIN_STEPS = ("unfused", "fused")   # also timed at the other contexts
 
 
 def time_steps(name: str, shape, step: dl.Step, contexts, smoke: bool, rounds: int,
@@ -315,7 +303,7 @@ def time_stages(name: str, step: dl.Step, smoke: bool, rounds: int) -> list[dict
     found = []
     for row in stages.table() + [stages.lm_head()]:
         items = [None] * LM_HEAD_COPIES if row["name"] == "lm_head" else step.layers
-        for variant in ("unfused", "fused", "fused_scaled_after", "gemv"):
+        for variant in ("unfused", "fused", "gemv"):
             if row.get(variant) is None:
                 continue
             g = record(row[variant], items)
@@ -394,11 +382,10 @@ def plot(results: dict, path) -> bool:
     for ax, m in zip(axes[0], models):
         rows = results[m]["stages"]
         names = [n for n in dict.fromkeys(r["stage"] for r in rows)]
-        for dx, v in ((-0.3, "unfused"), (-0.1, "fused"), (0.1, "fused_scaled_after"),
-                      (0.3, "gemv")):
+        for dx, v in ((-0.27, "unfused"), (0, "fused"), (0.27, "gemv")):
             ys = [next((r.get("us") for r in rows if r["stage"] == n and r["variant"] == v), 0)
                   or 0 for n in names]
-            ax.bar([i + dx for i in range(len(names))], ys, 0.2,
+            ax.bar([i + dx for i in range(len(names))], ys, 0.27,
                    label={"gemv": "plain gemv"}.get(v, v))
         su = results[m]["summary"]
         ax.set_title(f"{m}: step {su['unfused']['step_us'] or 0:.0f} -> "

@@ -198,13 +198,12 @@ def record_unfused(rec, st_):
     rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
 
 
-def record_fused(rec, st_, attention_early: bool = False, exact: bool = True,
+def record_fused(rec, st_, attention_early: bool = False,
                  unfused: frozenset = frozenset(), pdl: bool | None = None,
                  with_attention: bool = True):
     """The whole fused step. Options (for breakdowns; the defaults are the fused step):
     ``attention_early``: the attention's reads before its PDL wait (its launch after the
-    append then goes in plain order); ``exact``: the norms of the fused gemvs rounded as
-    transformers rounds; ``unfused``: stages ("qkv", "prologue", "o", "gate_up", "down",
+    append then goes in plain order); ``unfused``: stages ("qkv", "prologue", "o", "gate_up", "down",
     "lm_head") run as the unfused ops in this step's residual layout (rmsnorm + gemv,
     gemv + add, silu_mul + gemv + add); ``pdl``: the gemvs' programmatic launch (default
     on Hopper); ``with_attention=False`` leaves the prologue and attention out (a diagnostic,
@@ -220,7 +219,7 @@ def record_fused(rec, st_, attention_early: bool = False, exact: bool = True,
             rec(ops.rmsnorm(cur, L.ln1, EPS, out=st_.normed))
             rec(ops.gemv(L.wqkv, st_.normed, st_.qkv, config=cfg(L.wqkv)))
         else:
-            rec(ops.rmsnorm_gemv(cur, L.ln1, L.wqkv, EPS, out=st_.qkv, exact=exact,
+            rec(ops.rmsnorm_gemv(cur, L.ln1, L.wqkv, EPS, out=st_.qkv,
                                  config=cfg(L.wqkv)))
         if with_attention:
             if "prologue" in unfused:
@@ -237,7 +236,7 @@ def record_fused(rec, st_, attention_early: bool = False, exact: bool = True,
             rec(ops.rmsnorm(other, L.ln2, EPS, out=st_.normed))
             rec(ops.gemv(L.wgu, st_.normed, st_.gu, config=cfg(L.wgu)))
         else:
-            rec(ops.rmsnorm_gemv(other, L.ln2, L.wgu, EPS, out=st_.gu, exact=exact,
+            rec(ops.rmsnorm_gemv(other, L.ln2, L.wgu, EPS, out=st_.gu,
                                  config=cfg(L.wgu)))
         if "down" in unfused:
             rec(ops.silu_mul(st_.gu.slice(0, 0, s.inter), st_.gu.slice(0, s.inter, 2 * s.inter),
@@ -252,7 +251,7 @@ def record_fused(rec, st_, attention_early: bool = False, exact: bool = True,
         rec(ops.argmax(st_.logits, st_.next_token, st_.argmax_ws))
     else:
         rec(ops.rmsnorm_gemv_argmax(cur, st_.final_norm, st_.lm_head, EPS, logits=st_.logits,
-                                    token=st_.next_token, workspace=st_.head_ws, exact=exact,
+                                    token=st_.next_token, workspace=st_.head_ws,
                                     config=cfg(st_.lm_head)))
 
 

@@ -38,13 +38,13 @@ CASES = {
         blocks(6144, 2560), 4096)),
     "gemv_add_o": (gemv_add_kernel, (2560, 4096), lambda c: (
         z((2560, 4096)), z((4096,)), z((2560,)), out((2560,), (c.bn,)), blocks(2560, 4096))),
-    "rmsnorm_gemv_scaled_after_gate_up": (
-        lambda bk, head: rmsnorm_gemv_kernel(bk, head, False), (19456, 2560), lambda c: (
-            z((2560,)), z((2560,)), z((19456, 2560)), out((19456,), (c.bn,)), 1e-6,
-            blocks(19456, 2560), 4096)),
     "silu_mul_gemv_add_down": (silu_mul_gemv_add_kernel, (2560, 9728), lambda c: (
-        z((2560, 9728)), z((2 * 9728,)), z((2560,)), out((2560,), (c.bn,)),
+        z((2560, 9728)), z((2, 9728)), z((2560,)), out((2560,), (c.bn,)),
         blocks(2560, 9728))),
+    "silu_mul_gemv_add_flat_down_32b": (
+        lambda bk, head: silu_mul_gemv_add_kernel(bk, head, True), (5120, 25600), lambda c: (
+            z((5120, 25600)), z((2 * 25600,)), z((5120,)), out((5120,), (c.bn,)),
+            blocks(5120, 25600))),
     "rmsnorm_gemv_argmax_lm_head": (rmsnorm_gemv_argmax_kernel, (151936, 2560), lambda c: (
         z((2560,)), z((2560,)), z((151936, 2560)), out((151936,), (c.bn,)),
         out((18992,), (1,), st.f32), out((18992,), (1,), st.i64), 1e-6, blocks(151936, 2560),

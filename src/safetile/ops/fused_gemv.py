@@ -5,20 +5,18 @@ Each is ``ops.gemv``'s kernel (same tiling, K loop, pipelining, early weight loa
 programmatic dependent launch; see ``gemv.py``) with a prologue or an epilogue, so a decode
 layer runs four kernels where the unfused chain runs nine:
 
-- ``rmsnorm_gemv``: ``W @ rmsnorm(x)``. With ``exact`` (the default) every program
-  recomputes the norm's scale from the whole of ``x`` (a few KB, read from L2, next to its
-  ``BN * K * 2`` bytes of weights), then normalizes each K block of ``x`` as it multiplies
-  it, with Hugging Face Qwen3's rounding points (normalized value rounded to x's dtype,
-  times the weight, rounded again): the vector it multiplies is exactly what
-  ``ops.rmsnorm`` stores. The weight stream past the early blocks then waits for that scale.
-  Without ``exact`` each program accumulates ``W (x * weight)`` and the squares of x as the
-  blocks stream, and scales the dot products by ``rsqrt(mean(x^2) + eps)`` at the end: the
-  same function without the two roundings of the normalized vector, and nothing waits.
+- ``rmsnorm_gemv``: ``W @ rmsnorm(x)``. Every program recomputes the norm's scale from the
+  whole of ``x`` (a few KB, read from L2, next to its ``BN * K * 2`` bytes of weights), then
+  normalizes each K block of ``x`` as it multiplies it, with Hugging Face Qwen3's rounding
+  points (normalized value rounded to x's dtype, times the weight, rounded again): the
+  vector it multiplies is exactly what ``ops.rmsnorm`` stores.
 - ``gemv_add``: ``W @ x + residual``: the product rounded to the output dtype, then added and
   rounded again, as ``ops.gemv`` followed by ``ops.add``.
 - ``silu_mul_gemv_add``: ``W @ silu_mul(gate, up) + residual``, ``gate_up`` the gate/up
   projection's output (gate first): each K block of the activation is computed as
-  ``ops.silu_mul`` computes it (fp32, rounded once) from the two halves.
+  ``ops.silu_mul`` computes it (fp32, rounded once) from the two halves, read as (1, BK)
+  blocks of a (2, K) view, or, for K >= ``FLAT_MIN_K``, as 1-D blocks of the (2K,) vector
+  (whichever streamed faster on the H200 at that size; benchmarks/TUNING.md).
 
 The W blocks loaded before the PDL wait are the same as ``ops.gemv``'s; everything the
 previous kernel may write (``x``, ``gate_up``, ``residual``) is read after it.
@@ -33,6 +31,11 @@ import safetile.lang as sl
 from ..errors import ArgumentError
 from . import host
 from .gemv import IN_DTYPES, OUT_DTYPES, GemvConfig, choose_config
+
+# From this K up, silu_mul_gemv_add reads gate_up as 1-D blocks of the (2K,) vector; below,
+# as (1, BK) blocks of a (2, K) view: on the H200 the rows form streamed Qwen3-4B's down
+# projection (K 9728) far faster and the flat form Qwen3-32B's (K 25600) (TUNING.md).
+FLAT_MIN_K = 16384
 
 
 @st.function
@@ -50,12 +53,10 @@ def rms_scale(xt, n, eps):
 
 
 @st.function
-def silu_mul_block(g, u, valid):
-    """``silu(g) * u`` in fp32, rounded once to g's dtype (as ``ops.silu_mul``), as fp32;
-    0 where not ``valid``."""
+def silu_mul_block(g, u):
+    """``silu(g) * u`` in fp32, rounded once to g's dtype (as ``ops.silu_mul``), as fp32."""
     gf = g.astype(st.f32)
-    act = (gf * sl.sigmoid(gf) * u.astype(st.f32)).astype(g.dtype).astype(st.f32)
-    return sl.where(valid, act, 0.0)
+    return (gf * sl.sigmoid(gf) * u.astype(st.f32)).astype(g.dtype).astype(st.f32)
 
 
 @st.function
@@ -65,38 +66,8 @@ def plus_residual(acc, rt):
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_gemv_kernel(BK: int, HEAD: int, EXACT: bool = True):
-    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead.
-    ``EXACT``: HF's rounding points (the scale first, from all of x); else the scale is
-    applied to the dot products (see the module docstring)."""
-    if not EXACT:
-        @st.kernel
-        def rmsnorm_gemv_scaled_after(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
-                                      w: st.In[IN_DTYPES, 2], y: st.Out[OUT_DTYPES, 1],
-                                      eps: float, K_BLOCKS: st.Const[int],
-                                      K_POW2: st.Const[int]):
-            """y[rows] = rsqrt(mean(x^2) + eps) * (W[rows] @ (x * norm_w)), in fp32."""
-            i = y.index[0]
-            if HEAD == 2:
-                w0 = w.load((i, 0), (y.shape[0], BK))
-                w1 = w.load((i, 1), (y.shape[0], BK))
-            acc = sl.zeros((y.shape[0], BK), st.f32)
-            sq = sl.zeros((BK,), st.f32)
-            if HEAD == 2:
-                x0 = x.load((0,), (BK,)).astype(st.f32)
-                x1 = x.load((1,), (BK,)).astype(st.f32)
-                acc += w0.astype(st.f32) * (x0 * norm_w.load((0,), (BK,)).astype(st.f32))[None, :]
-                acc += w1.astype(st.f32) * (x1 * norm_w.load((1,), (BK,)).astype(st.f32))[None, :]
-                sq += x0 * x0 + x1 * x1
-            for k in range(HEAD, K_BLOCKS):
-                wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
-                xk = x.load((k,), (BK,)).astype(st.f32)
-                acc += wt * (xk * norm_w.load((k,), (BK,)).astype(st.f32))[None, :]
-                sq += xk * xk
-            y.store(sl.sum(acc, 1) * sl.rsqrt(sl.sum(sq, 0) / x.shape[0] + eps))
-
-        return rmsnorm_gemv_scaled_after
-
+def rmsnorm_gemv_kernel(BK: int, HEAD: int):
+    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead."""
     @st.kernel
     def rmsnorm_gemv(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
                      w: st.In[IN_DTYPES, 2], y: st.Out[OUT_DTYPES, 1], eps: float,
@@ -133,7 +104,6 @@ def gemv_add_kernel(BK: int, HEAD: int):
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
-        rt = residual.load((i,), (y.shape[0],))      # issued first: its latency hides
         acc = sl.zeros((y.shape[0], BK), st.f32)
         if HEAD == 2:
             acc += w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]
@@ -141,42 +111,65 @@ def gemv_add_kernel(BK: int, HEAD: int):
         for k in range(HEAD, K_BLOCKS):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
             acc += wt * x.load((k,), (BK,)).astype(st.f32)[None, :]
-        y.store(plus_residual(acc, rt))
+        y.store(plus_residual(acc, residual.load((i,), (y.shape[0],))))
 
     return gemv_add
 
 
 @functools.lru_cache(maxsize=None)
-def silu_mul_gemv_add_kernel(BK: int, HEAD: int):
-    """y = W @ silu_mul(gate, up) + residual with K blocks of ``BK``; ``HEAD`` ahead."""
+def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False):
+    """y = W @ silu_mul(gate, up) + residual with K blocks of ``BK``; ``HEAD`` ahead.
+    ``FLAT``: gate_up is read as one (2K,) vector in 1-D blocks, else as (2, K) rows in
+    (1, BK) blocks (``FLAT_MIN_K`` says when each is used)."""
+    if FLAT:
+        @st.kernel
+        def silu_mul_gemv_add_flat(w: st.In[IN_DTYPES, 2], gate_up: st.In[IN_DTYPES, 1],
+                                   residual: st.In[OUT_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
+                                   K_BLOCKS: st.Const[int]):
+            """y[rows] = round(W[rows] @ silu_mul(gate_up[:K], gate_up[K:])) + residual[rows];
+            gate blocks past K read as 0."""
+            i = y.index[0]
+            if HEAD == 2:
+                w0 = w.load((i, 0), (y.shape[0], BK))
+                w1 = w.load((i, 1), (y.shape[0], BK))
+            K = w.shape[1]
+            acc = sl.zeros((y.shape[0], BK), st.f32)
+            if HEAD == 2:
+                g0 = sl.where(sl.arange(BK) < K, gate_up.load_at((0,), (BK,)), 0.0)
+                g1 = sl.where(BK + sl.arange(BK) < K, gate_up.load_at((BK,), (BK,)), 0.0)
+                acc += w0.astype(st.f32) * silu_mul_block(
+                    g0, gate_up.load_at((K,), (BK,)))[None, :]
+                acc += w1.astype(st.f32) * silu_mul_block(
+                    g1, gate_up.load_at((K + BK,), (BK,)))[None, :]
+            for k in range(HEAD, K_BLOCKS):
+                wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
+                valid = k * BK + sl.arange(BK) < K
+                g = sl.where(valid, gate_up.load_at((k * BK,), (BK,)), 0.0)
+                acc += wt * silu_mul_block(g, gate_up.load_at((K + k * BK,), (BK,)))[None, :]
+            y.store(plus_residual(acc, residual.load((i,), (y.shape[0],))))
+
+        return silu_mul_gemv_add_flat
+
     @st.kernel
-    def silu_mul_gemv_add(w: st.In[IN_DTYPES, 2], gate_up: st.In[IN_DTYPES, 1],
+    def silu_mul_gemv_add(w: st.In[IN_DTYPES, 2], gate_up: st.In[IN_DTYPES, 2],
                           residual: st.In[OUT_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
                           K_BLOCKS: st.Const[int]):
-        """y[rows] = round(W[rows] @ silu_mul(gate_up[:K], gate_up[K:])) + residual[rows].
-
-        Gate and up blocks are 1-D tiles, as the gemv's x (a 2-D (1, BK) tile would take a
-        layout conversion in every iteration); the gate block past K is masked to 0."""
+        """y[rows] = round(W[rows] @ silu_mul(gate_up[0], gate_up[1])) + residual[rows]."""
         i = y.index[0]
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
-        rt = residual.load((i,), (y.shape[0],))
-        K = w.shape[1]
         acc = sl.zeros((y.shape[0], BK), st.f32)
         if HEAD == 2:
-            acc += w0.astype(st.f32) * silu_mul_block(
-                gate_up.load_at((0,), (BK,)), gate_up.load_at((K,), (BK,)),
-                sl.arange(BK) < K)[None, :]
-            acc += w1.astype(st.f32) * silu_mul_block(
-                gate_up.load_at((BK,), (BK,)), gate_up.load_at((K + BK,), (BK,)),
-                BK + sl.arange(BK) < K)[None, :]
+            acc += w0.astype(st.f32) * silu_mul_block(gate_up.load((0, 0), (1, BK)),
+                                                      gate_up.load((1, 0), (1, BK)))
+            acc += w1.astype(st.f32) * silu_mul_block(gate_up.load((0, 1), (1, BK)),
+                                                      gate_up.load((1, 1), (1, BK)))
         for k in range(HEAD, K_BLOCKS):
             wt = w.load((i, k), (y.shape[0], BK)).astype(st.f32)
-            g = gate_up.load_at((k * BK,), (BK,))
-            u = gate_up.load_at((K + k * BK,), (BK,))
-            acc += wt * silu_mul_block(g, u, k * BK + sl.arange(BK) < K)[None, :]
-        y.store(plus_residual(acc, rt))
+            acc += wt * silu_mul_block(gate_up.load((0, k), (1, BK)),
+                                       gate_up.load((1, k), (1, BK)))
+        y.store(plus_residual(acc, residual.load((i,), (y.shape[0],))))
 
     return silu_mul_gemv_add
 
@@ -220,17 +213,14 @@ def result(name: str, out, n: int, dtype, device):
     return y, host.owned_view(y, (n,))
 
 
-def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *, exact: bool = True,
+def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
                  config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ rmsnorm(x)``: Qwen3's RMSNorm of ``x`` (K,) with ``norm_weight`` (K,), then the
-    gemv with ``w`` (N, K); replaces ``ops.rmsnorm`` + ``ops.gemv``.
+    gemv with ``w`` (N, K); replaces ``ops.rmsnorm`` + ``ops.gemv`` (and computes exactly
+    what that chain computes).
 
-    ``exact`` (default): the normalized vector is rounded where transformers rounds it, so
-    the result is exactly ``ops.gemv(w, ops.rmsnorm(x, norm_weight))``'s; ``exact=False``
-    scales the fp32 dot products by the norm instead (no rounding of the normalized vector:
-    a different rounding, not a larger error), so the weight stream need not wait for the
-    scale. Returns a ``DeviceOp`` whose output is ``y`` (N,) in w's dtype (``out`` when
-    given); ``config`` as ``ops.gemv``'s (default: ``gemv.choose_config(N, K)``)."""
+    Returns a ``DeviceOp`` whose output is ``y`` (N,) in w's dtype (``out`` when given);
+    ``config`` as ``ops.gemv``'s (default: ``gemv.choose_config(N, K)``)."""
     n, k = check_weight("ops.rmsnorm_gemv", w)
     xv = vector("ops.rmsnorm_gemv: x", x, k)
     host.check_value("ops.rmsnorm_gemv: norm_weight", norm_weight)
@@ -240,7 +230,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *, exact: bool 
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head, bool(exact)), cfg)
+    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
     op = kern(xv, host.borrow(norm_weight), host.borrow(w), yv.partition((cfg.bn,)), float(eps),
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
@@ -285,20 +275,22 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     if tuple(gate_up.shape) not in ((2 * k,), (2, k)):
         raise ArgumentError(f"ops.silu_mul_gemv_add: gate_up must have shape ({2 * k},) or "
                             f"(2, {k}) for w {tuple(w.shape)}, got {tuple(gate_up.shape)}")
-    if gate_up.ndim == 1:
+    flat = k >= FLAT_MIN_K
+    if tuple(gate_up.shape) == ((2 * k,) if flat else (2, k)):
         gu = host.borrow(gate_up)
-    elif hasattr(gate_up, "view"):
+    elif not hasattr(gate_up, "view"):
+        raise ArgumentError(f"ops.silu_mul_gemv_add: a Shared gate_up must have shape "
+                            f"{(2 * k,) if flat else (2, k)} for K = {k}")
+    else:
         try:
-            gu = gate_up.view(2 * k)
+            gu = gate_up.view(2 * k) if flat else gate_up.view(2, k)
         except ValueError:
             raise ArgumentError("ops.silu_mul_gemv_add: a (2, K) gate_up must be contiguous "
-                                "(it is read as one (2K,) vector)") from None
-    else:
-        raise ArgumentError("ops.silu_mul_gemv_add: a Shared gate_up must be 1-D (2K,)")
+                                "here (it is read as one (2K,) vector)") from None
     host.same_dtype("ops.silu_mul_gemv_add", w, gate_up)
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head), cfg)
+    kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
     op = kern(host.borrow(w), gu, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

@@ -29,9 +29,8 @@ from .gemv import IN_DTYPES, OUT_DTYPES, GemvConfig, choose_config
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_gemv_argmax_kernel(BK: int, HEAD: int, EXACT: bool = True):
-    """logits = W @ rmsnorm(x) and each program's (max, argmax); K blocks of ``BK``;
-    ``EXACT`` as in ``fused_gemv.rmsnorm_gemv_kernel``."""
+def rmsnorm_gemv_argmax_kernel(BK: int, HEAD: int):
+    """logits = W @ rmsnorm(x) and each program's (max, argmax); K blocks of ``BK``."""
     @st.kernel
     def rmsnorm_gemv_argmax(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
                             w: st.In[IN_DTYPES, 2], logits: st.Out[OUT_DTYPES, 1],
@@ -43,37 +42,18 @@ def rmsnorm_gemv_argmax_kernel(BK: int, HEAD: int, EXACT: bool = True):
         if HEAD == 2:
             w0 = w.load((i, 0), (logits.shape[0], BK))
             w1 = w.load((i, 1), (logits.shape[0], BK))
+        xs = x.load((0,), (K_POW2,))
+        r = rms_scale(xs, x.shape[0], eps)
         acc = sl.zeros((logits.shape[0], BK), st.f32)
-        if EXACT:
-            xs = x.load((0,), (K_POW2,))
-            r = rms_scale(xs, x.shape[0], eps)
-            if HEAD == 2:
-                acc += w0.astype(st.f32) * normed_block(x.load((0,), (BK,)),
-                                                        norm_w.load((0,), (BK,)), r)[None, :]
-                acc += w1.astype(st.f32) * normed_block(x.load((1,), (BK,)),
-                                                        norm_w.load((1,), (BK,)), r)[None, :]
-            for k in range(HEAD, K_BLOCKS):
-                wt = w.load((i, k), (logits.shape[0], BK)).astype(st.f32)
-                acc += wt * normed_block(x.load((k,), (BK,)), norm_w.load((k,), (BK,)),
-                                         r)[None, :]
-            row = sl.sum(acc, 1).astype(xs.dtype)          # the logits as stored
-        else:
-            sq = sl.zeros((BK,), st.f32)
-            if HEAD == 2:
-                x0 = x.load((0,), (BK,))
-                x1 = x.load((1,), (BK,)).astype(st.f32)
-                acc += w0.astype(st.f32) * (x0.astype(st.f32)
-                                            * norm_w.load((0,), (BK,)).astype(st.f32))[None, :]
-                acc += w1.astype(st.f32) * (x1 * norm_w.load((1,), (BK,)).astype(st.f32))[None, :]
-                sq += x0.astype(st.f32) * x0.astype(st.f32) + x1 * x1
-            for k in range(HEAD, K_BLOCKS):
-                wt = w.load((i, k), (logits.shape[0], BK)).astype(st.f32)
-                xk = x.load((k,), (BK,)).astype(st.f32)
-                acc += wt * (xk * norm_w.load((k,), (BK,)).astype(st.f32))[None, :]
-                sq += xk * xk
-            scaled = sl.sum(acc, 1) * sl.rsqrt(sl.sum(sq, 0) / x.shape[0] + eps)
-            # the logits as stored (only the dtype of that load is used: no load is emitted)
-            row = scaled.astype(x.load((0,), (1,)).dtype)
+        if HEAD == 2:
+            acc += w0.astype(st.f32) * normed_block(x.load((0,), (BK,)),
+                                                    norm_w.load((0,), (BK,)), r)[None, :]
+            acc += w1.astype(st.f32) * normed_block(x.load((1,), (BK,)),
+                                                    norm_w.load((1,), (BK,)), r)[None, :]
+        for k in range(HEAD, K_BLOCKS):
+            wt = w.load((i, k), (logits.shape[0], BK)).astype(st.f32)
+            acc += wt * normed_block(x.load((k,), (BK,)), norm_w.load((k,), (BK,)), r)[None, :]
+        row = sl.sum(acc, 1).astype(xs.dtype)                 # the logits as stored
         logits.store(row)
         first = i * logits.shape[0]
         valid = first + sl.arange(logits.shape[0]) < w.shape[0]
@@ -105,7 +85,7 @@ _FINAL = host.Configured(argmax_final_kernel)
 
 def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token=None,
                         workspace: ArgmaxWorkspace | None = None, *, dtype: DType = st.i64,
-                        exact: bool = True, config: GemvConfig | None = None) -> st.DeviceOp:
+                        config: GemvConfig | None = None) -> st.DeviceOp:
     """Greedy decode's head: ``logits = W @ rmsnorm(x)`` (``x`` (K,), ``norm_weight`` (K,),
     ``w`` (vocab, K)) and ``token = argmax(logits)``; replaces ``ops.rmsnorm`` +
     ``ops.gemv`` + ``ops.argmax``.
@@ -113,7 +93,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     Returns a ``DeviceOp`` whose output is ``(logits, token)``: logits (vocab,) in w's dtype,
     token a (1,) tensor of ``dtype`` (int32 or int64; ``token``'s dtype when given) on the
     device. Pass ``logits``, ``token`` and ``workspace`` (:func:`gemv_argmax_workspace`) to
-    allocate nothing, e.g. inside a graph scope. ``exact`` as in ``ops.rmsnorm_gemv``."""
+    allocate nothing, e.g. inside a graph scope."""
     name = "ops.rmsnorm_gemv_argmax"
     n, k = check_weight(name, w)
     xv = vector(f"{name}: x", x, k)
@@ -134,7 +114,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
                             f"(ops.gemv_argmax_workspace)")
     y = host.output(f"{name}: logits", logits, (n,), w.dtype, w.device)
     z = host.output(f"{name}: token", token, (1,), dtype, w.device)
-    kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head, bool(exact)), cfg)
+    kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
     stage1 = kern(xv, host.borrow(norm_weight), host.borrow(w),
                   host.owned_view(y, (n,)).partition((cfg.bn,)),
                   host.owned_view(ws.values, (blocks,)).partition((1,)),
