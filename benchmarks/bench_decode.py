@@ -214,6 +214,8 @@ def measure(variant: Variant, model, lengths: list, repeats: int, device) -> lis
     vocab = model.config.vocab_size
     p18, p1k = prompt_ids(PROMPT, vocab, device), prompt_ids(LONG_PROMPT, vocab, device)
     reps = 1 if variant.slow else repeats
+    variant.generate(p18, 2)                  # warm-up: first-shape costs (kernel choices,
+    variant.generate(p1k, 1)                  # cache allocation) stay out of the figures
     ttft = statistics.median(timed(lambda: variant.generate(p18, 1)) for _ in range(reps))
     ttft_1k = statistics.median(timed(lambda: variant.generate(p1k, 1)) for _ in range(reps))
     rows = []
