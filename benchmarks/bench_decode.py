@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from harness import RESULTS, check_close, env_info, print_table, write_results
+from harness import RESULTS, check_close, env_info, print_table, save_figure, write_results
 
 import torch_decode
 
@@ -281,10 +281,7 @@ def plot(rows: list[dict], path) -> bool:
     ax.set_ylabel("decode tok/s, batch 1")
     ax.set_title("Qwen3 shapes, random bf16 weights, H200")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    if os.environ.get("OUT"):
-        fig.savefig(os.path.join(os.environ["OUT"], path.name), dpi=110)
+    save_figure(fig, path)
     return True
 
 

@@ -66,7 +66,7 @@ MODELS = {
 }
 
 
-def _rand(shape, device, scale=0.02, offset=0.0, dtype=torch.bfloat16):
+def random_tensor(shape, device, scale=0.02, offset=0.0, dtype=torch.bfloat16):
     t = torch.randn(shape, device=device, dtype=torch.float32).mul_(scale).add_(offset)
     return st.from_torch(t.to(dtype))
 
@@ -76,16 +76,16 @@ class Layer:
 
     def __init__(self, s: Shape, max_seq: int, device):
         h, q = s.hidden, s.q_heads * s.head_dim
-        self.ln1 = _rand((h,), device, 0.1, 1.0).share()
-        self.wqkv = _rand((s.qkv_rows, h), device).share()
-        self.q_norm = _rand((s.head_dim,), device, 0.1, 1.0).share()
-        self.k_norm = _rand((s.head_dim,), device, 0.1, 1.0).share()
-        self.wo = _rand((h, q), device).share()
-        self.ln2 = _rand((h,), device, 0.1, 1.0).share()
-        self.wgu = _rand((2 * s.inter, h), device).share()
-        self.wd = _rand((h, s.inter), device).share()
-        self.k_cache = _rand((s.kv_heads, max_seq, s.head_dim), device, 1.0)
-        self.v_cache = _rand((s.kv_heads, max_seq, s.head_dim), device, 1.0)
+        self.ln1 = random_tensor((h,), device, 0.1, 1.0).share()
+        self.wqkv = random_tensor((s.qkv_rows, h), device).share()
+        self.q_norm = random_tensor((s.head_dim,), device, 0.1, 1.0).share()
+        self.k_norm = random_tensor((s.head_dim,), device, 0.1, 1.0).share()
+        self.wo = random_tensor((h, q), device).share()
+        self.ln2 = random_tensor((h,), device, 0.1, 1.0).share()
+        self.wgu = random_tensor((2 * s.inter, h), device).share()
+        self.wd = random_tensor((h, s.inter), device).share()
+        self.k_cache = random_tensor((s.kv_heads, max_seq, s.head_dim), device, 1.0)
+        self.v_cache = random_tensor((s.kv_heads, max_seq, s.head_dim), device, 1.0)
 
 
 class Step:
@@ -96,9 +96,9 @@ class Step:
         self.shape, self.context = s, context
         self.layers = [Layer(s, max_seq, device) for _ in range(layers or s.layers)]
         h, q, d = s.hidden, s.q_heads * s.head_dim, s.head_dim
-        self.embed = _rand((s.vocab, h), device, 1.0).share()
-        self.final_norm = _rand((h,), device, 0.1, 1.0).share()
-        self.lm_head = _rand((s.vocab, h), device).share()
+        self.embed = random_tensor((s.vocab, h), device, 1.0).share()
+        self.final_norm = random_tensor((h,), device, 0.1, 1.0).share()
+        self.lm_head = random_tensor((s.vocab, h), device).share()
         self.inv_freq = ops.inv_freq_table(d, THETA, device).share()
         # the token just appended sits at position context - 1
         # (the torch alias sets the position between replays, while nothing is in flight)
@@ -107,7 +107,7 @@ class Step:
         self.token = st.from_torch(torch.tensor([1234 % s.vocab], dtype=torch.int64,
                                                 device=device))
         # every buffer starts random: a stage timed alone reads finite, non-zero inputs
-        e = lambda *shape: _rand(shape, device, 1.0)  # noqa: E731
+        e = lambda *shape: random_tensor(shape, device, 1.0)  # noqa: E731
         self.h = [e(1, h), e(1, h), e(1, h)]
         self.normed, self.qkv, self.o, self.down = e(h), e(s.qkv_rows), e(h), e(h)
         self.qn, self.kn = e(s.q_heads, d), e(s.kv_heads, d)
@@ -203,8 +203,8 @@ def record_fused(rec, st_, attention_early: bool = False,
                  with_attention: bool = True):
     """The whole fused step. Options (for breakdowns; the defaults are the fused step):
     ``attention_early``: the attention's reads before its PDL wait (its launch after the
-    append then goes in plain order); ``unfused``: stages ("qkv", "prologue", "o", "gate_up", "down",
-    "lm_head") run as the unfused ops in this step's residual layout (rmsnorm + gemv,
+    append then goes in plain order); ``unfused``: stages ("qkv", "prologue", "o",
+    "gate_up", "down", "lm_head") run as the unfused ops in this step's residual layout (rmsnorm + gemv,
     gemv + add, silu_mul + gemv + add); ``pdl``: the gemvs' programmatic launch (default
     on Hopper); ``with_attention=False`` leaves the prologue and attention out (a diagnostic,
     not a decode step: o reads a stale attention output)."""
