@@ -170,6 +170,14 @@ def write_results(name: str, payload: dict) -> Path:
     return path
 
 
+def save_figure(fig, path: Path) -> None:
+    """Save a matplotlib figure to ``path`` (and to $OUT under the same name)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    if os.environ.get("OUT"):
+        fig.savefig(os.path.join(os.environ["OUT"], path.name), dpi=110)
+
+
 def print_table(rows: list[dict], columns: list[str]) -> None:
     """A fixed-width table of ``rows`` (dicts) over ``columns``."""
     def fmt(v):

@@ -38,3 +38,6 @@ from .rope import inv_freq_table, rope  # noqa: F401
 from .sampling import (SamplerWorkspace, sample, sampler_workspace,  # noqa: F401
                        sampling_key, sampling_params)
 from .softmax import softmax  # noqa: F401
+from .fused_gemv import gemv_add, rmsnorm_gemv, silu_mul_gemv_add  # noqa: F401
+from .gemv_argmax import gemv_argmax_workspace, rmsnorm_gemv_argmax  # noqa: F401
+from .qk_rope_append import qk_norm_rope_kv_append  # noqa: F401

@@ -195,16 +195,19 @@ _SPLIT: dict = {}
 
 
 def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False,
-                  trigger_early: bool = False):
-    """The split kernel with these options. Under ``pdl`` every read (query, cache, length)
-    runs before the wait (``early``), so the whole split overlaps the kernel before it (the
-    previous attention's merge) and only its stores wait; the launcher drops programmatic
-    launch when that kernel may write the cache, the query or the length (a KV append)."""
-    key = (num_warps, num_stages, pdl, trigger_early)
+                  trigger_early: bool = False, early: bool = True):
+    """The split kernel with these options. Under ``pdl`` with ``early`` every read (query,
+    cache, length) runs before the wait, so the whole split overlaps the kernel before it
+    (the previous attention's merge) and only its stores wait; the launcher drops
+    programmatic launch when that kernel may write the cache, the query or the length (a KV
+    append). Without ``early`` every read follows the wait, so the launch keeps programmatic
+    launch after such a kernel (its launch overlaps the kernel before, its reads do not)."""
+    key = (num_warps, num_stages, pdl, trigger_early, early)
     if key not in _SPLIT:
         _SPLIT[key] = decode_split_kernel.options(
             num_warps=num_warps, num_stages=num_stages, pdl=pdl,
-            early=("q", "k", "v", "length") if pdl else (), trigger_early=pdl and trigger_early)
+            early=("q", "k", "v", "length") if pdl and early else (),
+            trigger_early=pdl and trigger_early)
     return _SPLIT[key]
 
 
@@ -220,12 +223,14 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int = DEFAULT_STAGES, pdl: bool | None = None,
                            prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC,
-                           trigger_early: bool | None = None):
+                           trigger_early: bool | None = None, early: bool = True):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
     ``block_n``: keys per block (``DEFAULT_BLOCK_N``); ``pdl`` (default: on Hopper and
     later) launches with programmatic dependent launch, every read before the wait;
     ``trigger_early`` (default: as ``pdl``): the next kernel may be scheduled as soon as this
-    one's programs start.
+    one's programs start; ``early`` (with ``pdl``): read q, the cache and the length before
+    the wait (the default; pass False after a kernel that writes them, such as a KV append,
+    to keep programmatic launch there).
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``)."""
@@ -246,7 +251,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
-    kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early)
+    kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early, bool(early))
     op = kernel(q, k_cache, v_cache, length, po, pl, scale * LOG2E, block_n, length_offset,
                 cyclic, int(prefetch))
     return host.returning(op, ws)
@@ -275,14 +280,15 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      block_n: int | None = None, num_splits: int | None = None,
                      num_warps: int = 4, num_stages: int = DEFAULT_STAGES,
                      pdl: bool | None = None, prefetch: int = DEFAULT_PREFETCH,
-                     cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None):
+                     cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None,
+                     early: bool = True):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
     given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
-    kernels), ``prefetch``/``cyclic`` as in :func:`decode_attention_split`. Returns a
+    kernels), ``prefetch``/``cyclic``/``early`` as in :func:`decode_attention_split`. Returns a
     ``DeviceOp`` whose output is ``out``.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
@@ -292,6 +298,7 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
                                    num_warps=num_warps, num_stages=num_stages, pdl=pdl,
-                                   prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early)
+                                   prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early,
+                                   early=early)
     return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl,
                                                         trigger_early=trigger_early))

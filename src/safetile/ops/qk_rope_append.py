@@ -1,0 +1,159 @@
+"""Decode's attention prologue in one kernel: Qwen3's per-head q/k RMSNorm, RoPE on q and k,
+and the append of k and v to the KV cache at the device-resident position.
+
+Input: one token's fused qkv projection, viewed as rows of ``head_dim``: ``Hq`` q heads, then
+``Hkv`` k heads, then ``Hkv`` v heads. Program ``h`` takes kv head ``h`` and its group of
+``G = Hq / Hkv`` q heads: it owns a (1, GP, D) tile of the rotated queries (viewed as
+(Hkv, G, D); GP is G rounded up to a power of two, the rows past G masked off) and kv head
+``h``'s whole slab of each cache, into which it writes the one row ``pos`` through a
+sub-partition (a store at a data-dependent sub-index, bounds-checked against the slab, as in
+``ops.kv_append``).
+
+The arithmetic is that of the unfused chain, step for step: ``ops.rmsnorm`` per head (scale
+from the whole row, the normalized value rounded, times the weight, rounded), ``ops.rope``'s
+rotate-half on the two halves of each head (cos and sin rounded to the dtype), and
+``ops.kv_append``'s copy. So the result equals ``rmsnorm -> rope -> kv_append``.
+
+Under programmatic dependent launch the norm weights, the position and ``inv_freq`` (written
+by no kernel of a decode step; the launcher checks it at each launch) are read before the
+wait; qkv, which the projection just wrote, after it.
+"""
+from __future__ import annotations
+
+import safetile as st
+import safetile.lang as sl
+
+from ..errors import ArgumentError
+from . import host
+from .fused_gemv import rms_scale
+
+
+@st.function
+def normed_half(raw, w, r):
+    """One half of each row of ``raw`` normalized with the rows' scales ``r``, times ``w``,
+    rounded as ``ops.rmsnorm`` stores it."""
+    xn = (raw.astype(st.f32) * r[:, None]).astype(raw.dtype)
+    return (xn.astype(st.f32) * w.astype(st.f32)[None, :]).astype(raw.dtype)
+
+
+@st.function
+def row_scales(rows, n, eps):
+    """``rsqrt(mean(x^2) + eps)`` of each row of ``rows`` (``n`` values a row)."""
+    xf = rows.astype(st.f32)
+    return sl.rsqrt(sl.sum(xf * xf, 1) / n + eps)
+
+
+@st.kernel
+def qk_norm_rope_append_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
+                               k_weight: st.In[st.floats, 1], pos: st.In[st.i32, 1],
+                               inv_freq: st.In[st.f32, 1], q_out: st.Out[st.floats, 3],
+                               k_cache: st.Out[st.floats, 3], v_cache: st.Out[st.floats, 3],
+                               eps: float, GROUP: st.Const[int], Q_HEADS: st.Const[int],
+                               KV_HEADS: st.Const[int]):
+    """q_out[h] = rope(norm(q rows of group h)); k_cache[h, pos] = rope(norm(k row h));
+    v_cache[h, pos] = v row h."""
+    h, _, _ = k_cache.index
+    D = k_cache.shape[2]
+    HALF = k_cache.shape[2] // 2
+    GP = q_out.shape[1]
+    p = pos.load_scalar((0,))
+    angle = pos.load((0,), (1,)).astype(st.f32)[:, None] * inv_freq.load((0,), (HALF,))[None, :]
+    qw1 = q_weight.load((0,), (HALF,))
+    qw2 = q_weight.load((1,), (HALF,))
+    kw1 = k_weight.load((0,), (HALF,))
+    kw2 = k_weight.load((1,), (HALF,))
+    # q rows past the group (GP > G) read the next heads' rows: finite, and never stored.
+    q0 = h * GROUP
+    rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
+    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), qw1, rq)
+    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), qw2, rq)
+    kr = Q_HEADS + h
+    rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
+    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), kw1, rk)
+    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), kw2, rk)
+    c = sl.cos(angle).astype(q1.dtype)                 # HF rounds cos/sin to q's dtype
+    s = sl.sin(angle).astype(q1.dtype)
+    q_halves = q_out.partition((1, GP, HALF))
+    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
+    k_halves = k_cache.partition((1, 1, HALF))
+    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, p, 0))
+    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, p, 1))
+    v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
+    v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
+
+
+EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
+_CONFIGURED: dict = {}
+
+
+def _kernel(num_warps: int, pdl: bool):
+    key = (num_warps, pdl)
+    if key not in _CONFIGURED:
+        _CONFIGURED[key] = qk_norm_rope_append_kernel.options(
+            num_warps=num_warps, pdl=pdl, early=EARLY if pdl else ())
+    return _CONFIGURED[key]
+
+
+def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
+                           eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
+                           num_warps: int = 4) -> st.DeviceOp:
+    """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
+    ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
+    (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
+
+    ``qkv``: ((Hq + 2 Hkv) * D,) or (Hq + 2 Hkv, D), the fused projection's output;
+    ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
+    ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
+    D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
+    position and table read before the wait. Returns a ``DeviceOp`` whose output is
+    ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype (allocated when not
+    given). A position outside the cache writes nothing on the GPU and raises
+    ``OutOfBoundsError`` on the CPU executor."""
+    name = "ops.qk_norm_rope_kv_append"
+    for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
+                    ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq),
+                    ("k_cache", k_cache), ("v_cache", v_cache)):
+        host.check_value(f"{name}: {what}", v)
+    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
+                            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    hkv, max_seq, d = k_cache.shape
+    if d < 2 or d & (d - 1):
+        raise ArgumentError(f"{name}: head_dim must be a power of two, got {d}")
+    width = qkv.shape[-1] * (qkv.shape[0] if qkv.ndim == 2 else 1)
+    if qkv.ndim not in (1, 2) or (qkv.ndim == 2 and qkv.shape[1] != d) or width % d \
+            or width // d <= 2 * hkv or (width // d - 2 * hkv) % hkv:
+        raise ArgumentError(f"{name}: qkv must hold (Hq + 2 * {hkv}) heads of {d} (Hq a "
+                            f"multiple of {hkv}), as ((Hq + 2 Hkv) * D,) or (rows, {d}); got "
+                            f"shape {tuple(qkv.shape)}")
+    hq = width // d - 2 * hkv
+    host.same_dtype(name, qkv, q_norm_weight, k_norm_weight, k_cache, v_cache)
+    for what, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if tuple(w.shape) != (d,):
+            raise ArgumentError(f"{name}: {what} must have shape ({d},), got {tuple(w.shape)}")
+    if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
+        raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
+                            f"{pos.dtype!r} {tuple(pos.shape)}")
+    if inv_freq.dtype is not st.f32 or tuple(inv_freq.shape) != (d // 2,):
+        raise ArgumentError(f"{name}: inv_freq must be an fp32 tensor of shape ({d // 2},) "
+                            f"(ops.inv_freq_table), got {inv_freq.dtype!r} "
+                            f"{tuple(inv_freq.shape)}")
+    if qkv.ndim == 2:
+        rows = host.borrow(qkv)
+    elif hasattr(qkv, "view"):
+        rows = qkv.view(width // d, d)
+    else:
+        raise ArgumentError(f"{name}: a Shared qkv must be 2-D (rows, {d})")
+    q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
+    group = hq // hkv
+    gp = host.next_pow2(group)
+    slab = (1, host.next_pow2(max_seq), d)
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    op = _kernel(num_warps, pdl)(
+        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
+        host.borrow(inv_freq), host.owned_view(q, (hkv, group, d)).partition((1, gp, d)),
+        host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
+        host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group, hq,
+        hkv)
+    return host.returning(op, (q, k_cache, v_cache))

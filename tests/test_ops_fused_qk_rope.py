@@ -1,0 +1,153 @@
+"""ops.qk_norm_rope_kv_append on the CPU executor: equal to rmsnorm -> rope -> kv_append,
+and to Qwen3's q/k norm and rotary embedding in torch."""
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+
+import support
+from support import rand, wrap
+
+cpu_executor = support.cpu_executor(seed=4)
+
+DTYPES = [st.f32, st.bf16]
+IDS = [d.name for d in DTYPES]
+TOL = {st.f32: 1e-5, st.bf16: 2e-2}
+# (q heads, kv heads, head_dim): a group of 4 (Qwen3-4B's), 5 (padded to 8, as Qwen3-14B's),
+# 1 (no grouping), and head_dim 64
+SHAPES = [(8, 2, 128), (10, 2, 64), (4, 4, 32)]
+SHAPE_IDS = ["group4", "group5", "group1"]
+THETA = 1e6
+
+
+def pos_tensor(p: int) -> st.Tensor:
+    return st.from_torch(torch.tensor([p], dtype=torch.int32))
+
+
+def inputs(hq, hkv, d, dtype, max_seq=37, seed=0):
+    qkv = rand((hq + 2 * hkv) * d, dtype, seed, 2.0)
+    qw, kw = rand(d, dtype, seed + 1), rand(d, dtype, seed + 2)
+    kc, vc = rand((hkv, max_seq, d), dtype, seed + 3), rand((hkv, max_seq, d), dtype, seed + 4)
+    return qkv, qw, kw, kc, vc
+
+
+def fused(qkv, qw, kw, kc, vc, p, d):
+    return ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p),
+                                      ops.inv_freq_table(d, THETA, "cpu"), wrap(kc),
+                                      wrap(vc)).sync()
+
+
+def unfused(qkv, qw, kw, kc, vc, p, hq, hkv, d):
+    rows = qkv.view(-1, d)
+    inv = ops.inv_freq_table(d, THETA, "cpu")
+    qn = ops.rmsnorm(wrap(rows[:hq]), wrap(qw)).sync()
+    kn = ops.rmsnorm(wrap(rows[hq:hq + hkv]), wrap(kw)).sync()
+    q = ops.rope(qn.view(1, hq, d), pos_tensor(p), inv).sync()
+    k = ops.rope(kn.view(1, hkv, d), pos_tensor(p), inv).sync()
+    kc, vc = ops.kv_append(k.view(hkv, d), wrap(rows[hq + hkv:]), pos_tensor(p), wrap(kc),
+                           wrap(vc)).sync()
+    return q.view(hq, d), kc, vc
+
+
+def hf_reference(qkv, qw, kw, p, hq, hkv, d):
+    """Qwen3's q/k RMSNorm and rotate-half RoPE at position ``p``, as transformers computes."""
+    rows = qkv.view(-1, d)
+
+    def norm(x, w):
+        h = x.float()
+        return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+    inv = 1.0 / (THETA ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.tensor([float(p)])[:, None] * inv[None, :]
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos().to(qkv.dtype), emb.sin().to(qkv.dtype)
+
+    def rope(x):
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos + torch.cat((-x2, x1), -1) * sin
+    return rope(norm(rows[:hq], qw)), rope(norm(rows[hq:hq + hkv], kw)), rows[hq + hkv:]
+
+
+@pytest.mark.parametrize("hq,hkv,d", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_equals_rmsnorm_then_rope_then_kv_append(dtype, hq, hkv, d):
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, dtype)
+    q, k_cache, v_cache = fused(qkv, qw, kw, kc, vc, 21, d)
+    q_ref, k_ref, v_ref = unfused(qkv, qw, kw, kc, vc, 21, hq, hkv, d)
+    assert q.shape == (hq, d) and q.dtype is dtype
+    assert torch.equal(q.to_torch(), q_ref.to_torch())
+    assert torch.equal(k_cache.to_torch(), k_ref.to_torch())
+    assert torch.equal(v_cache.to_torch(), v_ref.to_torch())
+
+
+@pytest.mark.parametrize("hq,hkv,d", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_matches_qwen3_norm_and_rope_in_torch(dtype, hq, hkv, d):
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, dtype, seed=10)
+    q, k_cache, v_cache = fused(qkv, qw, kw, kc, vc, 36, d)
+    q_hf, k_hf, v_hf = hf_reference(qkv, qw, kw, 36, hq, hkv, d)
+    torch.testing.assert_close(q.to_torch().float(), q_hf.float(), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    torch.testing.assert_close(k_cache.to_torch()[:, 36].float(), k_hf.float(),
+                               rtol=TOL[dtype], atol=TOL[dtype])
+    assert torch.equal(v_cache.to_torch()[:, 36], v_hf)
+
+
+def test_only_row_pos_of_each_cache_changes():
+    qkv, qw, kw, kc, vc = inputs(8, 2, 64, st.bf16, seed=20)
+    _, k_cache, v_cache = fused(qkv, qw, kw, kc, vc, 5, 64)
+    keep = torch.ones(37, dtype=torch.bool)
+    keep[5] = False
+    assert torch.equal(k_cache.to_torch()[:, keep], kc[:, keep])
+    assert torch.equal(v_cache.to_torch()[:, keep], vc[:, keep])
+    assert not torch.equal(k_cache.to_torch()[:, 5], kc[:, 5])
+
+
+def test_qkv_may_be_given_as_rows_of_head_dim():
+    qkv, qw, kw, kc, vc = inputs(8, 2, 64, st.bf16, seed=30)
+    q_flat, _, _ = fused(qkv, qw, kw, kc, vc, 3, 64)
+    q_rows, _, _ = fused(qkv.view(-1, 64), qw, kw, kc, vc, 3, 64)
+    assert torch.equal(q_flat.to_torch(), q_rows.to_torch())
+
+
+def test_a_recorded_step_follows_the_device_position_on_replay():
+    # Record once (as grout captures its decode step); only the device position changes.
+    hq, hkv, d = 4, 2, 32
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32, max_seq=16, seed=40)
+    pos_t = torch.tensor([2], dtype=torch.int32)
+    k_cache, v_cache, q_out = wrap(kc), wrap(vc), st.empty((hq, d), device="cpu")
+    g = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), st.from_torch(pos_t),
+                                   ops.inv_freq_table(d, THETA, "cpu"), k_cache, v_cache,
+                                   q_out=q_out).graph()
+    for p in (2, 7, 15):
+        pos_t.fill_(p)
+        q, k_cache, v_cache = g.launch().sync()
+        q_hf, k_hf, v_hf = hf_reference(qkv, qw, kw, p, hq, hkv, d)
+        torch.testing.assert_close(q.to_torch(), q_hf, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k_cache.to_torch()[:, p], k_hf, rtol=1e-5, atol=1e-5)
+        assert torch.equal(v_cache.to_torch()[:, p], v_hf)
+
+
+def test_a_position_outside_the_cache_raises_on_the_cpu_executor():
+    qkv, qw, kw, kc, vc = inputs(4, 2, 32, st.f32, max_seq=8, seed=50)
+    with pytest.raises(st.OutOfBoundsError):
+        fused(qkv, qw, kw, kc, vc, 8, 32)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(pos=torch.tensor([1], dtype=torch.int64)), "pos must be an int32"),
+    (dict(inv_freq=torch.ones(8)), "inv_freq must be an fp32 tensor of shape"),
+    (dict(qkv=torch.ones(5 * 32)), "qkv must hold"),
+    (dict(q_norm_weight=torch.ones(16)), r"q_norm_weight must have shape \(32,\)"),
+    (dict(v_cache=torch.ones(2, 9, 32)), "caches must both be"),
+])
+def test_bad_arguments_raise_argument_errors(change, match):
+    qkv, qw, kw, kc, vc = inputs(4, 2, 32, st.f32, max_seq=8, seed=60)
+    args = dict(qkv=qkv, q_norm_weight=qw, k_norm_weight=kw,
+                pos=torch.tensor([1], dtype=torch.int32),
+                inv_freq=ops.inv_freq_table(32, THETA, "cpu").to_torch(), k_cache=kc,
+                v_cache=vc)
+    args.update(change)
+    with pytest.raises(st.ArgumentError, match=match):
+        ops.qk_norm_rope_kv_append(**{k: wrap(v) for k, v in args.items()})
