@@ -108,7 +108,13 @@ class ZipOp(DeviceOp):
     __slots__ = ("ops",)
 
     def __init__(self, ops):
-        self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
+        try:
+            self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
+        except ExecutionError:
+            for op in ops:                        # they will never run: hand their values back
+                if isinstance(op, DeviceOp):
+                    op._abandon()
+            raise
 
     def __repr__(self) -> str:
         return f"<ZipOp of {len(self.ops)}>"

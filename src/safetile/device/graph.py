@@ -37,6 +37,7 @@ from ..errors import GraphCaptureError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
 from .op import DeviceOp, RunContext, executing
+from .unrun import building_site, warn_unrun
 
 
 class GraphScope:
@@ -197,7 +198,9 @@ class Graph:
 
     def launch(self) -> DeviceOp:
         """A ``DeviceOp`` that replays the graph; its output is ``self.output``."""
-        return GraphLaunchOp(self)
+        op = GraphLaunchOp(self)
+        op.site = building_site()        # named by the warning if the op is dropped unrun
+        return op
 
     def update(self, *ops) -> None:
         """Re-record from ``ops`` (one per original record) and re-capture; see the module
@@ -219,6 +222,14 @@ class GraphLaunchOp(DeviceOp):
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.site = None
+
+    def _abandon(self) -> None:
+        self._consumed = True
+
+    def __del__(self):
+        if not self._consumed:
+            warn_unrun(f"a replay of {self.graph!r}", self.site)
 
     def __repr__(self) -> str:
         return f"<GraphLaunchOp {self.graph!r}>"
