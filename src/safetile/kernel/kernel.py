@@ -16,6 +16,7 @@ from ..errors import ArgumentError, KernelDefinitionError
 from .checker import check_function, check_kernel
 from .params import parse_annotation
 from .source import KernelSource
+from .static_shapes import check_static_shapes
 
 # How many `with st.unsafe():` blocks are open in this context (a context variable, so that
 # an awaited op run on another thread keeps the marking of the code that awaited it).
@@ -51,6 +52,7 @@ class Function:
         self.__wrapped__ = fn
         self.src = KernelSource(fn)
         self.info = check_function(self.src)
+        check_static_shapes(self.src, {}, self.info)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -73,6 +75,7 @@ class Kernel:
         self.src = KernelSource(fn)
         self.params = self._parse_params()
         self.info = check_kernel(self.src, self.params, unsafe)
+        check_static_shapes(self.src, self.params, self.info)
         self.opts = dict(options or {})
         self._cache: dict = {}          # VariantKey -> compiled variant (shared by .options copies)
 
