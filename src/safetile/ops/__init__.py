@@ -35,3 +35,11 @@ from .matmul import MatmulConfig, linear, matmul  # noqa: F401
 from .norm import add_rmsnorm, rmsnorm  # noqa: F401
 from .rope import inv_freq_table, rope  # noqa: F401
 from .softmax import softmax  # noqa: F401
+
+__all__ = [
+    "add", "mul", "silu_mul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "inv_freq_table",
+    "softmax", "argmax", "argmax_workspace", "ArgmaxWorkspace", "matmul", "linear",
+    "MatmulConfig", "gemv", "GemvConfig", "flash_attention", "decode_attention",
+    "decode_attention_split", "decode_attention_merge", "DecodeWorkspace", "kv_append",
+    "kv_append_many",
+]
