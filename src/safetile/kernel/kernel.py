@@ -64,7 +64,13 @@ def function(fn) -> Function:
 
 
 class Kernel:
-    """A checked tile kernel. Calling it with arguments returns a lazy ``DeviceOp``."""
+    """A checked tile kernel (what ``@st.kernel`` makes; see ``help(st.kernel)``).
+
+    ``kernel(*args)`` returns a lazy ``DeviceOp`` whose output is every argument, in
+    parameter order (an Out as its ``Partition``); ``kernel.options(...)`` a configured copy;
+    ``kernel.source(*args)`` the generated Triton source; ``kernel.compile(*args)`` a
+    compiled binary for sm_90, also without a GPU.
+    """
 
     def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
         self.fn = fn
