@@ -12,6 +12,8 @@ import safetile as st
 import safetile.lang as sl
 from safetile import ops
 
+from support import add
+
 pytestmark = pytest.mark.usefixtures("cpu")
 
 
@@ -24,11 +26,6 @@ def cpu():
 def line_of(marker: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {marker}"))
-
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
 
 
 @st.kernel

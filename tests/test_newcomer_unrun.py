@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import safetile as st
-import safetile.lang as sl
 from safetile import ops
 from safetile.tensor import active_holds
+
+from support import add
 
 pytestmark = pytest.mark.usefixtures("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def cpu():
     with st.backend("interpret", seed=0):
         yield
-
-
-@st.kernel
-def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(sl.load_like(x, z) + sl.load_like(y, z))
 
 
 def vec(n=4):

@@ -32,7 +32,7 @@ class KernelOp(DeviceOp):
         self.running = ()
         self._released = False
         self._consumed = False
-        self.site = None                          # (file, line) that built it: kernel.__call__
+        self.site = None                          # where it was built (kernel.__call__ sets it)
 
     def __repr__(self) -> str:
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 
+import torch
+
 from ..errors import ArgumentError, SafetileError
 
 _SAFETILE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -24,19 +26,16 @@ _TORCH_HINT = ("check the operands' shapes and dtypes (t.shape, t.dtype; t.astyp
                "converts)")
 
 
-def _library_dirs() -> tuple:
-    import torch
-    return (_SAFETILE_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_LIBRARY_DIRS = (_SAFETILE_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 def user_line(error: BaseException):
     """``(filename, lineno)`` of the innermost traceback frame outside safetile and torch."""
-    skip = _library_dirs()
     found = None
     tb = error.__traceback__
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if not filename.startswith(skip):
+        if not filename.startswith(_LIBRARY_DIRS):
             found = (filename, tb.tb_lineno)
         tb = tb.tb_next
     return found
