@@ -98,6 +98,7 @@ def test_every_python_block_runs_and_prints_what_the_guide_shows(tmp_path):
         paths.append(str(path))
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
+    env["SAFETILE_BACKEND"] = "interpret"          # the outputs shown are the CPU executor's
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(paths)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
