@@ -223,7 +223,10 @@ def explain_race(error: st.RaceError, shape: dict) -> tuple[list[int], str]:
     progs = [int(p) for p in re.findall(r"program (\d+)", text)]
     who = ", ".join(f"program {p} = (head {h}, query block {m})"
                     for p, (h, m) in ((p, head_block(p, shape)) for p in progs))
-    row, col = (int(x) for x in re.search(r"element \((\d+), (\d+)\)", text).groups())
+    element = re.search(r"element \((\d+), (\d+)\)", text)
+    if element is None:
+        return progs, f"{who}; no element named in: {text}"
+    row, col = (int(x) for x in element.groups())
     where = f"query {row}, destination head {col // shape['dim']}, dim {col % shape['dim']}"
     return progs, f"{who}; element = {where}"
 

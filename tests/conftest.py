@@ -15,6 +15,6 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _cuda_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in gpu_items:
         item.add_marker(skip_gpu)

@@ -579,11 +579,11 @@ def test_the_inline_sub_partition_store_of_the_design_works_and_compiles():
 
 def test_tile_sizes_that_are_not_powers_of_two_are_refused_on_the_cpu_as_on_the_gpu():
     @st.kernel
-    def odd(x: st.In[st.f32], z: st.Out[st.f32]):
-        z.store(sl.zeros(z.shape, st.f32) + sl.sum(x.load(0, 3), 0))
+    def odd(x: st.In[st.f32], z: st.Out[st.f32], n: st.Const[int]):
+        z.store(sl.zeros(z.shape, st.f32) + sl.sum(x.load(0, n), 0))
 
     with pytest.raises(st.errors.ArgumentError, match="powers of two"):
-        odd(st.randn((8,)), st.zeros((8,)).partition((8,))).sync()
+        odd(st.randn((8,)), st.zeros((8,)).partition((8,)), 3).sync()
 
 
 def test_a_python_number_meeting_a_half_tile_is_rounded_to_the_tiles_type_first():

@@ -61,7 +61,7 @@ def test_rank_mismatch():
 
 
 def test_tensor_where_a_partition_is_needed():
-    with pytest.raises(st.LaunchError, match=r"parameter 'z'.*expects a Partition, got Tensor"):
+    with pytest.raises(st.LaunchError, match=r"parameter 'z'.*expects an st.Partition, got an st.Tensor"):
         scale(x2(), x2(), 2.0, 1)
 
 

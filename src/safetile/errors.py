@@ -65,3 +65,16 @@ class ArgumentError(SafetileError, TypeError, ValueError):
     It is also a ``TypeError`` and a ``ValueError``, so code written against Python's own
     exceptions keeps working.
     """
+
+
+class UnrunOpWarning(RuntimeWarning):
+    """An operation was built and then dropped without being run: nothing was computed.
+
+    Shown by default (like asyncio's "coroutine was never awaited"); the warning points at
+    the line that built the op.
+    """
+
+
+class BlockingSyncWarning(RuntimeWarning):
+    """``op.sync()`` was called on a thread that runs an asyncio event loop, which it blocks
+    until the work is done; ``await op`` waits without blocking the loop."""

@@ -11,6 +11,7 @@ after the earlier work, which is what makes the early hand-back safe for the cha
 """
 from __future__ import annotations
 
+import inspect
 import threading
 
 from ..errors import ArgumentError, ExecutionError
@@ -22,6 +23,32 @@ def _check_op(value, what: str) -> DeviceOp:
         raise ExecutionError(f"{what} must be a DeviceOp, got {type(value).__name__} {value!r}"
                              f"{' (use op.map(f) for host-side transforms)' if 'then' in what else ''}")
     return value
+
+
+def arity_error(kind: str, f, out, source) -> ArgumentError | None:
+    """The error to raise when the ``kind`` callback ``f`` raised a TypeError because it
+    cannot take the values ``out`` spreads into (None if the TypeError came from inside f)."""
+    values = spread(out)
+    try:
+        signature = inspect.signature(f)
+        signature.bind(*values)
+        return None
+    except ValueError:                           # no signature to check (a C callable)
+        return None
+    except TypeError:
+        pass
+    kernel = getattr(source, "kernel", None)
+    if kernel is not None and len(values) == len(kernel.params):
+        names = list(kernel.params)
+        what = (f"every argument of kernel '{kernel.name}', in parameter order, scalars "
+                f"included ({', '.join(names)})")
+    else:
+        names = [f"v{i}" for i in range(len(values))]
+        what = f"the output of {source!r}"
+    name = getattr(f, "__name__", repr(f))
+    return ArgumentError(f"the `{kind}` callback {name}{signature} cannot take the "
+                         f"{len(values)} value(s) it receives: {what}. Write it as "
+                         f"`lambda {', '.join(names)}: ...` (or `lambda *values: ...`)")
 
 
 class ThenOp(DeviceOp):
@@ -44,6 +71,7 @@ class ThenOp(DeviceOp):
             callbacks.append(op.f)
             op = op.prev
         out = op._run(ctx)
+        source = op
         state = _state
         for f in reversed(callbacks):
             ctx.settle()          # the next op runs on ctx.stream: ordered after this work
@@ -55,12 +83,16 @@ class ThenOp(DeviceOp):
                 if not isinstance(nxt, DeviceOp):
                     _check_op(nxt, "the value returned by a `then` callback")
             except BaseException as e:
-                attach_recovered(e, out)
+                wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
+                attach_recovered(wrong or e, out)
+                if wrong is not None:
+                    raise wrong from e
                 raise
             finally:
                 state.busy = outer
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
             out = nxt._run(ctx)
+            source = nxt
         return out
 
     def _abandon(self) -> None:
@@ -90,7 +122,10 @@ class MapOp(DeviceOp):
             with in_callback("map"):
                 return self.f(*spread(out))
         except BaseException as e:
-            attach_recovered(e, out)
+            wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
+            attach_recovered(wrong or e, out)
+            if wrong is not None:
+                raise wrong from e
             raise
         finally:
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
@@ -108,7 +143,13 @@ class ZipOp(DeviceOp):
     __slots__ = ("ops",)
 
     def __init__(self, ops):
-        self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
+        try:
+            self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
+        except ExecutionError:
+            for op in ops:                        # they will never run: hand their values back
+                if isinstance(op, DeviceOp):
+                    op._abandon()
+            raise
 
     def __repr__(self) -> str:
         return f"<ZipOp of {len(self.ops)}>"

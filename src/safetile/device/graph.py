@@ -37,6 +37,7 @@ from ..errors import GraphCaptureError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
 from .op import DeviceOp, RunContext, executing
+from .unrun import building_site, warn_unrun
 
 
 class GraphScope:
@@ -123,6 +124,35 @@ def _structure(records) -> tuple:
     return tuple(out)
 
 
+def _difference(recorded, new) -> str:
+    """What first differs between two recordings, for the ``Graph.update`` error."""
+    if len(recorded) != len(new):
+        return (f"the graph records {len(recorded)} launch(es) {[r.kernel.name for r in recorded]}, "
+                f"the new ops {len(new)} {[r.kernel.name for r in new]}")
+    for i, (a, b) in enumerate(zip(recorded, new)):
+        at = f"launch {i} (kernel '{a.kernel.name}')"
+        if a.kernel.fn is not b.kernel.fn:
+            return f"{at} is kernel '{b.kernel.name}' in the new ops"
+        if a.kernel.opts != b.kernel.opts:
+            return f"{at} has options {a.kernel.opts}, the new one {b.kernel.opts}"
+        if a.backend != b.backend:
+            return f"{at} ran on {a.backend.name}, the new one on {b.backend.name}"
+        for x, y in zip(a.bound, b.bound):
+            if x.torch is None:
+                if type(x.value) is not type(y.value):
+                    return (f"{at}, argument '{x.name}': {type(x.value).__name__} recorded, "
+                            f"{type(y.value).__name__} given")
+                continue
+            for what, u, v in (("dtype", x.torch.dtype, y.torch.dtype),
+                               ("shape", tuple(x.torch.shape), tuple(y.torch.shape)),
+                               ("tile shape", x.tile, y.tile)):
+                if u != v:
+                    return f"{at}, argument '{x.name}': {what} {u} recorded, {v} given"
+        if a.grid != b.grid:
+            return f"{at} has grid {a.grid}, the new one {b.grid}"
+    return "the recordings differ"
+
+
 class Graph:
     """Recorded launches replayed by ``launch()``; ``output`` is the recorded output."""
 
@@ -197,7 +227,9 @@ class Graph:
 
     def launch(self) -> DeviceOp:
         """A ``DeviceOp`` that replays the graph; its output is ``self.output``."""
-        return GraphLaunchOp(self)
+        op = GraphLaunchOp(self)
+        op.site = building_site()        # named by the warning if the op is dropped unrun
+        return op
 
     def update(self, *ops) -> None:
         """Re-record from ``ops`` (one per original record) and re-capture; see the module
@@ -206,9 +238,8 @@ class Graph:
         if _structure(scope.records) != _structure(self.records):
             raise GraphCaptureError(
                 f"graph.update() needs ops with the structure of the recorded ones (same "
-                f"kernels, argument dtypes and shapes, grids, in order): recorded "
-                f"{[r.kernel.name for r in self.records]}, got "
-                f"{[r.kernel.name for r in scope.records]}")
+                f"kernels, argument dtypes and shapes, grids, in order): "
+                f"{_difference(self.records, scope.records)}")
         self._set(scope.records, scope.shared_holds)
         outs = tuple(scope.outputs)
         self.output = outs[0] if self._single else outs
@@ -219,6 +250,14 @@ class GraphLaunchOp(DeviceOp):
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.site = None
+
+    def _abandon(self) -> None:
+        self._consumed = True
+
+    def __del__(self):
+        if not self._consumed:
+            warn_unrun(f"a replay of {self.graph!r}", self.site)
 
     def __repr__(self) -> str:
         return f"<GraphLaunchOp {self.graph!r}>"

@@ -5,6 +5,7 @@ from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
 from .op import UNKNOWN, DeviceOp, RunContext
+from .unrun import warn_unrun
 
 
 class KernelOp(DeviceOp):
@@ -19,7 +20,7 @@ class KernelOp(DeviceOp):
     """
 
     __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "running",
-                 "_released", "_consumed")
+                 "_released", "_consumed", "site")
 
     def __init__(self, kernel, plan, values, backend, hold):
         self.kernel, self.plan, self.values, self.backend, self.hold = \
@@ -31,6 +32,7 @@ class KernelOp(DeviceOp):
         self.running = ()
         self._released = False
         self._consumed = False
+        self.site = None                          # where it was built (kernel.__call__ sets it)
 
     def __repr__(self) -> str:
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
@@ -149,6 +151,7 @@ class KernelOp(DeviceOp):
         if not getattr(self, "_consumed", True):
             self._consumed = True
             self._release()
+            warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
 
     def _host_bound(self) -> bool:
         return self.backend.name == "interpret"

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
+from asyncio.events import _get_running_loop as _running_loop
 
-from ..errors import ExecutionError
+from ..errors import BlockingSyncWarning, ExecutionError
 from ..tensor import borrows
 from . import streams
 
@@ -258,7 +260,13 @@ class DeviceOp:
     def sync(self, stream=None):
         """Run, block until the work is done, and return the output (every value handed back).
 
-        ``stream``: a ``torch.cuda.Stream`` to run on; default: torch's current stream."""
+        ``stream``: a ``torch.cuda.Stream`` to run on; default: torch's current stream.
+        Called on a thread that runs an asyncio event loop it blocks that loop, and warns
+        (``st.BlockingSyncWarning``): in a coroutine, ``await op`` instead."""
+        if _running_loop() is not None:
+            warnings.warn("op.sync() blocks the running asyncio event loop until the device "
+                          "work is done; in a coroutine use `await op`, which waits without "
+                          "blocking it", BlockingSyncWarning, stacklevel=2)
         ctx, out = enqueue(self, stream, "op.sync()")
         try:
             if ctx.stream is not None:

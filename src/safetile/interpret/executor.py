@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+from ..lang.diagnostics import locate
 from ..lang.ops import reset_implementation, use_implementation
 from .impl import Implementation
 from .views import InView, Launch, OutView, PtrView
@@ -59,5 +60,10 @@ def run(kernel, bound, grid: tuple, seed: int) -> None:
         token = use_implementation(Implementation(p, grid))
         try:
             kernel.fn(*args)
+        except Exception as e:                    # name the kernel's line, say what to do
+            error = locate(e, kernel.name, describe(p))
+            if error is e:
+                raise
+            raise error from e
         finally:
             reset_implementation(token)

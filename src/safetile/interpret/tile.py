@@ -115,7 +115,11 @@ class Tile:
     # -- scalar conversion (loop bounds, if conditions, gather indices) -------------------------
     def _scalar(self):
         if self.t.numel() != 1:
-            raise ArgumentError(f"a tile of shape {self.shape} is not a scalar")
+            raise ArgumentError(
+                f"a tile of shape {self.shape} is used as one Python value (an `if` condition, "
+                f"a loop bound, an index, float()), which only a scalar can "
+                f"be: for an element-wise choice use sl.where(cond, a, b); to decide on the "
+                f"whole tile reduce it first (sl.max(t, 0), sl.sum(t, 0))")
         return self.t.reshape(()).item()
 
     def __bool__(self):

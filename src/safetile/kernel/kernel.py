@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import importlib
+import importlib.util
 import inspect
+import sys
+from typing import TYPE_CHECKING, Any, Callable, overload
 
+from ..device.op import DeviceOp
+from ..device.unrun import building_site
 from ..errors import ArgumentError, KernelDefinitionError
 from .checker import check_function, check_kernel
 from .params import parse_annotation
 from .source import KernelSource
+from .static_shapes import check_static_shapes
 
 # How many `with st.unsafe():` blocks are open in this context (a context variable, so that
 # an awaited op run on another thread keeps the marking of the code that awaited it).
@@ -44,6 +52,7 @@ class Function:
         self.__wrapped__ = fn
         self.src = KernelSource(fn)
         self.info = check_function(self.src)
+        check_static_shapes(self.src, {}, self.info)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -55,7 +64,13 @@ def function(fn) -> Function:
 
 
 class Kernel:
-    """A checked tile kernel. Calling it with arguments returns a lazy ``DeviceOp``."""
+    """A checked tile kernel (what ``@st.kernel`` makes; see ``help(st.kernel)``).
+
+    ``kernel(*args)`` returns a lazy ``DeviceOp`` whose output is every argument, in
+    parameter order (an Out as its ``Partition``); ``kernel.options(...)`` a configured copy;
+    ``kernel.source(*args)`` the generated Triton source; ``kernel.compile(*args)`` a
+    compiled binary for sm_90, also without a GPU.
+    """
 
     def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
         self.fn = fn
@@ -66,6 +81,7 @@ class Kernel:
         self.src = KernelSource(fn)
         self.params = self._parse_params()
         self.info = check_kernel(self.src, self.params, unsafe)
+        check_static_shapes(self.src, self.params, self.info)
         self.opts = dict(options or {})
         self._cache: dict = {}          # VariantKey -> compiled variant (shared by .options copies)
 
@@ -145,8 +161,11 @@ class Kernel:
         k.opts = {**self.opts, **opts}
         return k
 
-    def __call__(self, *args, **kwargs):
-        return (_launch[0] or _bind_launch())(self, args, kwargs)
+    def __call__(self, *args, **kwargs) -> DeviceOp:
+        """Check the arguments and move them into a lazy op (see ``st.kernel``)."""
+        op = (_launch[0] or _bind_launch())(self, args, kwargs)
+        op.site = building_site()        # named by the warning if the op is dropped unrun
+        return op
 
     def source(self, *args, **kwargs) -> str:
         """The generated Triton source for these arguments (nothing is moved or run)."""
@@ -162,13 +181,94 @@ class Kernel:
         return f"<st.kernel {self.name} at {self.where}{' unsafe' if self.unsafe else ''}>"
 
 
-def kernel(fn=None, *, unsafe: bool = False, **options):
-    """Define a tile kernel; the body is checked now and errors name file, line and rule."""
+@overload
+def kernel(fn: Callable[..., Any], *, unsafe: bool = False, **options: Any) -> Kernel: ...
+@overload
+def kernel(fn: None = None, *, unsafe: bool = False,
+           **options: Any) -> Callable[[Callable[..., Any]], Kernel]: ...
+
+
+def kernel(fn=None, *, unsafe=False, **options):
+    """Define a tile kernel: ``@st.kernel`` or ``@st.kernel(unsafe=False, **launch_options)``.
+
+    The body is checked when the decorator runs (at import): a broken rule raises
+    ``KernelDefinitionError`` naming the file, the line and the rule. Each parameter is
+    declared by its annotation:
+
+    - ``st.In[dtype]`` or ``st.In[dtype, rank]``: a shared, read-only tensor; pass a
+      ``Tensor`` or a ``Shared``. Body: ``x.shape[i]``, ``x.load(index, shape, padding=0)``,
+      ``sl.load_like(x, z)`` (see ``help(st.In)``).
+    - ``st.Out[dtype]`` or ``st.Out[dtype, rank]``: this program's owned tile; pass a
+      ``Partition`` (``tensor.partition(tile_shape)``). Body: ``z.shape``, ``z.index``,
+      ``z.load()``, ``z.store(tile)``, ``z.partition(sub_shape).store(tile, sub_index)`` (see
+      ``help(st.Out)``). All Outs share one grid, and it is the launch grid.
+    - ``st.Const[int | float | bool | st.dtype]``: a compile-time constant (a variant per value).
+    - ``int``, ``float``: runtime scalars.
+    - ``st.Ptr[dtype]``: a raw pointer, only with ``unsafe=True``; such a kernel is launched
+      inside ``with st.unsafe():``.
+
+    ``dtype`` may be a union (``st.f32 | st.bf16``, ``st.floats``): a variant per dtype. The
+    body may use ``safetile.lang`` operations (``sl.*``), Python arithmetic, ``for ... in
+    range(...)``, ``if`` on scalars (``sl.where`` for an element-wise choice) and
+    ``@st.function`` helpers.
+
+    Calling the kernel runs nothing: it checks the arguments, moves them into a lazy
+    ``DeviceOp`` and returns it. Running the op (``op.sync()``, ``await op``, ``op.then(f)``, a
+    graph) hands every argument back in parameter order, scalars included; an Out comes back
+    as its ``Partition``, and ``.unpartition()`` gives the ``Tensor``::
+
+        @st.kernel
+        def scale(x: st.In[st.f32], z: st.Out[st.f32], k: float):
+            z.store(sl.load_like(x, z) * k)
+
+        x, z, k = scale(st.randn((4096,)), st.empty((4096,)).partition((1024,)), 2.0).sync()
+        y = z.unpartition().to_torch()
+
+    An op dropped without being run warns (``st.UnrunOpWarning``). ``unsafe=True`` allows raw
+    pointers, free-index stores and atomics (unchecked on the GPU). Keyword options are launch
+    options, as ``Kernel.options`` takes them.
+    """
     if fn is None:
         return lambda f: Kernel(f, unsafe=unsafe, options=options)
     if not callable(fn):
         raise KernelDefinitionError(f"@st.kernel decorates a function, got {fn!r}")
     return Kernel(fn, unsafe=unsafe, options=options)
+
+
+class Decorator:
+    """A function that also reaches the modules of the package of the same name.
+
+    ``safetile.kernel`` is the decorator and the package ``safetile/kernel/`` alike; the
+    name holds this object, so that ``import safetile.kernel.params`` and
+    ``safetile.kernel.launch`` reach the modules while ``@st.kernel`` decorates.
+    """
+
+    def __init__(self, fn, package: str):
+        functools.update_wrapper(self, fn)     # __doc__, __name__, signature (__wrapped__)
+        self._package = package
+
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
+
+    def __get__(self, obj, objtype=None):
+        # A non-data descriptor, as functions are: inspect.isroutine() and help() then
+        # document it as the function it stands for.
+        return self
+
+    def __getattr__(self, name: str):
+        if not name.startswith("_"):
+            module = f"{self._package}.{name}"
+            if module in sys.modules or importlib.util.find_spec(module) is not None:
+                return importlib.import_module(module)
+        raise AttributeError(f"st.kernel has no attribute {name!r} (nor is {name!r} a module "
+                             f"of {self._package})")
+
+    def __repr__(self) -> str:
+        return f"<st.kernel decorator; package {self._package}>"
+
+
+if not TYPE_CHECKING:          # type checkers see the plain, overloaded function
+    kernel = Decorator(kernel, __package__)
 
 
 _launch = [None]

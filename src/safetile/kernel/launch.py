@@ -16,6 +16,7 @@ from ..dtypes import DType, from_torch
 from ..errors import LaunchError, UnsafeError
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
+from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import self_overlapping
 from . import plan as _plans
@@ -79,11 +80,10 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
     if kind in ("In", "Out", "Ptr"):
         expected = {"In": (Tensor, Shared), "Out": (Partition,), "Ptr": (Tensor,)}[kind]
         if not isinstance(v, expected):
-            want = " or ".join(t.__name__ for t in expected)
-            hint = {"Out": " (call tensor.partition(tile_shape) first)",
-                    "In": " (unpartition() it first)" if isinstance(v, Partition) else ""}.get(kind, "")
-            raise _fail(kernel, name, f"{spec.describe()} expects a {want}, got "
-                                      f"{type(v).__name__}{hint}")
+            want = "an " + " or ".join(f"st.{t.__name__}" for t in expected)
+            hint = how_to_pass(v, {"In": "input", "Out": "output", "Ptr": "tensor"}[kind])
+            raise _fail(kernel, name, f"{spec.describe()} expects {want}, got "
+                                      f"{a_type_name(v)}{f'; {hint}' if hint else ''}")
         if not v._is_live():
             v._check(f"pass it to kernel '{kernel.name}'")
         t = v._torch

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..dtypes import DType, dtype_members
+from ..lang.view_types import InView, OutView, PtrView
 
 
 @dataclass(frozen=True)
@@ -40,23 +41,52 @@ class _TensorParam:
         return ParamSpec(cls.kind, dtypes, rank)
 
 
-class In(_TensorParam):
-    """A shared, read-only tensor: the host passes a ``Tensor`` or a ``Shared``."""
+class In(_TensorParam, InView):
+    """``x: st.In[dtype]`` or ``st.In[dtype, rank]``: a shared, read-only input tensor.
+
+    The host passes a ``Tensor`` or a ``Shared`` (``st.from_torch(t)`` wraps a torch tensor);
+    it is held read-only while the op is in flight and handed back as it was. ``dtype`` may be
+    a union (``st.f32 | st.bf16``, ``st.floats``): one compiled variant per dtype. In the
+    body: ``x.shape[i]``, ``x.load(index, shape, padding=0)``, ``x.load_at(offset, shape)``,
+    ``x.load_scalar(index)``, ``x.prefetch(index, shape)`` and ``sl.load_like(x, z)``::
+
+        @st.kernel
+        def copy(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+            z.store(x.load(z.index, z.shape))
+    """
     kind = "In"
 
 
-class Out(_TensorParam):
-    """This program's owned tile of a ``Partition``; all Outs share one grid."""
+class Out(_TensorParam, OutView):
+    """``z: st.Out[dtype]`` or ``st.Out[dtype, rank]``: this program's owned tile of an output.
+
+    The host passes a ``Partition`` (``st.empty(shape).partition(tile_shape)``; tiles need not
+    divide the tensor, edge tiles are masked). All Outs of a kernel share one grid, and that
+    grid is the launch grid: one program per tile. The op hands the ``Partition`` back; call
+    ``.unpartition()`` for the ``Tensor``. In the body: ``z.shape`` (the tile shape),
+    ``z.index``, ``z.load()``, ``z.store(tile)``, ``z.partition(sub_shape).store(tile,
+    sub_index)`` and ``for t in z.tiles():``. A store converts the tile to the Out's dtype (an
+    fp32 tile into a bf16 Out rounds to nearest even): write ``.astype(...)`` to show it.
+    """
     kind = "Out"
 
 
-class Ptr(_TensorParam):
-    """A raw pointer to a whole tensor, held exclusively; only in ``unsafe=True`` kernels."""
+class Ptr(_TensorParam, PtrView):
+    """``p: st.Ptr[dtype]``: a raw pointer to a whole tensor, only in ``@st.kernel(unsafe=True)``.
+
+    The host passes a contiguous ``Tensor``, held exclusively while in flight; the body reaches
+    it with ``sl.load_ptr``, ``sl.store_ptr`` and ``sl.atomic_add`` at element offsets.
+    """
     kind = "Ptr"
 
 
 class Const:
-    """A compile-time constant: ``st.Const[int]``, ``[float]``, ``[bool]`` or ``[st.dtype]``."""
+    """``n: st.Const[int]`` (or ``float``, ``bool``, ``st.dtype``): a compile-time constant.
+
+    Each value compiles its own variant, so a ``Const`` may size tiles
+    (``x.load(i, (n,))``) and pick dtypes (``t.astype(d)``). Runtime scalars are annotated
+    plain ``int`` or ``float``.
+    """
 
     def __class_getitem__(cls, item) -> ParamSpec:
         if item not in (int, float, bool, DType):

@@ -92,9 +92,10 @@ class Scope:
 
 def classify(value) -> Resolved:
     from ..lang import load_like
-    from ..lang.ops import Builtin
-    if isinstance(value, Builtin):
-        return Resolved("builtin", value)
+    from ..lang.ops import builtin_of
+    b = builtin_of(value)
+    if b is not None:
+        return Resolved("builtin", b)
     if value is load_like:
         return Resolved("load_like", value)
     if isinstance(value, DType):

@@ -14,6 +14,13 @@ Inside an ``@st.kernel`` body, parameters are views:
   partition, one iteration otherwise).
 Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
 ``t.dtype`` (e.g. ``y.astype(x.dtype)`` rounds an fp32 result back to a loaded tile's type).
+
+Stores convert: ``z.store(tile)`` (and a sub-tile store) converts the tile to the Out's element
+type, as ``tile.astype(z_dtype)`` would: an fp32 tile stored into a bf16 Out rounds to nearest
+even, a float tile stored into an int Out truncates toward zero. It is the one implicit
+conversion of the kernel language (the host side converts nothing); write the ``.astype``
+to make a narrowing store visible. ``help(st.In)`` and ``help(st.Out)`` list the view
+methods with their arguments; ``help(sl.<op>)`` shows each operation's signature.
 """
 from ..dtypes import bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from ..dtypes import bf16, f16, f32, i32, i64  # noqa: F401
@@ -27,3 +34,24 @@ from .ops import (  # noqa: F401
 def load_like(x, z):
     """The tile of In ``x`` at Out ``z``'s index and shape (padding 0 outside ``x``)."""
     return x.load(z.index, z.shape)
+
+
+__all__ = [
+    "load_like",
+    # element-wise
+    "where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid",
+    "abs", "maximum", "minimum",
+    # reductions
+    "sum", "max", "min", "argmax", "argmin",
+    # matrix products
+    "mma", "matmul",
+    # shape
+    "reshape", "broadcast_to", "permute", "transpose",
+    # construction and program geometry
+    "arange", "full", "zeros", "bid", "num_blocks", "cdiv",
+    # unsafe: raw pointers
+    "load_ptr", "store_ptr", "atomic_add",
+    # dtypes
+    "float32", "float16", "bfloat16", "int32", "int64", "int8", "bool_",
+    "f32", "f16", "bf16", "i32", "i64",
+]

@@ -8,6 +8,7 @@ no meaning of its own. Inside a kernel it means two things, kept in step:
 from __future__ import annotations
 
 import contextvars
+import functools
 from typing import Any, Callable
 
 from ..errors import ExecutionError
@@ -40,12 +41,36 @@ class Builtin:
     def __repr__(self) -> str:
         return f"<safetile builtin sl.{self.name}>"
 
+    def function(self) -> Callable:
+        """What ``sl.<name>`` is: a plain function with the operation's own signature and
+        docstring (so ``help(sl.sum)`` shows both), dispatching as ``__call__`` does."""
+        name = self.name
+
+        def op(*args, **kwargs):
+            impl = _IMPL.get()
+            if impl is None:
+                raise ExecutionError(
+                    f"sl.{name}() is a tile operation: call it inside an @st.kernel or "
+                    f"@st.function body, not from host code")
+            return getattr(impl, name)(*args, **kwargs)
+
+        functools.update_wrapper(op, self.__wrapped__)
+        op.name = name                             # type: ignore[attr-defined]
+        op.__safetile_builtin__ = self             # type: ignore[attr-defined]
+        return op
+
+
+def builtin_of(value) -> "Builtin | None":
+    """The ``Builtin`` that ``value`` (an ``sl.<name>`` function) stands for, else None."""
+    b = getattr(value, "__safetile_builtin__", None) if callable(value) else None
+    return b if isinstance(b, Builtin) else None
+
 
 def builtin(triton: str, unsafe: bool = False, atomic: bool = False):
-    def register(fn: Callable) -> Builtin:
+    def register(fn: Callable) -> Callable:
         b = Builtin(fn, triton, unsafe, atomic)
         BUILTINS[b.name] = b
-        return b
+        return b.function()
     return register
 
 

@@ -11,6 +11,7 @@ from ..errors import ArgumentError
 from ..dtypes import DType
 from ..tensor import Shared, Tensor
 from ..tensor import alloc
+from ..tensor.hints import a_type_name, how_to_pass
 
 # Elements of one program's tile for memory-bound kernels: large enough to amortize the
 # per-program prologue, small enough to keep many programs in flight on every SM.
@@ -38,14 +39,17 @@ def warps_for(elements: int) -> int:
 def check_value(name: str, v) -> None:
     """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
     if not isinstance(v, (Tensor, Shared)):
-        raise ArgumentError(f"{name}: expected a safetile Tensor or Shared, got {type(v).__name__}"
-                        f" (wrap torch tensors with st.from_torch)")
+        hint = how_to_pass(v, "input")
+        raise ArgumentError(f"{name}: expected an st.Tensor or st.Shared, got {a_type_name(v)}"
+                            f"{f'; {hint}' if hint else ''}")
 
 
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
     """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
     if not isinstance(out, Tensor):
-        raise ArgumentError(f"{name}: expected a safetile Tensor, got {type(out).__name__}")
+        hint = how_to_pass(out, "tensor")
+        raise ArgumentError(f"{name}: expected an st.Tensor, got {a_type_name(out)}"
+                            f"{f'; {hint}' if hint else ''}")
     if tuple(out.shape) != tuple(shape) or out.dtype is not dtype:
         raise ArgumentError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
                          f"shape {tuple(out.shape)} and dtype {out.dtype!r}")

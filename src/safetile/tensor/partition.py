@@ -54,6 +54,10 @@ __all__ = ["Partition", "ProgramOrder", "ORDERS"]
 
 ORDERS = ("row_major", "grouped")
 
+# Tensor methods a Partition does not have (it is the tensor moved into tiles).
+_TENSOR_ONLY = frozenset({"to_torch", "numpy", "into_torch", "share", "partition", "view",
+                          "reshape", "slice", "stride", "is_contiguous", "numel"})
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -273,6 +277,16 @@ class Partition(Handle):
         shape = self._tensor._torch.shape
         return tuple(slice(c * t, min((c + 1) * t, n))
                      for c, t, n in zip(coords, self._tile_shape, shape))
+
+    def __getattr__(self, name: str):
+        # Only reached for names a Partition lacks: say how to reach a Tensor's methods (with
+        # obj=None, so Python's "Did you mean" cannot point at the private ``_torch``).
+        if name in _TENSOR_ONLY:
+            raise AttributeError(
+                f"'Partition' object has no attribute '{name}': a Partition is a tensor split "
+                f"into tiles for a kernel's st.Out; call .unpartition() first, then "
+                f".{name}() on the Tensor it gives back", name=name, obj=None)
+        raise AttributeError(f"'Partition' object has no attribute '{name}'", name=name, obj=self)
 
     # -- moves -------------------------------------------------------------------------------
     def unpartition(self) -> "Tensor":
