@@ -1,5 +1,6 @@
 """The project around the code: license, metadata, the GPU skip reason, the console script."""
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def test_the_readme_links_the_guide():
 
 
 def test_gpu_tests_skip_saying_they_need_a_cuda_gpu(monkeypatch):
-    import conftest
+    # tests/conftest.py by path: a plain `import conftest` may find tests/grout/conftest.py
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
 
     class Item:
         keywords = {"gpu": True}
