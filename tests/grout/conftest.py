@@ -67,13 +67,17 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engines(checkpoints):
-    """name -> a float32 grout engine of that checkpoint on the CPU."""
+    """name -> a float32 grout engine of that checkpoint on the CPU (per module: the
+    weights' borrows must not outlive grout's tests)."""
     import grout
-    return {name: grout.load(path, device="cpu", dtype="float32", max_seq_len=64,
-                             progress=False)
-            for name, (path, _) in checkpoints.items()}
+    engines = {name: grout.load(path, device="cpu", dtype="float32", max_seq_len=64,
+                                progress=False)
+               for name, (path, _) in checkpoints.items()}
+    yield engines
+    engines.clear()
+    gc.collect()
 
 
 @pytest.fixture
@@ -94,3 +98,13 @@ def no_new_holds():
     yield
     gc.collect()
     assert len(active_holds()) == before
+
+
+@pytest.fixture(scope="module", autouse=True)
+def modules_leave_no_borrows():
+    """After each module, every engine its tests made is gone with its borrows (the rest of
+    the suite checks that nothing is held)."""
+    yield
+    from safetile.tensor import active_holds
+    gc.collect()
+    assert active_holds() == [], "a grout test module left safetile borrows behind"
