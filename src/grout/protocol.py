@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_TOP_LOGPROBS = 5
+MAX_TOP_LOGPROBS = 5        # what a request may ask for (the engine computes up to 20)
 MAX_STOP_STRINGS = 16
 
 
