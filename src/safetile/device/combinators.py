@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 
 from ..errors import ArgumentError, ExecutionError
-from .op import UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
+from .op import (UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, collecting_built,
+                 in_callback, spread)
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -50,21 +51,29 @@ class ThenOp(DeviceOp):
             # `with in_callback("then")`, inlined (this loop runs once per chained op)
             outer = getattr(state, "busy", None)
             state.busy = "`then` callback"
+            outer_built = getattr(state, "built", None)
+            state.built = built = []          # `with collecting_built()`, inlined
             try:
                 nxt = f(*(out if type(out) is tuple else (out,)))
                 if not isinstance(nxt, DeviceOp):
                     _check_op(nxt, "the value returned by a `then` callback")
             except BaseException as e:
+                for op in built:              # ops the callback built: values come back
+                    op._abandon()
                 attach_recovered(e, out)
                 raise
             finally:
                 state.busy = outer
+                state.built = outer_built
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
             out = nxt._run(ctx)
         return out
 
     def _abandon(self) -> None:
         self.prev._abandon()
+
+    def _values(self):
+        return self.prev._values()
 
     def _host_bound(self) -> bool:
         return self.prev._host_bound()
@@ -87,7 +96,7 @@ class MapOp(DeviceOp):
         out = self.inner._run(ctx)
         ctx.settle()
         try:
-            with in_callback("map"):
+            with in_callback("map"), collecting_built():
                 return self.f(*spread(out))
         except BaseException as e:
             attach_recovered(e, out)
@@ -97,6 +106,9 @@ class MapOp(DeviceOp):
 
     def _abandon(self) -> None:
         self.inner._abandon()
+
+    def _values(self):
+        return self.inner._values()
 
     def _host_bound(self) -> bool:
         return self.inner._host_bound()
@@ -119,15 +131,24 @@ class ZipOp(DeviceOp):
             try:
                 outs.append(op._run(ctx))
             except BaseException as e:
-                for rest in self.ops[i + 1:]:     # they will not run: hand their values back
-                    rest._abandon()
-                attach_recovered(e, tuple(outs))
+                rest = self.ops[i + 1:]
+                for later in rest:                # they will not run: hand their values back
+                    later._abandon()
+                # every value the zip took: the outputs so far, what the failed op took, and
+                # the values of the ops that never ran
+                failed = getattr(e, "recovered", None)
+                attach_recovered(e, tuple(outs) + (failed if failed is not None else
+                                                   op._values(),) +
+                                 tuple(later._values() for later in rest), replace=True)
                 raise
         return tuple(outs)
 
     def _abandon(self) -> None:
         for op in self.ops:
             op._abandon()
+
+    def _values(self):
+        return tuple(op._values() for op in self.ops)
 
     def _host_bound(self) -> bool:
         return any(op._host_bound() for op in self.ops)
@@ -185,6 +206,9 @@ class SharedOp(DeviceOp):
         if self._event is not None and ctx.stream is not None and ctx.stream != self._stream:
             ctx.stream.wait_event(self._event)
         return self._out
+
+    def _values(self):
+        return self._out if self._done else self.inner._values()
 
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
-from .op import UNKNOWN, DeviceOp, RunContext
+from .op import UNKNOWN, DeviceOp, RunContext, note_built
 
 
 class KernelOp(DeviceOp):
@@ -31,6 +31,7 @@ class KernelOp(DeviceOp):
         self.running = ()
         self._released = False
         self._consumed = False
+        note_built(self)
 
     def __repr__(self) -> str:
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
@@ -142,6 +143,9 @@ class KernelOp(DeviceOp):
         if not self._consumed:
             self._consumed = True
             self._release()
+
+    def _values(self):
+        return self.values
 
     def __del__(self):
         # An op dropped without running (built, then never synced or awaited) hands its

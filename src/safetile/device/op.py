@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from ..errors import ExecutionError
+from ..errors import CopyError, ExecutionError
 from ..tensor import borrows
 from . import streams
 
@@ -159,13 +159,38 @@ def in_callback(kind: str):
         _state.busy = outer
 
 
-def attach_recovered(error: BaseException, values) -> None:
-    """Record on ``error`` the values an op handed back (unless a deeper op already did)."""
-    if getattr(error, "recovered", None) is None:
+def attach_recovered(error: BaseException, values, replace: bool = False) -> None:
+    """Record on ``error`` the values an op handed back (unless a deeper op already did, or
+    ``replace``: a combinator's fuller account of every value it took)."""
+    if replace or getattr(error, "recovered", None) is None:
         try:
             error.recovered = values
         except AttributeError:                    # exceptions without a __dict__
             pass
+
+
+def note_built(op) -> None:
+    """Record an op built while a ``then``/``map`` callback runs on this thread (so that, if
+    the callback fails, the values it moved into that op come back: ``abandon_built``)."""
+    built = getattr(_state, "built", None)
+    if built is not None:
+        built.append(op)
+
+
+@contextlib.contextmanager
+def collecting_built():
+    """Collect the ops built inside the block; if it raises, abandon those that never ran
+    (their arguments are handed back) before the error propagates."""
+    outer = getattr(_state, "built", None)
+    built = _state.built = []
+    try:
+        yield
+    except BaseException:
+        for op in built:
+            op._abandon()
+        raise
+    finally:
+        _state.built = outer
 
 
 def enqueue(op, stream, what: str):
@@ -206,6 +231,22 @@ class DeviceOp:
 
     _consumed = False
 
+    # -- no copies: an op runs once and hands its values back once -------------------------
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self!r} cannot be {how}: an operation runs once and hands its "
+                        f"values back once. Build the operation again (call the kernel "
+                        f"again), share one run with op.shared(), or replay it with "
+                        f"op.graph()")
+
+    def __copy__(self):
+        self._refuse_copy("copied")
+
+    def __deepcopy__(self, memo):
+        self._refuse_copy("deep-copied")
+
+    def __reduce_ex__(self, protocol):
+        self._refuse_copy("pickled")
+
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):
         """Enqueue the work on ``ctx.stream`` and return the output."""
@@ -214,6 +255,11 @@ class DeviceOp:
     def _abandon(self) -> None:
         """This op will never run (an earlier part of an execution failed): hand back what it
         holds, so that no argument is lost. Does nothing for an op that already ran."""
+
+    def _values(self):
+        """What this op holds, in the shape of its output as far as it is known before it
+        runs (an error's ``recovered`` names these for ops that never ran)."""
+        return None
 
     def _host_bound(self) -> bool:
         """True when the work (as far as known before running) runs on the CPU executor,
@@ -263,14 +309,18 @@ class DeviceOp:
         try:
             if ctx.stream is not None:
                 ctx.stream.synchronize()
+        except BaseException as e:                # e.g. KeyboardInterrupt while waiting
+            attach_recovered(e, out)
+            raise
         finally:
             ctx.finish()
         return out
 
     def __await__(self):
         # Submit now (``await`` iterates at once) and wait on the op's asyncio future: no
-        # coroutine or Task of our own per awaited op.
-        return _aio.submit(self).__await__()
+        # coroutine or Task of our own per awaited op. A cancelled await raises only once
+        # the work has completed, with the output as ``e.recovered`` (aio.py).
+        return _aio.await_op(self)
 
     def graph(self):
         """Record this op into a graph (a CUDA graph on the GPU) and return the ``Graph``.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from ..errors import KernelDefinitionError
 from .source import KernelSource, Scope, assigned_names
 
 ALLOWED_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call,
@@ -37,6 +38,14 @@ SUB_ATTRS = {"shape"}
 TILE_METHODS = {"astype"}
 TILE_ATTRS = {"T", "shape", "dtype"}
 RESERVED_PREFIX = "_st_"
+# Names generated code gives a meaning of its own: a user name among them (or starting with
+# "_st", which covers the generated "_st_..." and "_stf_..." names) could shadow it.
+RESERVED_NAMES = {"tl", "triton", "libdevice", "float", "range"}
+
+
+def reserved(name: str) -> bool:
+    """Whether ``name`` may not be bound in kernel code (see ``RESERVED_NAMES``)."""
+    return name.startswith("_st") or name in RESERVED_NAMES
 
 
 @dataclass
@@ -69,18 +78,48 @@ class BodyChecker(ast.NodeVisitor):
         return kind_of(node, self.params, self.info.views)
 
     def check(self) -> BodyInfo:
+        """Check the body; any refusal, even an unforeseen failure of a rule, is a
+        ``KernelDefinitionError`` naming file:line."""
+        self.current = self.src.tree
+        try:
+            return self._check()
+        except KernelDefinitionError:
+            raise
+        except Exception as e:                 # a rule that could not handle this code
+            raise self.src.error(self.current, "internal",
+                                 f"the checker could not check this statement ({e!r}); "
+                                 f"please report it, and rewrite the statement meanwhile") from e
+
+    def _check(self) -> BodyInfo:
         tree = self.src.tree
+        if reserved(tree.name):
+            self.fail(tree, "name", f"'{tree.name}' is reserved for generated code (names "
+                                    f"starting with '_st' and {sorted(RESERVED_NAMES)}); "
+                                    f"choose another name")
         for arg in tree.args.args:
-            if arg.arg.startswith(RESERVED_PREFIX):
-                self.fail(arg, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
-        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs:
+            if reserved(arg.arg):
+                self.fail(arg, "name", f"'{arg.arg}' is reserved for generated code (names "
+                                       f"starting with '_st' and {sorted(RESERVED_NAMES)})")
+        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs or tree.args.posonlyargs:
             self.fail(tree, "statement", "kernels take plain positional parameters only")
+        if tree.args.defaults:
+            self.fail(tree.args.defaults[0], "statement",
+                      "parameters take no default values: pass every argument (a helper's "
+                      "constant can be a module constant or a Const of the kernel)")
+        if self.is_function:
+            returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
+            last = tree.body[-1] if tree.body else None
+            for r in returns:
+                if r is not last:
+                    self.fail(r, "statement", "a helper returns once, in its last statement "
+                                              "(no `return` inside `if` or loops)")
         self.collect_views(tree)
         self.view_uses = self.allowed_view_uses(tree)
         body = tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]                                    # docstring
         for stmt in body:
+            self.current = stmt
             self.visit(stmt)
         return self.info
 
@@ -149,6 +188,12 @@ class BodyChecker(ast.NodeVisitor):
                       f"or sets); write the loop or the value out")
         super().generic_visit(node)
 
+    def visit_Compare(self, node):
+        if len(node.ops) != 1 or isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+            self.fail(node, "expression", f"`{ast.unparse(node)}`: compare two values with one of "
+                                          f"< <= > >= == != (no chains, `is` or `in`)")
+        self.generic_visit(node)
+
     def visit_Subscript(self, node):
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         for part in parts:
@@ -179,8 +224,10 @@ class BodyChecker(ast.NodeVisitor):
                 self.fail(target, "param-assignment",
                           f"assignment to parameter '{target.id}' ({kind}): parameters are "
                           f"owned by the launch; bind a new local name instead")
-            if target.id.startswith(RESERVED_PREFIX):
-                self.fail(target, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
+            if reserved(target.id):
+                self.fail(target, "name", f"'{target.id}' is reserved for generated code "
+                                          f"(names starting with '_st' and "
+                                          f"{sorted(RESERVED_NAMES)}); choose another name")
         elif isinstance(target, ast.Tuple):
             for elt in target.elts:
                 self.check_target(elt)
@@ -339,8 +386,8 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "function":
             for a in node.args:
                 if self.kind_of(a) in ("In", "Out", "Ptr", "sub", "tile"):     # scalars may pass
-                    self.fail(a, "call", f"views ('{a.id}') cannot be passed to @st.function "
-                                         f"helpers; load a tile and pass that")
+                    self.fail(a, "call", f"views (`{ast.unparse(a)}`) cannot be passed to "
+                                         f"@st.function helpers; load a tile and pass that")
             if r.value not in self.info.functions:
                 self.info.functions.append(r.value)
             return

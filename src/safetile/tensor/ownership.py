@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import MovedError
+from ..errors import CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED"]
 
@@ -63,6 +63,23 @@ class Handle:
     def _describe(self) -> str:
         """A short description used in messages; must not call ``_check``."""
         return type(self).__name__
+
+    # -- no copies ------------------------------------------------------------------------------
+    # A copy would be a second handle the ownership rules do not count (a Shared copy would
+    # let try_unwrap succeed while it lives; a Tensor copy would own storage twice).
+    _COPY_HINT = "a handle has one owner"
+
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self._describe()} cannot be {how}: {self._COPY_HINT}")
+
+    def __copy__(self):
+        self._refuse_copy("copied")
+
+    def __deepcopy__(self, memo):
+        self._refuse_copy("deep-copied")
+
+    def __reduce_ex__(self, protocol):
+        self._refuse_copy("pickled")
 
     # -- state queries / changes --------------------------------------------------------------
     def _is_live(self) -> bool:
