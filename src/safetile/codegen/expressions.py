@@ -233,8 +233,6 @@ class ExpressionEmitter:
                 if not (a.bound is not None and b.kind == "const" and b.value > 0):
                     helper = "_st_floordiv" if op == "//" else "_st_floormod"
                     return f"{self.use(helper)}({lt}, {rt})"
-            elif op == "%":
-                return f"{self.use('_st_pymod')}({lt}, {rt})"
             elif op in ("<<", ">>") and b.runtime:
                 return f"{self.use('_st_shl' if op == '<<' else '_st_shr')}({lt}, {rt})"
         return f"({lt} {op} {rt})"

@@ -37,10 +37,10 @@ def _st_sum(x, axis: tl.constexpr = None):
 def _st_floordiv(a, b):
     a2 = a + b * 0
     b2 = b + a * 0
-    safe = tl.where((b2 == 0) | (b2 == -1), 1, b2)
-    q = tl.where(b2 == -1, -a2, a2 // safe)
-    r = a2 - q * safe
-    q = tl.where((r != 0) & ((r < 0) != (safe < 0)), q - 1, q)
+    nz = tl.where(b2 == 0, 1, b2)
+    q = tl.where(nz == -1, -a2, a2 // tl.where(nz == -1, 1, nz))
+    r = a2 - q * nz
+    q = tl.where((r != 0) & ((r < 0) != (nz < 0)), q - 1, q)
     return tl.where(b2 == 0, 0, q)
 ''',
     "_st_floormod": '''
@@ -58,13 +58,6 @@ def _st_floormod(a, b):
 def _st_cdiv(a, b):
     q = _st_floordiv(a, b)
     return tl.where(_st_floormod(a, b) != 0, q + 1, q)
-''',
-    # Python's float remainder: fmod, plus b where that is nonzero and of the other sign.
-    "_st_pymod": '''
-@triton.jit
-def _st_pymod(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
 ''',
     # Shifts by an amount outside [0, bits) are 0 (<<) or the sign fill (>>), never undefined.
     "_st_shl": '''

@@ -77,9 +77,6 @@ def binary(op: str, a, b) -> torch.Tensor:
     if op == "//":
         return _floordiv(ta, tb, "division").to(comp.torch)
     if op == "%":
-        if comp.is_float:
-            r = torch.fmod(ta, tb)
-            return torch.where((r != 0) & ((r < 0) != (tb < 0)), r + tb, r)
         q = _floordiv(ta, tb, "remainder")
         return (_wide(ta) - q * _wide(tb)).to(comp.torch)
     if op in ("<<", ">>"):

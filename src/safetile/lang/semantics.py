@@ -40,7 +40,7 @@ Otherwise the operands promote:
 - a compile-time number meeting a runtime value of a lower kind takes its own type (an int
   is int32, or int64 when it does not fit; a float is fp32: ``int_tile * 0.5`` is fp32).
 
-``/`` and ``%`` of fp16 or bf16 operands compute and return fp32; ``/`` of ints returns fp32.
+``/`` of fp16 or bf16 operands computes and returns fp32; ``/`` of ints returns fp32.
 Every other operation returns its computation type, rounded (to nearest even) after each
 operation: ``bf16 + bf16`` is bf16, computed exactly and rounded once, which fp32 math
 followed by one rounding reproduces.
@@ -54,9 +54,10 @@ Operators
   alike; ``INT_MIN // -1`` wraps to ``INT_MIN``. Division by zero is an error: the CPU
   executor raises ``DivisionByZeroError``; on the GPU, where it cannot be reported,
   ``x // 0`` is 0 and ``x % 0`` is ``x``. ``sl.cdiv(a, b)`` is ``-(-a // b)`` (the ceiling).
-- ``%`` on floats follows Python's sign rule: ``fmod(a, b)``, plus ``b`` when that is nonzero
-  and its sign differs from ``b``'s (a zero result keeps ``a``'s sign). ``//`` on floats is
-  refused (write ``a / b``; ``.astype(st.i32)`` truncates).
+- ``//`` and ``%`` on floats are refused: Triton has no float floor division, and its float
+  remainder is exact ``fmod`` in its interpreter but derived from a rounded quotient on the
+  GPU, so no one result could be promised. Write the quotient (``a / b``, ``.astype(st.i32)``
+  truncates) and the remainder from it.
 - ``<< >>`` shift ints; a shift amount outside ``[0, bits)`` is an error on the CPU executor
   and gives 0 (``<<``) or the sign fill (``>>``) on the GPU. ``& | ^ ~`` work on ints and
   bools. ``**`` on runtime values is refused (use ``sl.exp2(y * sl.log2(x))`` or multiply).
@@ -268,9 +269,10 @@ def binary(op: str, a, b) -> tuple[DType, DType]:
         return c, c
     div_or_mod = op in ("/", "%", "//")
     c = computation_dtype(a, b, div_or_mod)
-    if op == "//" and c.is_float:
-        raise SemanticsError("`//` on floats is not supported: write a / b (and .astype("
-                             "st.int32) to truncate)")
+    if op in ("//", "%") and c.is_float:
+        raise SemanticsError(f"`{op}` on floats is not supported (Triton's GPU and interpreter "
+                             f"disagree on float remainders): write a / b, truncate with "
+                             f".astype(st.int32), and form the remainder from that quotient")
     if op == "/" and not c.is_float:
         return _d.float32, _d.float32
     if op in COMPARE:
