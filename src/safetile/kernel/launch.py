@@ -251,6 +251,23 @@ def variant_key(kernel, bound) -> VariantKey:
                       bool(o.get("trigger_early", False)))
 
 
+def _type_check(kernel, bound) -> None:
+    """Refuse the launch if the kernel does not type for these arguments (kernel/types.py):
+    once per kind of arguments (dtype, rank, tile, persistence, Const value), a dict lookup
+    afterwards."""
+    key = tuple((b.torch.dtype, b.torch.dim(), b.tile,
+                 b.order.persistent is not None if b.order is not None else None)
+                if b.torch is not None else
+                (canonical_const(b.value) if b.spec.kind == "Const" else None)
+                for b in bound)
+    seen = kernel.__dict__.get("_st_typed")
+    if seen is None:
+        seen = kernel.__dict__["_st_typed"] = set()
+    if key not in seen:
+        _types.check(kernel, variant_key(kernel, bound))
+        seen.add(key)
+
+
 def canonical_const(v):
     """A Const value as variants are keyed on it: every NaN is one key (NaN != NaN would
     make a new variant per launch), and -0.0 is 0.0 (a compile-time zero is +0.0 in kernel
@@ -313,7 +330,7 @@ def launch(kernel, args, kwargs):
             _refuse_repeats(kernel, [(b.name, b.value) for b in bound])
             check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
             grid = launch_grid(kernel, bound)
-            _types.check(kernel, variant_key(kernel, bound))   # cached per variant
+            _type_check(kernel, bound)
             holder, where = _messages(kernel)
             reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
             writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
