@@ -16,7 +16,15 @@ Rules (the ``rule`` tag each error carries):
 - ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts or
   sets; tiles are indexed only with ``:`` and ``None`` (Triton cannot slice a tile).
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
-  ``pass`` (and ``return`` in functions); every name must resolve.
+  ``pass`` (and, in functions, one ``return`` as the last statement); parameters take no
+  defaults; every name must resolve; names generated code uses (``tl``, ``triton``,
+  ``libdevice``, ``float``, ``range``, anything starting with ``_st``) cannot be bound.
+- ``expression``: also no chained comparisons, ``is`` or ``in``.
+- ``internal``: a rule failed on code it did not foresee; still a definition error with
+  file:line (please report it).
+
+What depends on the argument types (promotion, shapes, control flow of runtime values) is
+checked per variant, at launch, by ``kernel/types.py`` (rule ``type``).
 """
 from __future__ import annotations
 

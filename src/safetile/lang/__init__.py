@@ -14,6 +14,7 @@ Inside an ``@st.kernel`` body, parameters are views:
   partition, one iteration otherwise).
 Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
 ``t.dtype`` (e.g. ``y.astype(x.dtype)`` rounds an fp32 result back to a loaded tile's type).
+``semantics.py`` states what all of it computes, for both backends.
 """
 from ..dtypes import bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from ..dtypes import bf16, f16, f32, i32, i64  # noqa: F401

@@ -1,7 +1,8 @@
 """Every tile operation of the kernel language, documented in one place.
 
 Each name here is a *builtin*: calling it outside a kernel body raises, because a builtin has
-no meaning of its own. Inside a kernel it means two things, kept in step:
+no meaning of its own. What each computes (promotion, rounding, NaN, overflow) is stated in
+``lang/semantics.py``. Inside a kernel it means two things, kept in step:
 - the CPU executor (``safetile.interpret``) supplies an implementation with torch tiles;
 - the code generator (``safetile.codegen``) spells it in Triton (``Builtin.triton``).
 """
@@ -127,43 +128,51 @@ def abs(x):
 
 @_builtin("tl.maximum")
 def maximum(a, b):
-    """Element-wise maximum; where one operand is NaN the other wins (as Triton's default)."""
+    """Element-wise maximum; where one operand is NaN the other wins (as Triton's default);
+    the sign of a zero result from +0.0 and -0.0 is unspecified."""
 
 @_builtin("tl.minimum")
 def minimum(a, b):
-    """Element-wise minimum; where one operand is NaN the other wins (as Triton's default)."""
+    """Element-wise minimum; where one operand is NaN the other wins (as Triton's default);
+    the sign of a zero result from +0.0 and -0.0 is unspecified."""
 
 
 # ---- reductions ----------------------------------------------------------------------------
 
 @_builtin("tl.sum")
 def sum(t, axis=None):
-    """Sum along ``axis`` (all axes when None); fp16/bf16 accumulate in fp32."""
+    """Sum along ``axis`` (all axes when None, giving a scalar); fp16/bf16 accumulate in fp32
+    and round back, int8 sums are int32; the order of the additions is unspecified."""
 
 @_builtin("tl.max")
 def max(t, axis=None):
-    """Maximum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
+    """Maximum along ``axis``; NaN elements are skipped (NaN only if all are NaN); fp16/bf16
+    give fp32 and int8 gives int32, as Triton's reduction widens them."""
 
 @_builtin("tl.min")
 def min(t, axis=None):
-    """Minimum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
+    """Minimum along ``axis``; NaN elements are skipped (NaN only if all are NaN); fp16/bf16
+    give fp32 and int8 gives int32."""
 
 @_builtin("tl.argmax")
 def argmax(t, axis):
-    """Index of the maximum along ``axis`` (the first one on ties), int32."""
+    """Index of the maximum along ``axis`` (the first one on ties), int32; NaN elements are
+    skipped (0 if all are NaN)."""
 
 @_builtin("tl.argmin")
 def argmin(t, axis):
-    """Index of the minimum along ``axis`` (the first one on ties), int32."""
+    """Index of the minimum along ``axis`` (the first one on ties), int32; NaN elements are
+    skipped (0 if all are NaN)."""
 
 
 # ---- matrix products -------------------------------------------------------------------------
 
 @_builtin("tl.dot")
 def mma(a, b, acc):
-    """``acc + a @ b`` with fp32 accumulation; ``a`` is (M, K), ``b`` (K, N), ``acc`` (M, N).
+    """``acc + a @ b``; ``a`` is (M, K), ``b`` (K, N), ``acc`` (M, N), K at least 16.
 
-    fp32 operands use TF32 on the GPU, as Triton's ``tl.dot`` does by default.
+    fp16, bf16 and fp32 operands accumulate in an fp32 ``acc``, int8 operands (K at least 32)
+    in an int32 one. fp32 operands use TF32 on the GPU, as Triton's ``tl.dot`` does by default.
     """
 
 @_builtin("tl.dot")
@@ -198,7 +207,8 @@ def arange(n):
 
 @_builtin("tl.full")
 def full(shape, value, dtype):
-    """A tile of ``shape`` filled with ``value``."""
+    """A tile of ``shape`` filled with ``value``: a compile-time value of ``dtype`` (an int
+    in range for int dtypes), or a runtime scalar, converted as ``astype`` converts."""
 
 @_builtin("tl.zeros")
 def zeros(shape, dtype):
@@ -214,7 +224,8 @@ def num_blocks(axis):
 
 @_builtin("tl.cdiv")
 def cdiv(a, b):
-    """Ceiling division of integers."""
+    """Ceiling division of integers: ``-(-a // b)`` with Python's floor division, for
+    runtime values as for compile-time ones."""
 
 
 # ---- unsafe: raw pointers (only in @st.kernel(unsafe=True); offsets are element offsets) -----
