@@ -150,6 +150,13 @@ class ViewEmitter(ExpressionEmitter):
                                for i, b, e in zip(idx, block, self.index_nodes(index, s.rank)))
             return f"{d}.load([{coords}])"
         shp = self.parts(shape, s.rank)
+        nodes = self.index_nodes(index, s.rank)
+        if not owned and block is not None and all(self.compile_time(e) for e in nodes) and \
+                all(abs(self.tp(e).value) <= 2**31 // b - 1 for e, b in zip(nodes, block)):
+            # a compile-time index whose box fits int32: the plain load, negatives masked
+            helper = self.use(f"_st_load{s.rank}")
+            return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, "
+                    f"{', '.join(shp)}, {pad_s}, True)")
         if not owned:
             helper = self.use(f"_st_iload{s.rank}")
             return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, "
