@@ -27,6 +27,7 @@ import threading
 
 from ..errors import CopyError, ExecutionError
 from ..tensor import borrows
+from ..tensor.ownership import NoCopies
 from . import streams
 
 _state = threading.local()
@@ -226,7 +227,7 @@ def enqueue(op, stream, what: str):
     return ctx, out
 
 
-class DeviceOp:
+class DeviceOp(NoCopies):
     """Lazy device work. ``sync()`` runs it and returns its output; ``await op`` too."""
 
     _consumed = False
@@ -237,15 +238,6 @@ class DeviceOp:
                         f"values back once. Build the operation again (call the kernel "
                         f"again), share one run with op.shared(), or replay it with "
                         f"op.graph()")
-
-    def __copy__(self):
-        self._refuse_copy("copied")
-
-    def __deepcopy__(self, memo):
-        self._refuse_copy("deep-copied")
-
-    def __reduce_ex__(self, protocol):
-        self._refuse_copy("pickled")
 
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):

@@ -13,6 +13,7 @@ import torch
 from .. import backends as _backend
 from ..codegen.compile import Variant
 from ..codegen.spec import ArgSpec, VariantKey
+from ..dtypes import ALL as _ALL_DTYPES
 from ..dtypes import DType, from_torch
 from ..errors import LaunchError, UnsafeError
 from ..lang import semantics as _sem
@@ -132,7 +133,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
               float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
               bool: lambda x: isinstance(x, bool),
-              DType: lambda x: isinstance(x, DType)}[spec.const_type](v)
+              DType: lambda x: any(x is d for d in _ALL_DTYPES)}[spec.const_type](v)
         if not ok:
             raise _fail(kernel, name, f"{spec.describe()} got {type(v).__name__} {v!r}")
         if spec.const_type is float:
