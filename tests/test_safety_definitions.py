@@ -72,6 +72,17 @@ def test_dtypes_are_fixed_and_only_safetiles_own_dtypes_enter_a_kernel():
             z.store(sl.load_like(x, z).astype(fake))
 
 
+@st.kernel
+def cast_to(x: st.In[st.f32], z: st.Out[st.f32], D: st.Const[st.dtype]):
+    z.store(sl.load_like(x, z).astype(D).astype(st.f32))
+
+
+def test_a_const_dtype_argument_must_be_one_of_safetiles_dtypes():
+    fake = st.DType("evil", st.f32.torch, "load")
+    with st.backend("interpret"), pytest.raises(st.LaunchError, match="Const"):
+        cast_to(st.zeros((4,)), st.zeros((4,)).partition((4,)), fake)
+
+
 def test_the_generated_entry_is_the_checked_defs_name_not_a_renamed_function():
     def k(x: st.In[st.f32], z: st.Out[st.f32]):
         z.store(sl.load_like(x, z))
