@@ -10,12 +10,12 @@ Each tile of ``for t in z.tiles()`` starts a fresh chain, since distinct tiles a
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 
 from ..kernel import types as _types
 from ..kernel.checker import IN_METHODS
 from .expressions import BINOP_SPELLING
+from .helper_names import name_helpers
 from .prelude import HEADER
 from .spec import VariantKey
 from .views import ViewEmitter
@@ -377,7 +377,7 @@ class Emitter(ViewEmitter):
         text += funcs
         text.append(f"\n@triton.jit\ndef {entry}({', '.join(params)}):")
         text += prologue + body
-        source = self.name_helpers("\n".join(text) + "\n")
+        source = name_helpers(self.program, self.placeholders, "\n".join(text) + "\n")
         return Generated(source, entry, layout)
 
     def helper_name(self, call) -> str:
@@ -400,33 +400,6 @@ class Emitter(ViewEmitter):
             for inst in todo:
                 done.add(inst.key)
                 out.append(FunctionEmitter(inst, self).generate(self.placeholders[inst.key]))
-
-    def name_helpers(self, source: str) -> str:
-        """Final helper names: ``_stf_<name>`` for each helper (a numbered suffix for a second
-        helper of the same name, or a second signature that compiles differently), so that
-        helpers never merge and never meet a user's name (``_st`` is reserved)."""
-        by_key = {i.key: i for i in self.program.helpers.values()}
-        defs = {m.group(1): m.group(0) for m in _HELPER_DEF.finditer(source)}
-        final, used, seen = {}, set(), {}
-        for key, p in sorted(self.placeholders.items(), key=lambda kv: int(kv[1][5:-1])):
-            fn = by_key[key].fn
-            text = defs[p].replace(p, "@self@")
-            same = seen.get((id(fn), text))
-            if same is not None:                  # compiles identically: one definition
-                final[p] = same
-                source = source.replace(defs[p], "")
-                continue
-            base = name = f"_stf_{fn.src.tree.name}"
-            k = 1
-            while name in used:
-                name, k = f"{base}_{k}", k + 1
-            used.add(name)
-            final[p] = seen[(id(fn), text)] = name
-        return re.sub(r"_stf@\d+@", lambda m: final[m.group(0)], source)
-
-
-_HELPER_DEF = re.compile(r"\n@triton\.jit\ndef (_stf@\d+@)\(.*?(?=\n@triton\.jit\n|\Z)", re.S)
-
 
 class FunctionEmitter(Emitter):
     """Translates an @st.function helper for one argument signature: tiles and scalars only,

@@ -32,6 +32,7 @@ import ast
 from dataclasses import dataclass, field
 
 from ..errors import KernelDefinitionError
+from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
 ALLOWED_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call,
@@ -46,14 +47,6 @@ SUB_ATTRS = {"shape"}
 TILE_METHODS = {"astype"}
 TILE_ATTRS = {"T", "shape", "dtype"}
 RESERVED_PREFIX = "_st_"
-# Names generated code gives a meaning of its own: a user name among them (or starting with
-# "_st", which covers the generated "_st_..." and "_stf_..." names) could shadow it.
-RESERVED_NAMES = {"tl", "triton", "libdevice", "float", "range"}
-
-
-def reserved(name: str) -> bool:
-    """Whether ``name`` may not be bound in kernel code (see ``RESERVED_NAMES``)."""
-    return name.startswith("_st") or name in RESERVED_NAMES
 
 
 @dataclass
@@ -100,27 +93,7 @@ class BodyChecker(ast.NodeVisitor):
 
     def _check(self) -> BodyInfo:
         tree = self.src.tree
-        if reserved(tree.name):
-            self.fail(tree, "name", f"'{tree.name}' is reserved for generated code (names "
-                                    f"starting with '_st' and {sorted(RESERVED_NAMES)}); "
-                                    f"choose another name")
-        for arg in tree.args.args:
-            if reserved(arg.arg):
-                self.fail(arg, "name", f"'{arg.arg}' is reserved for generated code (names "
-                                       f"starting with '_st' and {sorted(RESERVED_NAMES)})")
-        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs or tree.args.posonlyargs:
-            self.fail(tree, "statement", "kernels take plain positional parameters only")
-        if tree.args.defaults:
-            self.fail(tree.args.defaults[0], "statement",
-                      "parameters take no default values: pass every argument (a helper's "
-                      "constant can be a module constant or a Const of the kernel)")
-        if self.is_function:
-            returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
-            last = tree.body[-1] if tree.body else None
-            for r in returns:
-                if r is not last:
-                    self.fail(r, "statement", "a helper returns once, in its last statement "
-                                              "(no `return` inside `if` or loops)")
+        check_signature(self.src, self.is_function)
         self.collect_views(tree)
         self.view_uses = self.allowed_view_uses(tree)
         body = tree.body
@@ -233,9 +206,7 @@ class BodyChecker(ast.NodeVisitor):
                           f"assignment to parameter '{target.id}' ({kind}): parameters are "
                           f"owned by the launch; bind a new local name instead")
             if reserved(target.id):
-                self.fail(target, "name", f"'{target.id}' is reserved for generated code "
-                                          f"(names starting with '_st' and "
-                                          f"{sorted(RESERVED_NAMES)}); choose another name")
+                self.fail(target, "name", reserved_message(target.id))
         elif isinstance(target, ast.Tuple):
             for elt in target.elts:
                 self.check_target(elt)

@@ -12,7 +12,7 @@ import math
 from .. import dtypes as _d
 from ..dtypes import DType
 from ..lang import semantics as S
-from .typevalues import INT32_MAX, V, const, operand, runtime, scalar, tile
+from .typevalues import V, const, operand, runtime, scalar, tile
 
 _MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
 _FLOAT_NAMES = {"inf": math.inf, "-inf": -math.inf, "+inf": math.inf, "nan": math.nan,
@@ -383,4 +383,3 @@ class CallTyper:
 for _name in _MATH:
     setattr(CallTyper, "op_" + _name, lambda self, node, _n=_name: self.math(node, _n))
 
-__all__ = ["CallTyper", "INT32_MAX"]

@@ -11,7 +11,7 @@ import operator
 
 from .. import dtypes as _d
 from ..lang import semantics as S
-from .typevalues import INT32_MAX, V, bounded, const, operand, runtime
+from .typevalues import V, bounded, const, operand, runtime
 
 BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
           ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
@@ -316,4 +316,3 @@ def _bound(op: str, a: V, b: V) -> int | None:
     return None
 
 
-__all__ = ["ExprTyper", "broadcast", "BINOPS", "CMPOPS", "INT32_MAX"]

@@ -38,7 +38,11 @@ Otherwise the operands promote:
   bf16 with an int gives fp32; fp16 meeting bf16 is refused (convert one with ``.astype``);
 - ints promote to the wider (int8 < int32 < int64); bool takes no part in arithmetic;
 - a compile-time number meeting a runtime value of a lower kind takes its own type (an int
-  is int32, or int64 when it does not fit; a float is fp32: ``int_tile * 0.5`` is fp32).
+  is int32, or int64 when it does not fit; a float is fp32: ``int_tile * 0.5`` is fp32);
+- a value computed only from ``int`` parameters, In shapes and compile-time numbers is
+  refused where it meets an int8, fp16 or bf16 operand that it would promote differently as
+  a compile-time number: Triton passes such an argument equal to 1 as the constant 1, so
+  the result type would depend on the value (convert one operand with ``.astype``).
 
 ``/`` of fp16 or bf16 operands computes and returns fp32; ``/`` of ints returns fp32.
 Every other operation returns its computation type, rounded (to nearest even) after each
