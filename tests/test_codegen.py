@@ -171,6 +171,26 @@ def pointer_family(p: st.Ptr[st.f32], q: st.Ptr[st.i32], n: int):
     sl.atomic_add(q, sl.zeros((64,), st.i32), 1, mask=m)
 
 
+def ahead_kernel(HEAD: int):
+    @st.kernel
+    def ahead(x: st.In[st.f32], z: st.Out[st.f32]):
+        t = sl.load_like(x, z)
+        if HEAD == 2:                      # a compile-time condition from a closure constant
+            t = t + softsign(t)
+        z.store(t * 2.0 if HEAD > 0 else softsign(t))
+    return ahead
+
+
+def test_only_the_branch_a_compile_time_condition_takes_is_emitted():
+    x, z = cpu((64,)), out((64,), st.f32, (32,))
+    plain = ahead_kernel(0).source(x, z)
+    assert "_stf_softsign" in plain and "if " not in plain.split("def ahead(")[1]
+    assert "HEAD" not in plain and " * 2.0" not in plain
+    both = ahead_kernel(2).source(x, z)
+    assert both.count("_stf_softsign(") == 2 and " * 2.0" in both      # def + one call
+    ahead_kernel(2).compile(x, z)
+
+
 def test_elementwise_ops_compile_in_bf16():
     x, y = cpu((64, 64), st.bf16), cpu((64, 64), st.bf16)
     args = (x, y, out((64, 64), st.bf16, (16, 32)), out((64, 64), st.f32, (16, 32)),

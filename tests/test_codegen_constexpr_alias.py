@@ -5,6 +5,8 @@ tile shape built from it fails to compile (``arange's arguments must be of type
 tl.constexpr``). Kernels naturally write ``BM = z.shape[0]``; the code generator annotates
 such names ``tl.constexpr``. These tests compile for sm_90 without a GPU.
 """
+import pytest
+
 import safetile as st
 import safetile.lang as sl
 
@@ -17,6 +19,14 @@ def copy_by_alias(x: st.In[st.f32], z: st.Out[st.f32]):
 
 @st.kernel
 def rebound(x: st.In[st.f32], z: st.Out[st.f32], k: int):
+    n = sl.full((), 4, st.i32)
+    if k > 0:
+        n = k
+    z.store(x.load(z.index, z.shape) * n)
+
+
+@st.kernel
+def rebound_constant(x: st.In[st.f32], z: st.Out[st.f32], k: int):
     n = 4
     if k > 0:
         n = k
@@ -35,5 +45,18 @@ def test_a_name_bound_twice_stays_a_runtime_value():
     x = st.zeros((256,), device="cpu")
     z = st.empty((256,), device="cpu").partition((64,))
     src = rebound.source(x, z, 3)
-    assert "n = 4" in src and "tl.constexpr = 4" not in src
+    assert "n = tl.full((), 4, tl.int32)" in src and "n: tl.constexpr" not in src
     rebound.compile(x, z, 3)
+
+
+def test_a_compile_time_value_rebound_in_a_runtime_if_is_refused():
+    # Triton keeps the compile-time 4 after the `if` whatever k is (a silent miscompile), so
+    # the type check refuses the kernel on both backends.
+    x = st.zeros((256,), device="cpu")
+    z = st.empty((256,), device="cpu").partition((64,))
+    with pytest.raises(st.KernelDefinitionError, match="'n' holds the compile-time value 4"):
+        rebound_constant.source(x, z, 3)
+    with st.backend("interpret"), pytest.raises(st.KernelDefinitionError) as e:
+        rebound_constant(x, z, 3)
+    x, z, _ = e.value.recovered                  # nothing was moved: every value comes back
+    z.unpartition()

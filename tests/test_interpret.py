@@ -174,7 +174,7 @@ def test_example_kernels_give_identical_results_under_any_program_order(seed):
         *_, z = add(x, y, st.empty((300,), device="cpu").partition((64,))).sync()
         _, s = softmax(m, st.empty((9, 20), device="cpu").partition((2, 32))).sync()
         *_, c, _ = matmul(a, b, st.empty((40, 36), device="cpu").partition(
-            (16, 16), order="grouped", group_size=2), 8).sync()
+            (16, 16), order="grouped", group_size=2), 16).sync()
     assert torch.equal(z.unpartition().to_torch(), x.to_torch() + y.to_torch())
     torch.testing.assert_close(s.unpartition().to_torch(), torch.softmax(m.to_torch(), 1))
     torch.testing.assert_close(c.unpartition().to_torch(), a.to_torch() @ b.to_torch(),

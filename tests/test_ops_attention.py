@@ -51,7 +51,7 @@ def causal_reference(q, k, v) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [st.f32, st.bf16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("hq,hkv,s,d,bm,bn", [
-    (4, 2, 37, 16, 16, 8),       # sequence not a multiple of either block; groups of 2
+    (4, 2, 37, 16, 16, 16),      # sequence not a multiple of the block; groups of 2
     (4, 1, 64, 32, 32, 16),      # multi-query: every q head reads one kv head
     (3, 3, 1, 16, 16, 16),       # one token
     (2, 2, 21, 16, 64, 32),      # block larger than the sequence
@@ -71,7 +71,7 @@ def test_flash_attention_takes_a_permuted_seq_major_layout_and_an_explicit_scale
     qs, ks, vs = rand((s, 4, d), st.f32, 4), rand((s, 2, d), st.f32, 5), rand((s, 2, d), st.f32, 6)
     q, k, v = (t.permute(1, 0, 2) for t in (qs, ks, vs))
     out = flash_attention(st.from_torch(q), st.from_torch(k), st.from_torch(v), scale=0.3,
-                          block_m=16, block_n=8).sync()
+                          block_m=16, block_n=16).sync()
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
                                           enable_gqa=True, scale=0.3)
     assert rel_err(out.to_torch(), want) < REL[st.f32]
@@ -83,9 +83,9 @@ def test_flash_attention_output_rows_depend_only_on_earlier_keys():
     k2[:, 10:] = 100.0
     v2[:, 10:] = -100.0
     a = flash_attention(st.from_torch(q.clone()), st.from_torch(k), st.from_torch(v),
-                        block_m=16, block_n=8).sync().to_torch()
+                        block_m=16, block_n=16).sync().to_torch()
     b = flash_attention(st.from_torch(q.clone()), st.from_torch(k2), st.from_torch(v2),
-                        block_m=16, block_n=8).sync().to_torch()
+                        block_m=16, block_n=16).sync().to_torch()
     assert torch.equal(a[:, :10], b[:, :10])
     assert not torch.allclose(a[:, 10:], b[:, 10:])
 
@@ -128,7 +128,7 @@ def decode_reference(q, k, v, n, scale=None) -> torch.Tensor:
     (6, 2, 100, 37, 3, 16),       # a partial last block
     (6, 2, 100, 100, 3, 16),      # the whole cache
     (10, 2, 70, 70, 4, 16),       # a group of 5 q heads (not a power of two)
-    (4, 4, 64, 50, 8, 8),         # more splits than the length fills
+    (4, 4, 64, 50, 8, 16),        # more splits than the length fills
     (4, 1, 33, 20, 1, 32),        # one split: the merge just normalizes
 ])
 @pytest.mark.parametrize("prefetch,cyclic", [(0, False), (0, True), (2, True)],
@@ -159,11 +159,11 @@ def test_decode_attention_length_offset_and_reused_buffers_follow_the_device_len
     # One set of buffers (as in a captured graph); only the device scalar changes per step.
     q, k, v = rand((4, 16), st.f32, 4), rand((2, 48, 16), st.f32, 5), rand((2, 48, 16), st.f32, 6)
     qh, kh, vh = st.from_torch(q), st.from_torch(k.clone()), st.from_torch(v.clone())
-    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=4, block_n=8)
+    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=4, block_n=16)
     out = st.empty((4, 16), device="cpu")
     for pos in (0, 9, 47):
         pos_t = i32(pos)
-        got = decode_attention(qh, kh, vh, pos_t, out, ws, length_offset=1, block_n=8).sync()
+        got = decode_attention(qh, kh, vh, pos_t, out, ws, length_offset=1, block_n=16).sync()
         assert rel_err(got.to_torch(), decode_reference(q, k, v, pos + 1)) < REL[st.f32]
 
 
@@ -268,7 +268,7 @@ def test_prefill_append_then_decode_equals_attention_of_the_last_token():
     pos = i32(s)
     kh, vh = kv_append(st.from_torch(k[:, s].contiguous()), st.from_torch(v[:, s].contiguous()),
                        pos, kh, vh).sync()
-    out = decode_attention(st.from_torch(q), kh, vh, pos, length_offset=1, block_n=8,
+    out = decode_attention(st.from_torch(q), kh, vh, pos, length_offset=1, block_n=16,
                            num_splits=3).sync()
     assert rel_err(out.to_torch(), decode_reference(q, k, v, s + 1)) < REL[st.f32]
 
@@ -279,9 +279,9 @@ def test_a_recorded_decode_step_follows_the_device_length_on_replay():
     qh, kh, vh = st.from_torch(q), st.from_torch(k.clone()), st.from_torch(v.clone())
     pos_t = torch.tensor([3], dtype=torch.int32)
     pos = st.from_torch(pos_t)
-    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=3, block_n=8)
+    ws = DecodeWorkspace.for_cache(qh, kh, num_splits=3, block_n=16)
     out = st.empty((4, 16), device="cpu")
-    g = decode_attention(qh, kh, vh, pos, out, ws, length_offset=1, block_n=8).graph()
+    g = decode_attention(qh, kh, vh, pos, out, ws, length_offset=1, block_n=16).graph()
     for p in (3, 17, 39):
         pos_t.fill_(p)
         got = g.launch().sync()

@@ -12,11 +12,18 @@ class DType:
     __slots__ = ("name", "torch", "triton_name", "itemsize", "is_float")
 
     def __init__(self, name: str, torch_dtype: torch.dtype, triton_name: str):
-        self.name = name
-        self.torch = torch_dtype
-        self.triton_name = triton_name      # attribute of triton.language, e.g. "bfloat16"
-        self.itemsize = torch.empty((), dtype=torch_dtype).element_size()
-        self.is_float = torch_dtype.is_floating_point
+        set_ = object.__setattr__
+        set_(self, "name", name)
+        set_(self, "torch", torch_dtype)
+        set_(self, "triton_name", triton_name)   # attribute of triton.language, e.g. "bfloat16"
+        set_(self, "itemsize", torch.empty((), dtype=torch_dtype).element_size())
+        set_(self, "is_float", torch_dtype.is_floating_point)
+
+    def __setattr__(self, name, value):
+        from .errors import FrozenError
+        raise FrozenError(f"{self!r} is immutable (generated code spells it by name)")
+
+    __delattr__ = __setattr__
 
     def __repr__(self) -> str:
         return f"st.{self.name}"

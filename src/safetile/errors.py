@@ -47,6 +47,23 @@ class OutOfBoundsError(SafetileError):
     """The CPU executor saw an access outside a tensor or outside an owned slab."""
 
 
+class DivisionByZeroError(SafetileError, ZeroDivisionError):
+    """The CPU executor saw an integer division or remainder by zero (on the GPU, where it
+    cannot be reported, ``x // 0`` is 0 and ``x % 0`` is ``x``)."""
+
+
+class CopyError(SafetileError, TypeError):
+    """A handle (Tensor, Shared, Partition) or an operation was copied or pickled.
+
+    A copy would be a second owner that the ownership rules do not count: make another
+    read handle with ``Shared.clone()``, or build the operation again."""
+
+
+class FrozenError(SafetileError, AttributeError):
+    """An attribute that the safety checks rely on (a kernel's ``unsafe`` flag, its checked
+    body) was assigned after the kernel was defined."""
+
+
 class GraphCaptureError(SafetileError):
     """An operation that allocates (or cannot be captured) was recorded into a graph."""
 

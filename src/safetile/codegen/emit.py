@@ -12,7 +12,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from ..kernel import types as _types
 from ..kernel.checker import IN_METHODS
+from .expressions import BINOP_SPELLING
+from .helper_names import name_helpers
 from .prelude import HEADER
 from .spec import VariantKey
 from .views import ViewEmitter
@@ -72,6 +75,9 @@ class Emitter(ViewEmitter):
         self.accesses: list = []               # (out name, "load"|"store") in the statement
         self.in_tile_loop = False
         self.tma_outs = self.tma_store_outs()
+        self.program = _types.check(kernel, key)   # the variant's types (kernel/types.py)
+        self.typed = self.program.kernel
+        self.placeholders: dict = {}           # helper instance key -> placeholder name
 
     def block(self, body, state, indent) -> tuple[list, dict]:
         lines = []
@@ -110,7 +116,7 @@ class Emitter(ViewEmitter):
                 targets += ": tl.constexpr"
             text = f"{ind}{targets} = {self.expr(node.value)}"
         elif isinstance(node, ast.AugAssign):
-            op = self.expr_BinOp(ast.BinOp(node.target, node.op, node.value))
+            op = self.binop(node, BINOP_SPELLING[type(node.op)], node.target, node.value)
             text = f"{ind}{self.target(node.target)} = {op}"
         elif isinstance(node, ast.AnnAssign):
             text = f"{ind}{self.target(node.target)} = {self.expr(node.value)}"
@@ -187,10 +193,12 @@ class Emitter(ViewEmitter):
         return lines, state
 
     def if_stmt(self, node, state, ind):
-        taken = self.static(node.test)
-        if isinstance(taken, int):
-            # A compile-time condition (a literal, Const or closure constant): only the taken
-            # branch is emitted, so the other branch's loads make no descriptors or helpers.
+        taken = self.compile_time_condition(node.test)
+        if taken is not None:
+            # A compile-time condition (a literal, Const or closure constant, or arithmetic and
+            # comparisons of them): only the taken branch is emitted, so the other branch's
+            # loads make no descriptors or helpers (and, as for the type check, it does not
+            # exist: it is never typed).
             branch = node.body if taken else node.orelse
             return self.block(branch, state, ind) if branch else ([], state)
         self.accesses = []
@@ -361,7 +369,7 @@ class Emitter(ViewEmitter):
             else:
                 params.append(a.name)
                 layout.append(("scalar", a.name))
-        entry = self.kernel.name
+        entry = self.src.tree.name             # the checked def's name, an identifier
         funcs = self.function_sources()
         text = [HEADER]
         if self.key.pdl:
@@ -371,37 +379,48 @@ class Emitter(ViewEmitter):
         text += funcs
         text.append(f"\n@triton.jit\ndef {entry}({', '.join(params)}):")
         text += prologue + body
-        return Generated("\n".join(text) + "\n", entry, layout)
+        source = name_helpers(self.program, self.placeholders, "\n".join(text) + "\n")
+        return Generated(source, entry, layout)
+
+    def helper_name(self, call) -> str:
+        """The (placeholder) name of the helper instance ``call`` calls; ``name_helpers``
+        gives the final names once every instance is emitted."""
+        inst = self.typed.calls[id(call)]
+        p = self.placeholders.get(inst.key)
+        if p is None:
+            p = self.placeholders[inst.key] = f"_stf@{len(self.placeholders)}@"
+        return p
 
     def function_sources(self) -> list[str]:
+        """One Triton function per helper instance (a helper and an argument signature)."""
         out, done = [], set()
-        pending = list(self.info.functions)
-        while pending:
-            fn = pending.pop()
-            if fn.name in done:
-                continue
-            done.add(fn.name)
-            sub = FunctionEmitter(fn, self)
-            out.append(sub.generate())
-            pending += [f for f in fn.info.functions if f.name not in done]
-        return out
-
+        while True:
+            todo = [i for i in self.program.helpers.values()
+                    if i.key in self.placeholders and i.key not in done]
+            if not todo:
+                return out
+            for inst in todo:
+                done.add(inst.key)
+                out.append(FunctionEmitter(inst, self).generate(self.placeholders[inst.key]))
 
 class FunctionEmitter(Emitter):
-    """Translates an @st.function helper: tiles and scalars only, no views."""
+    """Translates an @st.function helper for one argument signature: tiles and scalars only,
+    no views."""
 
-    def __init__(self, fn, parent: Emitter):
+    def __init__(self, inst, parent: Emitter):
+        fn = inst.fn
         self.kernel = parent.kernel
         self.src, self.info, self.scope = fn.src, fn.info, fn.info.scope
         self.key, self.specs, self.outs, self.lead, self.persistent = parent.key, {}, [], None, False
         self.helpers, self.descs, self.subs = parent.helpers, {}, {}
         self.tmp, self.accesses, self.in_tile_loop = 0, [], False
         self.fn = fn
+        self.program, self.typed, self.placeholders = parent.program, inst.body, parent.placeholders
 
-    def generate(self) -> str:
+    def generate(self, name: str) -> str:
         body, _ = self.block(self.src.tree.body, {}, "    ")
         args = ", ".join(a.arg for a in self.src.tree.args.args)
-        return f"\n@triton.jit\ndef _stf_{self.fn.name}({args}):\n" + "\n".join(body) + "\n"
+        return f"\n@triton.jit\ndef {name}({args}):\n" + "\n".join(body) + "\n"
 
 
 def generate(kernel, key: VariantKey) -> Generated:

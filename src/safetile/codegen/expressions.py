@@ -10,7 +10,13 @@ import ast
 
 from ..errors import KernelDefinitionError
 from ..kernel.checker import inline_partition, kind_of
-from .prelude import helper_source
+from ..lang import semantics as S
+from .prelude import DEPENDS, helper_source
+
+
+BINOP_SPELLING = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+                  ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>",
+                  ast.BitOr: "|", ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}
 
 
 def float_literal(v: float) -> str:
@@ -34,7 +40,17 @@ class ExpressionEmitter:
     def use(self, name: str) -> str:
         if name not in self.helpers:
             self.helpers[name] = helper_source(name)
+            for dep in DEPENDS.get(name, ()):
+                self.use(dep)
         return name
+
+    def tp(self, node):
+        """The type the per-variant check gave ``node`` (``kernel/types.py``), or None."""
+        return self.typed.types.get(id(node))
+
+    def literal(self, v) -> str:
+        """A compile-time value as Triton source."""
+        return float_literal(v) if isinstance(v, float) else repr(v)
 
     def new_tmp(self) -> str:
         self.tmp += 1
@@ -84,6 +100,15 @@ class ExpressionEmitter:
                 f = ops.get(type(node.op))
                 return f() if f else None
         return None
+
+    def compile_time_condition(self, node) -> bool | None:
+        """Whether the compile-time condition ``node`` holds, as the per-variant type check
+        decided it (None for a runtime condition)."""
+        t = self.tp(node)
+        if t is not None:
+            return bool(t.value) if t.kind == "const" else None
+        taken = self.static(node)
+        return bool(taken) if isinstance(taken, int) else None
 
     def static_float(self, node):
         try:
@@ -199,12 +224,27 @@ class ExpressionEmitter:
         return self.expr(node)
 
     def expr_BinOp(self, node):
-        op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
-              ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
-              ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}[type(node.op)]
+        op = BINOP_SPELLING[type(node.op)]
         if op == "@":
             return f"tl.dot({self.expr(node.left)}, {self.expr(node.right)})"
-        return f"({self.expr(node.left)} {op} {self.expr(node.right)})"
+        return self.binop(node, op, node.left, node.right)
+
+    def binop(self, node, op: str, left, right) -> str:
+        """``left op right`` with the language's semantics where Triton's differ: Python's
+        floor division and remainder, guarded shifts (``lang/semantics.py``)."""
+        lt, rt = self.expr(left), self.expr(right)
+        a, b = self.tp(left), self.tp(right)
+        if a is not None and b is not None and (a.runtime or b.runtime):
+            float_op = (a.runtime and a.dtype.is_float) or (b.runtime and b.dtype.is_float) or \
+                (a.kind == "const" and isinstance(a.value, float)) or \
+                (b.kind == "const" and isinstance(b.value, float))
+            if op in ("//", "%") and not float_op:
+                if not (a.bound is not None and b.kind == "const" and b.value > 0):
+                    helper = "_st_floordiv" if op == "//" else "_st_floormod"
+                    return f"{self.use(helper)}({lt}, {rt})"
+            elif op in ("<<", ">>") and b.runtime:
+                return f"{self.use('_st_shl' if op == '<<' else '_st_shr')}({lt}, {rt})"
+        return f"({lt} {op} {rt})"
 
     def expr_UnaryOp(self, node):
         op = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}[type(node.op)]
@@ -223,6 +263,9 @@ class ExpressionEmitter:
         return f"({s})"
 
     def expr_IfExp(self, node):
+        taken = self.compile_time_condition(node.test)
+        if taken is not None:                      # only the taken value exists (types.py)
+            return self.expr(node.body if taken else node.orelse)
         return f"({self.expr(node.body)} if {self.expr(node.test)} else {self.expr(node.orelse)})"
 
     def expr_Tuple(self, node):
@@ -239,7 +282,7 @@ class ExpressionEmitter:
                 return self.view_call(node, f, kind)
             r = self.scope.resolve(f)
             if r is None:                          # t.astype(dtype)
-                return f"({self.expr(f.value)}).to({self.expr(node.args[0])})"
+                return self.astype(node)
         else:
             r = self.scope.resolve(f)
         if r.kind == "builtin":
@@ -249,15 +292,43 @@ class ExpressionEmitter:
             return self.in_load(node, x, ast.Attribute(z, "index"), ast.Attribute(z, "shape"),
                                 None, nonneg=True)
         if r.kind == "function":
-            return f"_stf_{r.value.name}({self.args(node)})"
+            return f"{self.helper_name(node)}({self.args(node)})"
         if r.kind == "pybuiltin":
-            name = f.id
-            if name == "float":
-                v = float(ast.literal_eval(node.args[0]))
-                return float_literal(v)
-            return {"min": "tl.minimum", "max": "tl.maximum", "abs": "tl.abs"}[name] + \
-                f"({self.args(node)})"
+            return self.pybuiltin_call(node, f.id)
         raise self.fail(node, f"cannot compile call `{ast.unparse(node)}`")
+
+    def astype(self, node):
+        """``t.astype(d)``: float to int saturates (``_st_f2i``); a value Triton may have
+        folded to a compile-time number converts through ``tl.cast``."""
+        x, d = self.expr(node.func.value), self.expr(node.args[0])
+        src, dst = self.tp(node.func.value), self.tp(node)
+        if src is not None and dst is not None and src.dtype.is_float and \
+                not dst.dtype.is_float and dst.dtype.name != "bool_":
+            lo, hi = S.int_range(dst.dtype)
+            return f"{self.use('_st_f2i')}({x}, {d}, {lo}, {hi})"
+        if src is not None and src.special:
+            return f"tl.cast({x}, {d})"
+        return f"({x}).to({d})"
+
+    def pybuiltin_call(self, node, name: str) -> str:
+        t = self.tp(node)
+        if t is not None and t.kind == "const":    # float(...), folded min/max/abs
+            return self.literal(t.value)
+        if name == "abs":
+            return f"tl.abs({self.expr(node.args[0])})"
+        # min/max of two or more values: nested, compile-time neighbours folded first
+        fn = "tl.minimum" if name == "min" else "tl.maximum"
+        acc, acc_const = None, None
+        for a in node.args:
+            at = self.tp(a)
+            if at is not None and at.kind == "const" and (acc is None or acc_const is not None):
+                acc_const = at.value if acc is None else \
+                    (min if name == "min" else max)(acc_const, at.value)
+                acc = self.literal(acc_const)
+                continue
+            acc = self.expr(a) if acc is None else f"{fn}({acc}, {self.expr(a)})"
+            acc_const = None
+        return acc
 
     def args(self, node) -> str:
         parts = [self.expr(a) for a in node.args]
@@ -283,6 +354,27 @@ class ExpressionEmitter:
             mask = kw.get("mask", rest[2] if len(rest) > 2 else "None")
             fn = "tl.store" if name == "store_ptr" else "tl.atomic_add"
             return f"{fn}({ptr}, {value}, mask={mask})"
+        t = self.tp(node)
+        if name == "cdiv":
+            if t is not None and t.kind == "const":
+                return self.literal(t.value)
+            a, c = self.tp(node.args[0]), self.tp(node.args[1])
+            if a is not None and a.bound is not None and c is not None and c.kind == "const" \
+                    and c.value > 0 and a.bound + c.value - 1 <= S.MAX_OFFSET:
+                return f"tl.cdiv({self.args(node)})"
+            return f"{self.use('_st_cdiv')}({self.args(node)})"
+        if name in ("argmax", "argmin"):
+            return f"{self.use('_st_' + name)}({self.args(node)})"
+        if name == "mma" and t is not None and t.dtype.name == "int32":
+            return f"tl.dot({self.args(node)}, out_dtype=tl.int32)"
+        if name == "full":
+            v = self.tp(node.args[1]) if len(node.args) > 1 else None
+            if v is not None and v.runtime and v.dtype.is_float and t is not None and \
+                    not t.dtype.is_float and t.dtype.name != "bool_":
+                lo, hi = S.int_range(t.dtype)
+                d = self.expr(node.args[2])
+                value = f"{self.use('_st_f2i')}({self.expr(node.args[1])}, {d}, {lo}, {hi})"
+                return f"tl.full({self.expr(node.args[0])}, {value}, {d})"
         target = b.triton
         if target.startswith("_st_"):
             self.use(target)

@@ -30,7 +30,89 @@ def _st_sum(x, axis: tl.constexpr = None):
     else:
         return tl.sum(x, axis)
 ''',
+    # Python's floor division and remainder of ints (lang/semantics.py): no division here can
+    # trap or be undefined (x // 0 is 0, x % 0 is x, INT_MIN // -1 wraps).
+    "_st_floordiv": '''
+@triton.jit
+def _st_floordiv(a, b):
+    a2 = a + b * 0
+    b2 = b + a * 0
+    nz = tl.where(b2 == 0, 1, b2)
+    q = tl.where(nz == -1, -a2, a2 // tl.where(nz == -1, 1, nz))
+    r = a2 - q * nz
+    q = tl.where((r != 0) & ((r < 0) != (nz < 0)), q - 1, q)
+    return tl.where(b2 == 0, 0, q)
+''',
+    "_st_floormod": '''
+@triton.jit
+def _st_floormod(a, b):
+    a2 = a + b * 0
+    b2 = b + a * 0
+    safe = tl.where((b2 == 0) | (b2 == -1), 1, b2)
+    r = a2 % safe
+    r = tl.where((r != 0) & ((r < 0) != (safe < 0)), r + safe, r)
+    return tl.where(b2 == 0, a2, r)
+''',
+    "_st_cdiv": '''
+@triton.jit
+def _st_cdiv(a, b):
+    q = _st_floordiv(a, b)
+    return tl.where(_st_floormod(a, b) != 0, q + 1, q)
+''',
+    # Shifts by an amount outside [0, bits) are 0 (<<) or the sign fill (>>), never undefined.
+    "_st_shl": '''
+@triton.jit
+def _st_shl(a, b):
+    a2 = a + b * 0
+    b2 = b + a * 0
+    ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
+    return tl.where(ok, a2 << tl.where(ok, b2, 0), 0)
+''',
+    "_st_shr": '''
+@triton.jit
+def _st_shr(a, b):
+    a2 = a + b * 0
+    b2 = b + a * 0
+    ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
+    return tl.where(ok, a2 >> tl.where(ok, b2, 0), tl.where(a2 < 0, -1, 0))
+''',
+    # float -> int: truncate toward zero and saturate; NaN gives 0 (never an undefined cast).
+    "_st_f2i": '''
+@triton.jit
+def _st_f2i(x, dtype: tl.constexpr, lo: tl.constexpr, hi: tl.constexpr):
+    xf = x.to(tl.float32)
+    r = tl.where((xf >= lo * 1.0) & (xf < (hi + 1) * 1.0), xf, 0.0).to(dtype)
+    r = tl.where(xf >= (hi + 1) * 1.0, hi, r)
+    return tl.where(xf < lo * 1.0, lo, r)
+''',
+    # arg-extrema skip NaN (a NaN never wins), so the result does not depend on the
+    # reduction tree.
+    "_st_argmax": '''
+@triton.jit
+def _st_argmax(x, axis: tl.constexpr):
+    if x.dtype.is_floating():
+        x = tl.where(x != x, float("-inf"), x)
+    return tl.argmax(x, axis)
+''',
+    "_st_argmin": '''
+@triton.jit
+def _st_argmin(x, axis: tl.constexpr):
+    if x.dtype.is_floating():
+        x = tl.where(x != x, float("inf"), x)
+    return tl.argmin(x, axis)
+''',
+    # The tensor-descriptor coordinate of tile index i with block b: where i * b would pass
+    # the int32 range, a box wholly outside the tensor (read as zeros) instead of a wrap.
+    "_st_tmacoord": '''
+@triton.jit
+def _st_tmacoord(i, b: tl.constexpr):
+    return tl.where((i >= -(2147483647 // b)) & (i <= 2147483647 // b), i * b, -b)
+''',
 }
+
+
+#: Prelude helpers that call others (the emitter includes those too).
+DEPENDS = {"_st_cdiv": ("_st_floordiv", "_st_floormod")}
 
 
 def _bcast(k: int, r: int) -> str:
@@ -61,7 +143,9 @@ def _offsets(r: int, sub: bool, neg: bool = False) -> list[str]:
     masks = []
     for k in range(r):
         if sub:
-            cond = f"(l{k} >= 0) & (l{k} < t{k}) & (o{k} < n{k})"
+            # j outside the sub-grid is masked off whole (j * r cannot wrap for the others)
+            cond = (f"(j{k} >= 0) & (j{k} < (t{k} + r{k} - 1) // r{k}) & (l{k} < t{k}) & "
+                    f"(o{k} < n{k})")
         else:
             cond = f"(o{k} < n{k})"
         masks.append(f"({cond}){_bcast(k, r)}")
@@ -92,6 +176,24 @@ def desc_store_tile(r: int) -> str:
     coords = ", ".join(f"i{k} * t{k}" for k in range(r))
     shape = ", ".join(f"t{k}" for k in range(r))
     body = [f"    desc.store([{coords}], tl.broadcast_to(value, ({shape},)).to(desc.dtype))"]
+    return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
+
+
+def index_load_tile(r: int) -> str:
+    """``_st_iload<r>``: a tile load at a data-dependent tile index. A tile index ``i`` with
+    ``i * t`` past the int32 range names a box wholly outside the tensor, so such a program
+    reads padding (the ``i`` range check) instead of a wrapped box; for the others every
+    coordinate ``i * t + [0, t)`` fits in int32 (``lang/semantics.py``)."""
+    head = (f"def _st_iload{r}(ptr, {_args('n', r)}, {_args('s', r)}, {_args('i', r)}, "
+            f"{_cargs('t', r)}, pad: tl.constexpr):")
+    body = []
+    for k in range(r):
+        body.append(f"    o{k} = i{k} * t{k} + tl.arange(0, t{k})")
+    body.append("    off = " + " + ".join(f"o{k}{_bcast(k, r)} * s{k}" for k in range(r)))
+    body.append("    m = " + " & ".join(
+        f"((o{k} < n{k}) & (i{k} >= 0) & (i{k} <= 2147483647 // t{k})){_bcast(k, r)}"
+        for k in range(r)))
+    body.append("    return tl.load(ptr + off, mask=m, other=pad)")
     return "\n@triton.jit\n" + head + "\n" + "\n".join(body) + "\n"
 
 
@@ -183,6 +285,7 @@ def helper_source(name: str) -> str:
                          ("_st_subload", lambda r: sub_tile(r, False)),
                          ("_st_scalar", load_scalar), ("_st_loadat", load_at),
                          ("_st_prefetch", prefetch_tile),
+                         ("_st_iload", index_load_tile),
                          ("_st_load", load_tile),
                          ("_st_dstore", desc_store_tile),
                          ("_st_store", store_tile)):

@@ -123,6 +123,10 @@ class ViewEmitter(ExpressionEmitter):
                 f"{', '.join(shape)}")
 
     def in_load(self, node, x, index, shape, pad, nonneg: bool) -> str:
+        """A tile load of In ``x``. At the owned tile's index with its own shape (``nonneg``:
+        ``sl.load_like``, ``x.load(z.index, z.shape)``) no coordinate can pass int32 (tile
+        limits, lang/semantics.py); at any other index the generated code reads padding for
+        a tile index whose box would pass it (``_st_iload``, ``_st_tmacoord``)."""
         s = self.specs[x.id]
         if s.kind != "In":
             raise self.fail(node, f"'{x.id}' is not an In parameter")
@@ -131,16 +135,47 @@ class ViewEmitter(ExpressionEmitter):
             block = (block,)
         pad_s = self.pad(pad)
         idx = self.parts(index, s.rank)
+        if nonneg:
+            owned = isinstance(index, ast.Attribute) and \
+                self.view_kind(index.value) in ("Out", "tile") and \
+                tuple(block or ()) == tuple(self.specs[self.out_name(index.value)].tile)
+        else:
+            owned = False
         if (self.key.tma and s.tma and s.rank >= 2 and block is not None and pad_s in ("0", "0.0")
                 and block[-1] * s.dtype.itemsize >= TMA_MIN_INNER_BYTES
                 and all(b & (b - 1) == 0 and b <= TMA_MAX_BOX for b in block)):
             d = self.descs.setdefault((x.id, block), f"_st_{x.id}_d{len(self.descs)}")
-            coords = ", ".join(f"({i}) * {b}" for i, b in zip(idx, block))
+            coords = ", ".join(f"({i}) * {b}" if owned or self.compile_time(e) else
+                               f"{self.use('_st_tmacoord')}({i}, {b})"
+                               for i, b, e in zip(idx, block, self.index_nodes(index, s.rank)))
             return f"{d}.load([{coords}])"
         shp = self.parts(shape, s.rank)
+        nodes = self.index_nodes(index, s.rank)
+        if not owned and block is not None and all(self.compile_time(e) for e in nodes) and \
+                all(abs(self.tp(e).value) <= 2**31 // b - 1 for e, b in zip(nodes, block)):
+            # a compile-time index whose box fits int32: the plain load, negatives masked
+            helper = self.use(f"_st_load{s.rank}")
+            return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, "
+                    f"{', '.join(shp)}, {pad_s}, True)")
+        if not owned:
+            helper = self.use(f"_st_iload{s.rank}")
+            return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, "
+                    f"{', '.join(shp)}, {pad_s})")
         helper = self.use(f"_st_load{s.rank}")
         return (f"{helper}({self.tensor_args(x.id, s.rank)}, {', '.join(idx)}, {', '.join(shp)}, "
-                f"{pad_s}, {not nonneg})")
+                f"{pad_s}, False)")
+
+    def index_nodes(self, index, rank: int) -> list:
+        """The AST node of each entry of an index (None where it has none of its own)."""
+        if isinstance(index, (ast.Tuple, ast.List)):
+            return list(index.elts)
+        if rank == 1:
+            return [index]
+        return [None] * rank
+
+    def compile_time(self, node) -> bool:
+        t = self.tp(node) if node is not None else None
+        return t is not None and t.kind == "const"
 
     def in_prefetch(self, node, x) -> str:
         """``x.prefetch(index, shape)``: an L2 prefetch of the tile ``load`` would read.

@@ -18,6 +18,14 @@ the loop's default executor, off the loop thread, so other coroutines keep runni
 
 Errors raised while running come back to the awaiting coroutine as the same exception,
 after every argument has been handed back (``e.recovered`` holds the values, see op.py).
+
+Cancellation cannot stop work already on the GPU (or running on the CPU executor). A
+cancelled ``await op`` therefore raises ``asyncio.CancelledError`` only once that work has
+completed and every value has been handed back; the error carries the op's output as
+``e.recovered`` (so a value made for the call, an inline ``t.partition(...)``, is not lost;
+``asyncio.timeout`` raises ``TimeoutError`` from it: ``e.__cause__.recovered``). A future
+from ``st.submit`` that is cancelled resolves nothing; ``await recovered(fut)`` gives the
+output once the work has completed.
 """
 from __future__ import annotations
 
@@ -46,7 +54,19 @@ def submit(op, stream=None) -> "asyncio.Future":
     if not (streams._cuda[0] if streams._cuda[0] is not None else streams.cuda_available()) \
             or op._host_bound():
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
-        return loop.run_in_executor(None, contextvars.copy_context().run, op.sync, stream)
+        fut = loop.create_future()
+
+        def work():
+            try:
+                out, error = op.sync(stream), None
+            except BaseException as e:        # delivered to the awaiter
+                out, error = None, e
+            try:
+                loop.call_soon_threadsafe(_settle, fut, out, error)
+            except RuntimeError:              # the loop closed meanwhile: nothing to tell
+                pass
+        loop.run_in_executor(None, contextvars.copy_context().run, work)
+        return fut
     ctx, out = enqueue(op, stream, "await op")
     fut = loop.create_future()
     b = _last[0]
@@ -111,15 +131,72 @@ def _complete(entries, error) -> None:
         try:
             ctx.finish()
         except BaseException as e:            # a release failed: report it to the awaiter
-            if not fut.done():
-                fut.set_exception(e)
+            _settle(fut, out, e)
             continue
-        if fut.done():                        # cancelled while in flight: values are back
-            continue
+        _settle(fut, out, error)
+
+
+# Cancelled futures whose work completed (fut -> ("done", out, error)) or whose awaiter
+# waits for that (fut -> ("wait", future)); weak, so a future nobody holds leaves nothing.
+_late: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _settle(fut, out, error) -> None:
+    """The work of ``fut`` is complete and its values are handed back: resolve ``fut``, or,
+    if it was cancelled, keep the output for ``recovered``."""
+    if not fut.done():
         if error is not None:
             fut.set_exception(error)
         else:
             fut.set_result(out)
+        return
+    if not fut.cancelled():
+        return
+    rec = _late.get(fut)
+    if rec is not None and rec[0] == "wait":
+        if not rec[1].done():
+            rec[1].set_result((out, error))
+    else:
+        _late[fut] = ("done", out, error)
+
+
+async def recovered(fut):
+    """The output of the op of a cancelled ``st.submit`` future, once its work completed
+    (further cancellations of the waiting task are held off until then)."""
+    out, error = await _late_result(fut)
+    if error is not None and getattr(error, "recovered", None) is not None:
+        return error.recovered
+    return out
+
+
+async def _late_result(fut):
+    rec = _late.get(fut)
+    if rec is None or rec[0] != "done":
+        late = asyncio.get_running_loop().create_future()
+        _late[fut] = ("wait", late)
+        while not late.done():
+            try:
+                await asyncio.shield(late)
+            except asyncio.CancelledError:
+                continue
+        rec = ("done",) + late.result()
+    _late.pop(fut, None)
+    return rec[1], rec[2]
+
+
+def await_op(op):
+    """``await op`` (``DeviceOp.__await__``): the output; if the awaiting task is cancelled,
+    ``CancelledError`` once the work has completed, with ``e.recovered``."""
+    fut = submit(op)
+    try:
+        return (yield from fut.__await__())
+    except asyncio.CancelledError as e:
+        if not fut.cancelled():
+            raise
+        out, error = yield from _late_result(fut).__await__()
+        rec = getattr(error, "recovered", None) if error is not None else None
+        e.recovered = rec if rec is not None else out
+        raise
 
 
 class _Reactor:

@@ -15,7 +15,8 @@ import inspect
 import threading
 
 from ..errors import ArgumentError, ExecutionError
-from .op import UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, in_callback, spread
+from .op import (UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, collecting_built,
+                 in_callback, spread)
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -78,11 +79,15 @@ class ThenOp(DeviceOp):
             # `with in_callback("then")`, inlined (this loop runs once per chained op)
             outer = getattr(state, "busy", None)
             state.busy = "`then` callback"
+            outer_built = getattr(state, "built", None)
+            state.built = built = []          # `with collecting_built()`, inlined
             try:
                 nxt = f(*(out if type(out) is tuple else (out,)))
                 if not isinstance(nxt, DeviceOp):
                     _check_op(nxt, "the value returned by a `then` callback")
             except BaseException as e:
+                for op in built:              # ops the callback built: values come back
+                    op._abandon()
                 wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
                 attach_recovered(wrong or e, out)
                 if wrong is not None:
@@ -90,6 +95,7 @@ class ThenOp(DeviceOp):
                 raise
             finally:
                 state.busy = outer
+                state.built = outer_built
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
             out = nxt._run(ctx)
             source = nxt
@@ -97,6 +103,9 @@ class ThenOp(DeviceOp):
 
     def _abandon(self) -> None:
         self.prev._abandon()
+
+    def _values(self):
+        return self.prev._values()
 
     def _host_bound(self) -> bool:
         return self.prev._host_bound()
@@ -119,7 +128,7 @@ class MapOp(DeviceOp):
         out = self.inner._run(ctx)
         ctx.settle()
         try:
-            with in_callback("map"):
+            with in_callback("map"), collecting_built():
                 return self.f(*spread(out))
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
@@ -133,6 +142,9 @@ class MapOp(DeviceOp):
     def _abandon(self) -> None:
         self.inner._abandon()
 
+    def _values(self):
+        return self.inner._values()
+
     def _host_bound(self) -> bool:
         return self.inner._host_bound()
 
@@ -145,10 +157,12 @@ class ZipOp(DeviceOp):
     def __init__(self, ops):
         try:
             self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
-        except ExecutionError:
+        except ExecutionError as e:
             for op in ops:                        # they will never run: hand their values back
                 if isinstance(op, DeviceOp):
                     op._abandon()
+            attach_recovered(e, tuple(op._values() if isinstance(op, DeviceOp) else op
+                                      for op in ops))
             raise
 
     def __repr__(self) -> str:
@@ -160,15 +174,24 @@ class ZipOp(DeviceOp):
             try:
                 outs.append(op._run(ctx))
             except BaseException as e:
-                for rest in self.ops[i + 1:]:     # they will not run: hand their values back
-                    rest._abandon()
-                attach_recovered(e, tuple(outs))
+                rest = self.ops[i + 1:]
+                for later in rest:                # they will not run: hand their values back
+                    later._abandon()
+                # every value the zip took: the outputs so far, what the failed op took, and
+                # the values of the ops that never ran
+                failed = getattr(e, "recovered", None)
+                attach_recovered(e, tuple(outs) + (failed if failed is not None else
+                                                   op._values(),) +
+                                 tuple(later._values() for later in rest), replace=True)
                 raise
         return tuple(outs)
 
     def _abandon(self) -> None:
         for op in self.ops:
             op._abandon()
+
+    def _values(self):
+        return tuple(op._values() for op in self.ops)
 
     def _host_bound(self) -> bool:
         return any(op._host_bound() for op in self.ops)
@@ -226,6 +249,9 @@ class SharedOp(DeviceOp):
         if self._event is not None and ctx.stream is not None and ctx.stream != self._stream:
             ctx.stream.wait_event(self._event)
         return self._out
+
+    def _values(self):
+        return self._out if self._done else self.inner._values()
 
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()

@@ -262,6 +262,9 @@ class GraphLaunchOp(DeviceOp):
     def __repr__(self) -> str:
         return f"<GraphLaunchOp {self.graph!r}>"
 
+    def _values(self):
+        return self.graph.output
+
     def _run(self, ctx: RunContext):
         self._take()
         g = self.graph

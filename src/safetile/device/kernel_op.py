@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
-from .op import UNKNOWN, DeviceOp, RunContext
+from .op import UNKNOWN, DeviceOp, RunContext, note_built
 from .unrun import warn_unrun
 
 
@@ -33,6 +33,7 @@ class KernelOp(DeviceOp):
         self._released = False
         self._consumed = False
         self.site = None                          # where it was built (kernel.__call__ sets it)
+        note_built(self)
 
     def __repr__(self) -> str:
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
@@ -144,6 +145,9 @@ class KernelOp(DeviceOp):
         if not self._consumed:
             self._consumed = True
             self._release()
+
+    def _values(self):
+        return self.values
 
     def __del__(self):
         # An op dropped without running (built, then never synced or awaited) hands its

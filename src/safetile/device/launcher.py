@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 
-from ..kernel.launch import _variant
+from ..kernel.launch import _variant, canonical_const
 
 _lock = threading.Lock()
 
@@ -48,7 +48,7 @@ def _fast_variant_key(bound) -> tuple:
     for b in bound:
         t = b.torch
         if t is None:
-            key.append(b.value if b.spec.kind == "Const" else None)
+            key.append(canonical_const(b.value) if b.spec.kind == "Const" else None)
         elif b.tile is not None:                          # Out (TMA store fitness too)
             key.append((t.dtype, t.dim(), b.tile, b.order, t.dim() >= 2 and _tma_ok(t)))
         elif b.spec.kind == "In" and t.dim() >= 2:        # TMA fitness depends on layout

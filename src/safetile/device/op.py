@@ -27,8 +27,9 @@ import threading
 import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
-from ..errors import BlockingSyncWarning, ExecutionError
+from ..errors import BlockingSyncWarning, CopyError, ExecutionError
 from ..tensor import borrows
+from ..tensor.ownership import NoCopies
 from . import streams
 
 _state = threading.local()
@@ -161,13 +162,38 @@ def in_callback(kind: str):
         _state.busy = outer
 
 
-def attach_recovered(error: BaseException, values) -> None:
-    """Record on ``error`` the values an op handed back (unless a deeper op already did)."""
-    if getattr(error, "recovered", None) is None:
+def attach_recovered(error: BaseException, values, replace: bool = False) -> None:
+    """Record on ``error`` the values an op handed back (unless a deeper op already did, or
+    ``replace``: a combinator's fuller account of every value it took)."""
+    if replace or getattr(error, "recovered", None) is None:
         try:
             error.recovered = values
         except AttributeError:                    # exceptions without a __dict__
             pass
+
+
+def note_built(op) -> None:
+    """Record an op built while a ``then``/``map`` callback runs on this thread (so that, if
+    the callback fails, the values it moved into that op come back: ``abandon_built``)."""
+    built = getattr(_state, "built", None)
+    if built is not None:
+        built.append(op)
+
+
+@contextlib.contextmanager
+def collecting_built():
+    """Collect the ops built inside the block; if it raises, abandon those that never ran
+    (their arguments are handed back) before the error propagates."""
+    outer = getattr(_state, "built", None)
+    built = _state.built = []
+    try:
+        yield
+    except BaseException:
+        for op in built:
+            op._abandon()
+        raise
+    finally:
+        _state.built = outer
 
 
 def enqueue(op, stream, what: str):
@@ -203,10 +229,17 @@ def enqueue(op, stream, what: str):
     return ctx, out
 
 
-class DeviceOp:
+class DeviceOp(NoCopies):
     """Lazy device work. ``sync()`` runs it and returns its output; ``await op`` too."""
 
     _consumed = False
+
+    # -- no copies: an op runs once and hands its values back once -------------------------
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self!r} cannot be {how}: an operation runs once and hands its "
+                        f"values back once. Build the operation again (call the kernel "
+                        f"again), share one run with op.shared(), or replay it with "
+                        f"op.graph()")
 
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):
@@ -216,6 +249,11 @@ class DeviceOp:
     def _abandon(self) -> None:
         """This op will never run (an earlier part of an execution failed): hand back what it
         holds, so that no argument is lost. Does nothing for an op that already ran."""
+
+    def _values(self):
+        """What this op holds, in the shape of its output as far as it is known before it
+        runs (an error's ``recovered`` names these for ops that never ran)."""
+        return None
 
     def _host_bound(self) -> bool:
         """True when the work (as far as known before running) runs on the CPU executor,
@@ -271,14 +309,18 @@ class DeviceOp:
         try:
             if ctx.stream is not None:
                 ctx.stream.synchronize()
+        except BaseException as e:                # e.g. KeyboardInterrupt while waiting
+            attach_recovered(e, out)
+            raise
         finally:
             ctx.finish()
         return out
 
     def __await__(self):
         # Submit now (``await`` iterates at once) and wait on the op's asyncio future: no
-        # coroutine or Task of our own per awaited op.
-        return _aio.submit(self).__await__()
+        # coroutine or Task of our own per awaited op. A cancelled await raises only once
+        # the work has completed, with the output as ``e.recovered`` (aio.py).
+        return _aio.await_op(self)
 
     def graph(self):
         """Record this op into a graph (a CUDA graph on the GPU) and return the ``Graph``.

@@ -1,16 +1,19 @@
 """The CPU executor: runs a kernel's programs one by one, in a seeded shuffled order.
 
-The kernel body runs as ordinary Python with views for parameters and torch tiles for values,
-so every program sees exactly the semantics the code generator targets, plus checks the GPU
+The kernel's checked body (``body.py``) runs as Python with views for parameters and torch
+tiles for values, so every program sees exactly the semantics the code generator targets, plus checks the GPU
 cannot make: bounds of raw-pointer and sub-tile accesses, and the write sets of all programs.
 """
 from __future__ import annotations
 
 import random
 
+from .. import dtypes as _d
 from ..lang.diagnostics import locate
 from ..lang.ops import reset_implementation, use_implementation
+from .body import executable
 from .impl import Implementation
+from .tile import scalar
 from .views import InView, Launch, OutView, PtrView
 
 
@@ -39,6 +42,10 @@ def run(kernel, bound, grid: tuple, seed: int) -> None:
             args.append(v)
         elif kind == "Ptr":
             args.append(PtrView(b.name, b.torch, launch))
+        elif kind == "int":
+            args.append(scalar(b.value, _d.int32))         # runtime int32, as on the GPU
+        elif kind == "float":
+            args.append(scalar(b.value, _d.float32))       # rounded to fp32, as on the GPU
         else:
             args.append(b.value)
     for v in out_views:
@@ -50,16 +57,17 @@ def run(kernel, bound, grid: tuple, seed: int) -> None:
     programs = list(range(n))
     random.Random(seed).shuffle(programs)
     persistent = order is not None and order.persistent is not None
+    body = executable(kernel)
     for p in programs:
         launch.program = p
         if order is not None:
             tiles = order.tiles_of_program(p)
             for v in out_views:
                 v.tiles_of = tiles
-                v.index = None if persistent else tiles[0]
+                v.coords = None if persistent else tiles[0]
         token = use_implementation(Implementation(p, grid))
         try:
-            kernel.fn(*args)
+            body(*args)
         except Exception as e:                    # name the kernel's line, say what to do
             error = locate(e, kernel.name, describe(p))
             if error is e:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .tile import HALF, Tile, as_tensor, binary, raw, unary_math
+from .. import dtypes as _d
+from . import arith
+from .tile import Tile, as_tensor, raw, scalar, unary_math
 from .views import tile_shape
 
 
@@ -11,27 +13,13 @@ def _t(x, like=None) -> torch.Tensor:
     return as_tensor(x, like)
 
 
-def matmul(a, b):
-    ta, tb = _t(a), _t(b)
-    if ta.dtype.is_floating_point:
-        return Tile(ta.float() @ tb.float())
-    return Tile((ta.to(torch.int64) @ tb.to(torch.int64)).to(torch.int32))
-
-
-def _ignoring_nan(fn, v: torch.Tensor, axis: int, neutral: float) -> torch.Tensor:
-    """``fn`` (amax/amin) along ``axis`` with NaN elements skipped, NaN only if all are NaN:
-    what Triton's reductions (maxnum/minnum combine) give."""
-    if not v.is_floating_point():
-        return fn(v, axis)
-    nan = torch.isnan(v)
-    r = fn(torch.where(nan, torch.tensor(neutral, dtype=v.dtype), v), axis)
-    return torch.where(nan.all(axis), torch.tensor(float("nan"), dtype=v.dtype), r)
-
-
-def _reduce(t: torch.Tensor, axis, fn):
-    if axis is None:
-        return fn(t.reshape(-1), 0)
-    return fn(t, axis)
+def _runtime(x, what: str) -> torch.Tensor:
+    t = raw(x)
+    if not isinstance(t, torch.Tensor):
+        from ..errors import ArgumentError
+        raise ArgumentError(f"{what} of the compile-time value {t!r}: it needs a runtime "
+                            f"value (a tile or a scalar)")
+    return t
 
 
 class Implementation:
@@ -43,70 +31,59 @@ class Implementation:
 
     # element-wise
     def where(self, cond, a, b):
-        c = _t(cond).bool()
-        ta, tb = raw(a), raw(b)
-        if isinstance(ta, torch.Tensor) or isinstance(tb, torch.Tensor):
-            dtype = torch.result_type(ta, tb)
-        else:
-            dtype = torch.result_type(_t(ta), _t(tb))
-        return Tile(torch.where(c, _t(ta, c).to(dtype), _t(tb, c).to(dtype)))
+        return Tile(arith.where(raw(cond), raw(a), raw(b)))
 
-    def exp(self, x): return unary_math(torch.exp, x)
-    def exp2(self, x): return unary_math(torch.exp2, x)
-    def log(self, x): return unary_math(torch.log, x)
-    def log2(self, x): return unary_math(torch.log2, x)
-    def sqrt(self, x): return unary_math(torch.sqrt, x)
-    def rsqrt(self, x): return unary_math(torch.rsqrt, x)
-    def sin(self, x): return unary_math(torch.sin, x)
-    def cos(self, x): return unary_math(torch.cos, x)
-    def tanh(self, x): return unary_math(torch.tanh, x)
-    def sigmoid(self, x): return unary_math(torch.sigmoid, x)
+    def exp(self, x): return unary_math(torch.exp, x, "exp")
+    def exp2(self, x): return unary_math(torch.exp2, x, "exp2")
+    def log(self, x): return unary_math(torch.log, x, "log")
+    def log2(self, x): return unary_math(torch.log2, x, "log2")
+    def sqrt(self, x): return unary_math(torch.sqrt, x, "sqrt")
+    def rsqrt(self, x): return unary_math(torch.rsqrt, x, "rsqrt")
+    def sin(self, x): return unary_math(torch.sin, x, "sin")
+    def cos(self, x): return unary_math(torch.cos, x, "cos")
+    def tanh(self, x): return unary_math(torch.tanh, x, "tanh")
+    def sigmoid(self, x): return unary_math(torch.sigmoid, x, "sigmoid")
 
     def abs(self, x):
-        return Tile(_t(x).abs())
+        return Tile(arith.absolute(_runtime(x, "sl.abs")))
 
     # NaN: Triton's defaults (maxnum/minnum) let the other operand win, so these do too.
     def maximum(self, a, b):
-        return binary(torch.fmax, Tile(_t(a)), Tile(_t(b)))
+        return Tile(arith.binary("max", raw(a), raw(b)))
 
     def minimum(self, a, b):
-        return binary(torch.fmin, Tile(_t(a)), Tile(_t(b)))
+        return Tile(arith.binary("min", raw(a), raw(b)))
 
     # reductions
     def sum(self, t, axis=None):
-        x = _t(t)
-        if x.dtype in HALF:
-            return Tile(_reduce(x.float(), axis, torch.sum).to(x.dtype))
-        if x.dtype in (torch.int8, torch.bool):
-            return Tile(_reduce(x.to(torch.int32), axis, torch.sum).to(torch.int32))
-        return Tile(_reduce(x, axis, torch.sum).to(x.dtype))
+        return Tile(arith.reduce("sum", _runtime(t, "sl.sum"), _axis(axis)))
 
     def max(self, t, axis=None):
-        return Tile(_reduce(_t(t), axis, lambda v, a: _ignoring_nan(torch.amax, v, a, float("-inf"))))
+        return Tile(arith.reduce("max", _runtime(t, "sl.max"), _axis(axis)))
 
     def min(self, t, axis=None):
-        return Tile(_reduce(_t(t), axis, lambda v, a: _ignoring_nan(torch.amin, v, a, float("inf"))))
+        return Tile(arith.reduce("min", _runtime(t, "sl.min"), _axis(axis)))
 
     def argmax(self, t, axis):
-        return Tile(torch.argmax(_t(t), axis).to(torch.int32))
+        return Tile(arith.reduce("argmax", _runtime(t, "sl.argmax"), _axis(axis)))
 
     def argmin(self, t, axis):
-        return Tile(torch.argmin(_t(t), axis).to(torch.int32))
+        return Tile(arith.reduce("argmin", _runtime(t, "sl.argmin"), _axis(axis)))
 
     # matrix products
     def mma(self, a, b, acc):
-        tacc = _t(acc)
-        return Tile((tacc.float() + matmul(a, b).t.float()).to(tacc.dtype))
+        return Tile(arith.matmul(_t(a), _t(b), _t(acc)))
 
     def matmul(self, a, b):
-        return matmul(a, b)
+        return Tile(arith.matmul(_t(a), _t(b), None))
 
     # shape
     def reshape(self, t, shape):
-        return Tile(_t(t).reshape(tuple(int(s) for s in shape)))
+        return Tile(_t(t).reshape(tile_shape(shape, len(tuple(shape)), "sl.reshape shape")))
 
     def broadcast_to(self, t, shape):
-        return Tile(_t(t).broadcast_to(tuple(int(s) for s in shape)))
+        return Tile(_t(t).broadcast_to(tile_shape(shape, len(tuple(shape)),
+                                                  "sl.broadcast_to shape")))
 
     def permute(self, t, dims):
         return Tile(_t(t).permute(*dims))
@@ -121,22 +98,22 @@ class Implementation:
 
     def full(self, shape, value, dtype):
         shape = tile_shape(shape, len(tuple(shape)), "sl.full shape")
-        return Tile(torch.full(shape, raw(value), dtype=dtype.torch))
+        return Tile(arith.fill(shape, raw(value), dtype))
 
     def zeros(self, shape, dtype):
         shape = tile_shape(shape, len(tuple(shape)), "sl.zeros shape")
         return Tile(torch.zeros(shape, dtype=dtype.torch))
 
     def bid(self, axis):
-        return _unravel(self.program, self.grid)[axis]
+        return scalar(_unravel(self.program, self.grid)[axis], _d.int32)
 
     def num_blocks(self, axis):
-        return self.grid[axis]
+        return scalar(self.grid[axis], _d.int32)
 
     def cdiv(self, a, b):
         a, b = raw(a), raw(b)
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            return Tile(-torch.div(-_t(a), _t(b), rounding_mode="floor"))
+            return _cdiv(a, b)
         return -(-a // b)
 
     # unsafe pointer operations
@@ -148,6 +125,17 @@ class Implementation:
 
     def atomic_add(self, p, offsets, value, mask=None):
         return p.atomic_add(self.program, offsets, value, mask)
+
+
+def _axis(axis):
+    return None if axis is None else int(axis)
+
+
+def _cdiv(a, b) -> Tile:
+    """The ceiling of a / b: floor(a / b), plus one where b does not divide a."""
+    q = arith.binary("//", a, b)
+    r = arith.binary("%", a, b)
+    return Tile(torch.where(r != 0, q + 1, q).to(q.dtype))
 
 
 def _unravel(p: int, grid: tuple) -> tuple:

@@ -1,11 +1,11 @@
-"""Tiles of the CPU executor: torch tensors with the GPU's arithmetic rules.
+"""Tiles of the CPU executor: torch tensors with the semantics of ``lang/semantics.py``.
 
-fp16 and bf16 values are computed in fp32 and rounded back after every operation, as Triton
-does on the GPU (unlike Triton's own interpreter, which does integer math on bf16 bits); a
-Python number meeting a half tile is first rounded to the tile's type, as Triton does.
-Integer ``//`` and ``%`` of tiles truncate toward zero, as in Triton. (Plain Python ints in a
-kernel body, such as loop indices and int parameters, follow Python's rules on the CPU:
-negative operands of ``//``/``%`` and int32 overflow are where the two can differ.)
+A ``Tile`` is a runtime value: a tile, or a scalar (a 0-d tensor: ``int`` and ``float``
+parameters, program ids, tile indices, In shapes, loop variables). Compile-time values stay
+Python numbers. Operators apply the language's promotion and rounding (``arith.py``): fp16
+and bf16 computed in fp32 and rounded once per operation, as Triton does on the GPU (unlike
+Triton's own interpreter, which does integer math on bf16 bits); a Python number meeting a
+tile takes the tile's type; ints wrap; ``//`` and ``%`` follow Python.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import torch
 
 from ..dtypes import DType, from_torch
 from ..errors import ArgumentError
-
-HALF = (torch.float16, torch.bfloat16)
+from ..lang.diagnostics import TILE_AS_VALUE_HINT
+from . import arith
+from .arith import HALF  # noqa: F401  (re-exported)
 
 
 def raw(x):
@@ -25,61 +26,44 @@ def raw(x):
 
 
 def as_tensor(x, like: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` as a tensor: a compile-time number takes the type it has on its own (int32 or
+    int64, fp32, bool)."""
     if isinstance(x, Tile):
         return x.t
     if isinstance(x, torch.Tensor):
         return x
-    device = like.device if like is not None else "cpu"
-    if isinstance(x, bool):
-        return torch.tensor(x, device=device)
-    if isinstance(x, int):
-        return torch.tensor(x, dtype=torch.int32 if -2**31 <= x < 2**31 else torch.int64, device=device)
-    return torch.tensor(x, dtype=torch.float32, device=device)
+    from ..lang.semantics import weak_dtype
+    return arith.to(x, arith.rule(weak_dtype, x))
 
 
-def _result_dtype(a, b) -> torch.dtype:
-    return torch.result_type(a, b) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) \
-        else torch.result_type(as_tensor(a), as_tensor(b))
-
-
-def _up(x):
-    if isinstance(x, torch.Tensor) and x.dtype in HALF:
-        return x.float()
-    return x
+def scalar(value, dtype: DType) -> "Tile":
+    """A runtime scalar of ``dtype`` holding ``value``."""
+    return Tile(torch.tensor(value, dtype=dtype.torch))
 
 
 def binary(op, a, b):
-    """Apply ``op`` with GPU rounding: halves computed in fp32, then rounded."""
+    """``a op b`` (``op`` one of the ``operator`` functions, or "max"/"min")."""
     a, b = raw(a), raw(b)
+    symbol = _SYMBOL.get(op, op)
     if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
-        return Tile(as_tensor(op(a, b)))
-    dtype = _result_dtype(a, b)
-    if op in (operator.floordiv, operator.mod) and not dtype.is_floating_point:
-        ta, tb = as_tensor(a), as_tensor(b)
-        mode = torch.div(ta, tb, rounding_mode="trunc")
-        r = mode if op is operator.floordiv else ta - mode * tb
-        return Tile(r.to(dtype))
-    if dtype in HALF:
-        # Triton first converts a Python number to the tile's half type (0.1 becomes
-        # bf16(0.1), 1e5 becomes fp16 inf), then computes; so does this.
-        if not isinstance(a, torch.Tensor):
-            a = torch.tensor(a, dtype=dtype)
-        if not isinstance(b, torch.Tensor):
-            b = torch.tensor(b, dtype=dtype)
-    r = op(_up(a), _up(b))
-    if isinstance(r, torch.Tensor) and r.dtype.is_floating_point and dtype in HALF:
-        r = r.to(dtype)
-    return Tile(r)
+        return op(a, b)                   # compile-time values: Python's arithmetic
+    return Tile(arith.binary(symbol, a, b))
 
 
-def unary_math(fn, x):
-    """An element-wise math function computed in fp32 for halves."""
-    t = as_tensor(x)
-    if t.dtype in HALF:
-        return Tile(fn(t.float()).to(t.dtype))
-    if not t.dtype.is_floating_point:
-        t = t.float()
-    return Tile(fn(t))
+def unary_math(fn, x, name: str = "math"):
+    """An element-wise math function computed in fp32 for halves (ints give fp32)."""
+    t = raw(x)
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"sl.{name} of the compile-time value {t!r}: compute it on the "
+                            f"host (math.*), or build a tile with sl.full")
+    return Tile(arith.math(fn, name, t))
+
+
+_SYMBOL = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+           operator.floordiv: "//", operator.mod: "%", operator.pow: "**",
+           operator.and_: "&", operator.or_: "|", operator.xor: "^", operator.lshift: "<<",
+           operator.rshift: ">>", operator.lt: "<", operator.le: "<=", operator.gt: ">",
+           operator.ge: ">=", operator.eq: "==", operator.ne: "!="}
 
 
 class Tile:
@@ -107,7 +91,7 @@ class Tile:
         return Tile(self.t.t())
 
     def astype(self, dtype: DType) -> "Tile":
-        return Tile(self.t.to(dtype.torch))
+        return Tile(arith.cast(self.t, dtype))
 
     def __repr__(self) -> str:
         return f"Tile({self.t!r})"
@@ -117,17 +101,16 @@ class Tile:
         if self.t.numel() != 1:
             raise ArgumentError(
                 f"a tile of shape {self.shape} is used as one Python value (an `if` condition, "
-                f"a loop bound, an index, float()), which only a scalar can "
-                f"be: for an element-wise choice use sl.where(cond, a, b); to decide on the "
-                f"whole tile reduce it first (sl.max(t, 0), sl.sum(t, 0))")
+                f"a loop bound, an index, float()), which only a scalar can be: "
+                f"{TILE_AS_VALUE_HINT}")
         return self.t.reshape(()).item()
 
     def __bool__(self):
         return bool(self._scalar())
 
     def __index__(self):
-        if self.t.dtype.is_floating_point:
-            raise TypeError("a float tile cannot be used as an index")
+        if self.t.dtype.is_floating_point or self.t.dtype == torch.bool:
+            raise ArgumentError(f"a st.{self.dtype.name} value cannot be used as an index")
         return int(self._scalar())
 
     __int__ = __index__
@@ -140,23 +123,26 @@ class Tile:
 
     # -- operators -------------------------------------------------------------------------------
     def __neg__(self):
-        return Tile(-self.t)
+        return Tile(arith.negate(self.t))
 
     def __pos__(self):
         return self
 
     def __invert__(self):
-        return Tile(~self.t)
+        return Tile(arith.invert(self.t))
 
     def __abs__(self):
-        return Tile(self.t.abs())
+        return Tile(arith.absolute(self.t))
 
     def __matmul__(self, other):
-        from .impl import matmul
-        return matmul(self, other)
+        return Tile(arith.matmul(self.t, raw(other), None))
+
+    def __rmatmul__(self, other):
+        return Tile(arith.matmul(raw(other), self.t, None))
 
 
 def _binop(op, reflected=False):
+    """A binary operator of tiles."""
     if reflected:
         return lambda self, other: binary(op, other, self)
     return lambda self, other: binary(op, self, other)

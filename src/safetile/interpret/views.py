@@ -11,8 +11,11 @@ import math
 
 import torch
 
+from .. import dtypes as _d
 from ..errors import ArgumentError, LaunchError, OutOfBoundsError, RaceError
-from .tile import Tile, as_tensor
+from ..lang.semantics import MAX_TILE_ELEMENTS, representable
+from . import arith
+from .tile import Tile, as_tensor, scalar
 
 NONE, MANY, ATOMIC = -1, -2, -3
 
@@ -34,12 +37,25 @@ def _ints(index, rank: int, what: str) -> tuple:
 
 
 def tile_shape(shape, rank: int, what: str) -> tuple:
-    """``shape`` as ints, each a positive power of two: the GPU builds every tile from
-    ``tl.arange``, which needs that, so the CPU executor refuses what the GPU cannot compile."""
+    """``shape`` as compile-time ints, each a positive power of two, at most 2**20 elements
+    in all: the GPU builds every tile from ``tl.arange`` with a compile-time size, so the CPU
+    executor refuses what the GPU cannot compile (a runtime value, such as ``x.shape[0]``,
+    is not a tile size)."""
+    if not isinstance(shape, (tuple, list)):
+        shape = (shape,)
+    if any(isinstance(d, Tile) or isinstance(d, bool) or not isinstance(d, int) for d in shape):
+        raise ArgumentError(f"{what} {tuple(shape)}: tile sizes must be compile-time ints "
+                            f"(literals, Const parameters, z.shape)")
     dims = _ints(shape, rank, what)
     if any(d < 1 or d & (d - 1) for d in dims):
         raise ArgumentError(f"{what} {dims}: tile sizes must be powers of two (the GPU builds "
                             f"tiles from tl.arange); pad to the next power of two and mask")
+    n = 1
+    for d in dims:
+        n *= d
+    if n > MAX_TILE_ELEMENTS:
+        raise ArgumentError(f"{what} {dims} has {n} elements, over Triton's limit of "
+                            f"{MAX_TILE_ELEMENTS} per tile")
     return dims
 
 
@@ -57,7 +73,8 @@ class InView:
 
     def __init__(self, name: str, t: torch.Tensor):
         self.name, self._t = name, t
-        self.shape = tuple(t.shape)
+        self._shape = tuple(t.shape)
+        self.shape = tuple(scalar(n, _d.int32) for n in self._shape)   # runtime int32 values
 
     def load(self, index, shape, padding=0):
         r = self._t.dim()
@@ -85,14 +102,21 @@ class InView:
 
     def load_scalar(self, index, padding=0):
         e = _ints(index, self._t.dim(), f"load_scalar of '{self.name}': index")
-        if all(0 <= i < n for i, n in zip(e, self.shape)):
+        if all(0 <= i < n for i, n in zip(e, self._shape)):
             return Tile(self._t[e].clone())
-        return Tile(torch.tensor(padding, dtype=self._t.dtype))
+        return Tile(_pad((), padding, self._t.dtype))
+
+
+def _pad(shape, padding, dtype: torch.dtype) -> torch.Tensor:
+    """A box of ``padding`` (a compile-time number, converted as the language converts it)."""
+    d = _d.from_torch(dtype)
+    arith.rule(representable, padding, d, "padding of")
+    return torch.broadcast_to(arith.to(padding, d), tuple(shape)).clone()
 
 
 def _read_box(t: torch.Tensor, start, shape, padding) -> torch.Tensor:
     """Elements ``start + [0, shape)`` of ``t``; outside ``t`` they read ``padding``."""
-    out = torch.full(shape, padding, dtype=t.dtype, device=t.device)
+    out = _pad(shape, padding, t.dtype)
     src, dst = _clip(start, shape, t.shape)
     if src is not None:
         out[dst] = t[src]
@@ -117,15 +141,22 @@ class OutView:
     def __init__(self, name: str, t: torch.Tensor, tile_shape: tuple, launch: Launch):
         self.name, self._t, self.shape, self.launch = name, t, tuple(tile_shape), launch
         self.writer = torch.full(tuple(t.shape), NONE, dtype=torch.int32, device=t.device)
-        self.index = None            # current tile coordinates; None outside tiles() when persistent
+        self.coords = None           # current tile coordinates; None outside tiles() when persistent
         self.tiles_of = None         # set by the executor: program's list of tiles
         self.group = None            # all Out views of the launch (moved together by tiles())
 
+    @property
+    def index(self) -> tuple:
+        """The owned tile's coordinates, as int32 scalars (runtime values, as on the GPU)."""
+        if self.coords is None:
+            self._start()
+        return tuple(scalar(i, _d.int32) for i in self.coords)
+
     def _start(self):
-        if self.index is None:
+        if self.coords is None:
             raise LaunchError(f"kernel '{self.launch.kernel}': Out '{self.name}' is a persistent "
                                f"partition; reach its tiles with `for t in {self.name}.tiles():`")
-        return [i * s for i, s in zip(self.index, self.shape)]
+        return [i * s for i, s in zip(self.coords, self.shape)]
 
     def load(self):
         return Tile(self._checked_read(self._start(), self.shape))
@@ -138,14 +169,14 @@ class OutView:
                                         f"partition of '{self.name}': sub-tile shape"))
 
     def tiles(self):
-        persistent = self.index is None
+        persistent = self.coords is None
         for coords in self.tiles_of:
             for v in self.group:
-                v.index = coords
+                v.coords = coords
             yield self
         if persistent:                   # as on the GPU: no owned tile after the loop
             for v in self.group:
-                v.index = None
+                v.coords = None
 
     # -- checked access ----------------------------------------------------------------------
     def _checked_read(self, start, shape):
@@ -155,7 +186,8 @@ class OutView:
         return _read_box(self._t, start, shape, 0)
 
     def _checked_write(self, start, shape, value, slab):
-        v = as_tensor(value, self._t)
+        v = arith.store_value(value.t if isinstance(value, Tile) else value,
+                              _d.from_torch(self._t.dtype))
         try:
             v = torch.broadcast_to(v, shape)
         except RuntimeError:
@@ -169,7 +201,7 @@ class OutView:
             return
         self._race(self.writer[src], "writes", start=[s.start for s in src])
         self.writer[src] = self.launch.program
-        self._t[src] = v[dst].to(self._t.dtype)
+        self._t[src] = v[dst]
 
     def _race(self, w: torch.Tensor, verb: str, start):
         p = self.launch.program

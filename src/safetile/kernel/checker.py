@@ -16,27 +16,37 @@ Rules (the ``rule`` tag each error carries):
 - ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts or
   sets; tiles are indexed only with ``:`` and ``None`` (Triton cannot slice a tile).
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
-  ``pass`` (and ``return`` in functions); every name must resolve.
+  ``pass`` (and, in functions, one ``return`` as the last statement); parameters take no
+  defaults; every name must resolve; names generated code uses (``tl``, ``triton``,
+  ``libdevice``, ``float``, ``range``, anything starting with ``_st_`` or ``_stf_``) cannot
+  be bound.
+- ``expression``: also no chained comparisons, ``is`` or ``in``.
+- ``internal``: a rule failed on code it did not foresee; still a definition error with
+  file:line (please report it).
+
+What depends on the argument types (promotion, shapes, control flow of runtime values) is
+checked per variant, at launch, by ``kernel/types.py`` (rule ``type``).
 """
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
 
+from ..errors import KernelDefinitionError
+from ..lang.view_types import InView, OutView, SubTiles, attributes, methods
+from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
 ALLOWED_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call,
                        ast.Constant, ast.Attribute, ast.Subscript, ast.Name, ast.Tuple, ast.List,
                        ast.Slice)
-IN_METHODS = {"load", "load_at", "load_scalar", "prefetch"}
-IN_ATTRS = {"shape"}
-OUT_METHODS = {"load", "store", "partition", "tiles"}
-OUT_ATTRS = {"shape", "index"}
-SUB_METHODS = {"store", "load"}
-SUB_ATTRS = {"shape"}
+# What kernel code may call and read on a view: what lang/view_types.py declares (and so
+# what help(st.In), help(st.Out) and the mypy plugin show).
+IN_METHODS, IN_ATTRS = methods(InView), attributes(InView)
+OUT_METHODS, OUT_ATTRS = methods(OutView), attributes(OutView)
+SUB_METHODS, SUB_ATTRS = methods(SubTiles), attributes(SubTiles)
 TILE_METHODS = {"astype"}
 TILE_ATTRS = {"T", "shape", "dtype"}
-RESERVED_PREFIX = "_st_"
 
 
 @dataclass
@@ -69,18 +79,28 @@ class BodyChecker(ast.NodeVisitor):
         return kind_of(node, self.params, self.info.views)
 
     def check(self) -> BodyInfo:
+        """Check the body; any refusal, even an unforeseen failure of a rule, is a
+        ``KernelDefinitionError`` naming file:line."""
+        self.current = self.src.tree
+        try:
+            return self._check()
+        except KernelDefinitionError:
+            raise
+        except Exception as e:                 # a rule that could not handle this code
+            raise self.src.error(self.current, "internal",
+                                 f"the checker could not check this statement ({e!r}); "
+                                 f"please report it, and rewrite the statement meanwhile") from e
+
+    def _check(self) -> BodyInfo:
         tree = self.src.tree
-        for arg in tree.args.args:
-            if arg.arg.startswith(RESERVED_PREFIX):
-                self.fail(arg, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
-        if tree.args.vararg or tree.args.kwarg or tree.args.kwonlyargs:
-            self.fail(tree, "statement", "kernels take plain positional parameters only")
+        check_signature(self.src, self.is_function)
         self.collect_views(tree)
         self.view_uses = self.allowed_view_uses(tree)
         body = tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]                                    # docstring
         for stmt in body:
+            self.current = stmt
             self.visit(stmt)
         return self.info
 
@@ -149,6 +169,12 @@ class BodyChecker(ast.NodeVisitor):
                       f"or sets); write the loop or the value out")
         super().generic_visit(node)
 
+    def visit_Compare(self, node):
+        if len(node.ops) != 1 or isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+            self.fail(node, "expression", f"`{ast.unparse(node)}`: compare two values with one of "
+                                          f"< <= > >= == != (no chains, `is` or `in`)")
+        self.generic_visit(node)
+
     def visit_Subscript(self, node):
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         for part in parts:
@@ -179,8 +205,8 @@ class BodyChecker(ast.NodeVisitor):
                 self.fail(target, "param-assignment",
                           f"assignment to parameter '{target.id}' ({kind}): parameters are "
                           f"owned by the launch; bind a new local name instead")
-            if target.id.startswith(RESERVED_PREFIX):
-                self.fail(target, "name", f"names starting with {RESERVED_PREFIX!r} are reserved")
+            if reserved(target.id):
+                self.fail(target, "name", reserved_message(target.id))
         elif isinstance(target, ast.Tuple):
             for elt in target.elts:
                 self.check_target(elt)
@@ -339,8 +365,8 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "function":
             for a in node.args:
                 if self.kind_of(a) in ("In", "Out", "Ptr", "sub", "tile"):     # scalars may pass
-                    self.fail(a, "call", f"views ('{a.id}') cannot be passed to @st.function "
-                                         f"helpers; load a tile and pass that")
+                    self.fail(a, "call", f"views (`{ast.unparse(a)}`) cannot be passed to "
+                                         f"@st.function helpers; load a tile and pass that")
             if r.value not in self.info.functions:
                 self.info.functions.append(r.value)
             return

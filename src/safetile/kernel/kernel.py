@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, overload
 
 from ..device.op import DeviceOp
 from ..device.unrun import building_site
-from ..errors import ArgumentError, KernelDefinitionError
+from ..errors import ArgumentError, FrozenError, KernelDefinitionError
 from .checker import check_function, check_kernel
 from .params import parse_annotation
 from .source import KernelSource
@@ -40,12 +40,42 @@ def in_unsafe_block() -> bool:
     return _unsafe_depth.get() > 0
 
 
-class Function:
+def _plain(fn, what: str):
+    """Refuse what is not a plain ``def``: a wrapper (``functools.wraps``) would let the checker
+    read one body while another runs."""
+    if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
+        where = getattr(getattr(fn, "__code__", None), "co_filename", "<unknown>")
+        raise KernelDefinitionError(
+            f"{what} decorates a plain `def` function (no wrapper, no functools.wraps, no "
+            f"callable object), got {fn!r}", where, 0, "source")
+
+
+class _Frozen:
+    """Attributes that the safety checks rely on are set once, when the decorator runs."""
+
+    _FROZEN: frozenset = frozenset()
+
+    def __setattr__(self, name, value):
+        if name in self._FROZEN and name in self.__dict__:
+            raise FrozenError(f"{self!r}: '{name}' is fixed where the kernel is defined; "
+                              f"define another kernel (or use .options(...) for launch "
+                              f"options)")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        if name in self._FROZEN:
+            raise FrozenError(f"{self!r}: '{name}' is fixed where the kernel is defined")
+        object.__delattr__(self, name)
+
+
+class Function(_Frozen):
     """An ``@st.function`` helper callable from kernel bodies (and from the CPU executor)."""
 
     __safetile_function__ = True
+    _FROZEN = frozenset({"fn", "name", "src", "info"})
 
     def __init__(self, fn):
+        _plain(fn, "@st.function")
         self.fn = fn
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
@@ -63,16 +93,24 @@ def function(fn) -> Function:
     return Function(fn)
 
 
-class Kernel:
+class Kernel(_Frozen):
     """A checked tile kernel (what ``@st.kernel`` makes; see ``help(st.kernel)``).
 
     ``kernel(*args)`` returns a lazy ``DeviceOp`` whose output is every argument, in
     parameter order (an Out as its ``Partition``); ``kernel.options(...)`` a configured copy;
     ``kernel.source(*args)`` the generated Triton source; ``kernel.compile(*args)`` a
-    compiled binary for sm_90, also without a GPU.
+    compiled binary for sm_90, also without a GPU. What the safety checks rely on (the
+    function, its checked body, ``unsafe``, the options) is fixed once defined.
     """
 
+    _FROZEN = frozenset({"fn", "name", "unsafe", "src", "params", "info", "opts"})
+
     def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
+        _plain(fn, "@st.kernel")
+        if not isinstance(unsafe, bool):
+            raise KernelDefinitionError(f"@st.kernel(unsafe=...) takes True or False, got "
+                                        f"{unsafe!r}", getattr(fn.__code__, "co_filename", "?"),
+                                        fn.__code__.co_firstlineno, "source")
         self.fn = fn
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
@@ -158,7 +196,7 @@ class Kernel:
             opts = {**opts, "early": tuple(early)}
         k = object.__new__(Kernel)
         k.__dict__.update(self.__dict__)
-        k.opts = {**self.opts, **opts}
+        k.__dict__["opts"] = {**self.opts, **opts}
         return k
 
     def __call__(self, *args, **kwargs) -> DeviceOp:
@@ -230,8 +268,6 @@ def kernel(fn=None, *, unsafe=False, **options):
     """
     if fn is None:
         return lambda f: Kernel(f, unsafe=unsafe, options=options)
-    if not callable(fn):
-        raise KernelDefinitionError(f"@st.kernel decorates a function, got {fn!r}")
     return Kernel(fn, unsafe=unsafe, options=options)
 
 

@@ -5,6 +5,7 @@ that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -12,18 +13,25 @@ import torch
 from .. import backends as _backend
 from ..codegen.compile import Variant
 from ..codegen.spec import ArgSpec, VariantKey
+from ..dtypes import ALL as _ALL_DTYPES
 from ..dtypes import DType, from_torch
 from ..errors import LaunchError, UnsafeError
+from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
 from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import self_overlapping
 from . import plan as _plans
+from . import types as _types
 from .kernel import in_unsafe_block
 
 TMA_MAX_RANK = 5
-MAX_OFFSET = 2**31 - 1      # the largest element offset a generated kernel computes safely
+# The largest element offset and dimension of an In/Out tensor (lang/semantics.py: generated
+# kernels compute element coordinates and offsets in int32).
+MAX_OFFSET = _sem.MAX_OFFSET
+MAX_DIM = _sem.MAX_DIM
+CUDA_GRID = (2**31 - 1, 65535, 65535)      # the most programs per launch axis
 
 
 @dataclass(slots=True)
@@ -102,6 +110,10 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         if kind == "Out" and not t.is_contiguous() and self_overlapping(t):
             raise _fail(kernel, name, f"the partitioned tensor has overlapping elements (strides "
                                       f"{t.stride()}): distinct tiles would share memory")
+        if kind != "Ptr" and any(n > MAX_DIM for n in t.shape):
+            raise _fail(kernel, name, f"shape {tuple(t.shape)} has a dimension over {MAX_DIM}, "
+                                      f"past what generated kernels address exactly in int32; "
+                                      f"split the tensor into views")
         if kind != "Ptr" and sum((n - 1) * s for n, s in zip(t.shape, t.stride())) > MAX_OFFSET:
             # Generated kernels compute element offsets in 32-bit integers: past this an
             # offset would wrap around and a masked store could land outside the tensor.
@@ -121,7 +133,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
               float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
               bool: lambda x: isinstance(x, bool),
-              DType: lambda x: isinstance(x, DType)}[spec.const_type](v)
+              DType: lambda x: any(x is d for d in _ALL_DTYPES)}[spec.const_type](v)
         if not ok:
             raise _fail(kernel, name, f"{spec.describe()} got {type(v).__name__} {v!r}")
         if spec.const_type is float:
@@ -130,13 +142,19 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
     if kind == "int":
         if not isinstance(v, int) or isinstance(v, bool):
             raise _fail(kernel, name, f"expects an int, got {type(v).__name__} {v!r}")
-        if not -2**63 <= v < 2**63:
-            raise _fail(kernel, name, f"int {v} does not fit in 64 bits")
+        if not -2**31 <= v < 2**31:
+            raise _fail(kernel, name, f"int {v} does not fit in int32, the type of int "
+                                      f"parameters inside a kernel; pass it as an "
+                                      f"st.Const[int] (compile-time) or split the work")
         return BoundArg(name, spec, v)
     if kind == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise _fail(kernel, name, f"expects a float, got {type(v).__name__} {v!r}")
-        return BoundArg(name, spec, float(v))
+        try:
+            v = float(v)
+        except OverflowError:
+            raise _fail(kernel, name, f"the int {v} does not fit in a float") from None
+        return BoundArg(name, spec, v)
     raise AssertionError(kind)
 
 
@@ -156,9 +174,8 @@ def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
         first = outs[0].order
         for b in outs[1:]:
             o = b.order
-            if (o.grid, o.kind, o.group_size if o.kind == "grouped" else 0, o.persistent) != \
-                    (first.grid, first.kind, first.group_size if first.kind == "grouped" else 0,
-                     first.persistent):
+            if (o.grid, o.kind, _group(o), o.persistent) != \
+                    (first.grid, first.kind, _group(first), first.persistent):
                 raise LaunchError(
                     f"kernel '{kernel.name}': Out grids disagree: '{outs[0].name}' has grid "
                     f"{first.grid} ({first.kind}, persistent={first.persistent}) but "
@@ -178,14 +195,23 @@ def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
                           f"with kernel.options(grid=(n,))")
 
 
+def _group(o) -> int:
+    """The effective group size of a program order (0 unless grouped)."""
+    return min(o.group_size, o.grid[0]) if o.kind == "grouped" else 0
+
+
 def launch_grid(kernel, bound) -> tuple:
     outs = [b for b in bound if b.spec.kind == "Out"]
     if outs:
         return (outs[0].order.num_programs,)
     g = kernel.opts["grid"]
     g = (g,) if isinstance(g, int) else tuple(g)
-    if not 1 <= len(g) <= 3 or any(not isinstance(x, int) or x < 1 for x in g):
+    if not 1 <= len(g) <= 3 or any(not isinstance(x, int) or isinstance(x, bool) or x < 1
+                                   for x in g):
         raise LaunchError(f"kernel '{kernel.name}': grid must be 1 to 3 positive ints, got {g}")
+    if any(x > most for x, most in zip(g, CUDA_GRID)):
+        raise LaunchError(f"kernel '{kernel.name}': grid {g} is over the launch limits "
+                          f"{CUDA_GRID[:len(g)]} per axis")
     return g
 
 
@@ -206,13 +232,16 @@ def variant_key(kernel, bound) -> VariantKey:
             dtype, rank = from_torch(b.torch.dtype), b.torch.dim()
             if kind == "Out":
                 o = b.order
-                specs.append(ArgSpec(b.name, kind, dtype, rank, tile=b.tile,
-                                     order=o.kind, group_size=o.group_size if o.kind == "grouped" else 0,
+                # A group of at least grid[0] tile-rows is one group: the map is the same, and
+                # group_size * grid[1] then stays within the tile count (no int32 wrap).
+                specs.append(ArgSpec(b.name, kind, dtype, rank, tile=b.tile, order=o.kind,
+                                     group_size=min(o.group_size, o.grid[0])
+                                     if o.kind == "grouped" else 0,
                                      persistent=o.persistent is not None, tma=_tma_ok(b.torch)))
             else:
                 specs.append(ArgSpec(b.name, kind, dtype, rank, tma=kind == "In" and _tma_ok(b.torch)))
         elif kind == "Const":
-            specs.append(ArgSpec(b.name, kind, value=b.value))
+            specs.append(ArgSpec(b.name, kind, value=canonical_const(b.value)))
         else:
             specs.append(ArgSpec(b.name, kind))
     o = kernel.opts
@@ -221,6 +250,35 @@ def variant_key(kernel, bound) -> VariantKey:
                       o.get("loop_stages"), bool(o.get("tma_store", False)),
                       bool(o.get("pdl", False)), tuple(o.get("early", ())),
                       bool(o.get("trigger_early", False)))
+
+
+def _type_check(kernel, bound) -> None:
+    """Refuse the launch if the kernel does not type for these arguments (kernel/types.py):
+    once per kind of arguments (dtype, rank, tile, persistence, Const value), a dict lookup
+    afterwards."""
+    key = tuple((b.torch.dtype, b.torch.dim(), b.tile,
+                 b.order.persistent is not None if b.order is not None else None)
+                if b.torch is not None else
+                (canonical_const(b.value) if b.spec.kind == "Const" else None)
+                for b in bound)
+    seen = kernel.__dict__.get("_st_typed")
+    if seen is None:
+        seen = kernel.__dict__["_st_typed"] = set()
+    if key not in seen:
+        _types.check(kernel, variant_key(kernel, bound))
+        seen.add(key)
+
+
+def canonical_const(v):
+    """A Const value as variants are keyed on it: every NaN is one key (NaN != NaN would
+    make a new variant per launch), and -0.0 is 0.0 (a compile-time zero is +0.0 in kernel
+    code, lang/semantics.py)."""
+    if type(v) is float:
+        if v != v:
+            return math.nan
+        if v == 0.0:
+            return 0.0
+    return v
 
 
 def variant_for(kernel, args, kwargs) -> Variant:
@@ -258,45 +316,68 @@ def launch(kernel, args, kwargs):
 
     The argument checks run in full unless a cached ``LaunchPlan`` provably applies to these
     very arguments (``kernel/plan.py``); ownership (``MovedError``), the borrows against the
-    operations in flight (``AliasError``) and the moves happen on every launch."""
-    if kernel.unsafe and not in_unsafe_block():
-        raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch it "
-                          f"inside `with st.unsafe():` to mark the call site")
-    choice = _backend.current()
-    plan = None if kwargs else _plans.cached(kernel, args, choice)
-    if plan is None:
-        bound = bind(kernel, args, kwargs)
-        _refuse_repeats(kernel, [(b.name, b.value) for b in bound])
-        check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
-        grid = launch_grid(kernel, bound)
-        holder, where = _messages(kernel)
-        reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
-        writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
-        extents = borrows.prepare(holder, reads, writes)
-        plan = _plans.LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
-        values = tuple([b.value for b in bound])
-        if not kwargs:
-            _plans.remember(kernel, args, plan)
-    else:
-        values = args                     # a plan matches only canonical values
-    moves = plan.moves
-    with LOCK:
-        for i, _ in moves:
-            h = values[i]
-            if h._state is not LIVE:
-                h._check(f"pass it to kernel '{kernel.name}'")
-        hold = borrows.register(plan.holder, plan.extents, (), plan.groups)
-        n = 0
-        try:
-            for i, where in moves:
-                values[i]._move_locked(where)
-                n += 1
-        except BaseException:             # the same handle passed twice: undo
-            for i, _ in moves[:n]:
-                values[i]._restore_locked()
-            hold.release()
-            raise
+    operations in flight (``AliasError``) and the moves happen on every launch. A refused
+    launch moves nothing, and its error carries the arguments as ``error.recovered`` (in
+    parameter order), so that a value made for the call (an inline ``t.partition(...)``) is
+    not lost."""
+    try:
+        if kernel.unsafe and not in_unsafe_block():
+            raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch "
+                              f"it inside `with st.unsafe():` to mark the call site")
+        choice = _backend.current()
+        plan = None if kwargs else _plans.cached(kernel, args, choice)
+        if plan is None:
+            bound = bind(kernel, args, kwargs)
+            _refuse_repeats(kernel, [(b.name, b.value) for b in bound])
+            check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
+            grid = launch_grid(kernel, bound)
+            _type_check(kernel, bound)
+            holder, where = _messages(kernel)
+            reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
+            writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
+            extents = borrows.prepare(holder, reads, writes)
+            plan = _plans.LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
+            values = tuple([b.value for b in bound])
+            if not kwargs:
+                _plans.remember(kernel, args, plan)
+        else:
+            values = args                     # a plan matches only canonical values
+        moves = plan.moves
+        with LOCK:
+            for i, _ in moves:
+                h = values[i]
+                if h._state is not LIVE:
+                    h._check(f"pass it to kernel '{kernel.name}'")
+            hold = borrows.register(plan.holder, plan.extents, (), plan.groups)
+            n = 0
+            try:
+                for i, where in moves:
+                    values[i]._move_locked(where)
+                    n += 1
+            except BaseException:             # the same handle passed twice: undo
+                for i, _ in moves[:n]:
+                    values[i]._restore_locked()
+                hold.release()
+                raise
+    except BaseException as e:
+        if getattr(e, "recovered", None) is None:
+            try:
+                e.recovered = _given(kernel, args, kwargs)
+            except AttributeError:            # exceptions without a __dict__
+                pass
+        raise
     return (_KernelOp[0] or _kernel_op())(kernel, plan, values, choice, hold)
+
+
+def _given(kernel, args, kwargs) -> tuple:
+    """The values a call passed, in parameter order where the names allow it."""
+    if not kwargs:
+        return tuple(args)
+    names = list(kernel.params)
+    by_name = dict(zip(names, args))
+    by_name.update(kwargs)
+    return tuple(by_name[n] for n in names if n in by_name) + \
+        tuple(v for k, v in kwargs.items() if k not in names)
 
 
 _KernelOp = [None]

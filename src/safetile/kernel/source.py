@@ -61,6 +61,9 @@ class Scope:
         self.params = params                       # name -> ParamSpec (empty for functions)
         self.locals = local_names
         self.globals = dict(fn.__globals__)
+        # Module attributes resolve once (the checker resolves every one when the decorator
+        # runs), so that both backends see them as they were then.
+        self._attrs: dict = {}
         if fn.__closure__:
             for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
                 try:
@@ -84,22 +87,29 @@ class Scope:
         if isinstance(node, ast.Attribute):
             base = self.resolve(node.value)
             if base is not None and base.kind == "module":
-                if not hasattr(base.value, node.attr):
-                    return None
-                return classify(getattr(base.value, node.attr))
+                key = (id(base.value), node.attr)
+                if key not in self._attrs:
+                    if not hasattr(base.value, node.attr):
+                        return None
+                    self._attrs[key] = classify(getattr(base.value, node.attr))
+                return self._attrs[key]
         return None
 
 
 def classify(value) -> Resolved:
     from ..lang import load_like
     from ..lang.ops import builtin_of
+    # only safetile.lang's own operations: anything else claiming to be one would paste its
+    # "Triton spelling" into generated code
     b = builtin_of(value)
     if b is not None:
         return Resolved("builtin", b)
     if value is load_like:
         return Resolved("load_like", value)
     if isinstance(value, DType):
-        return Resolved("dtype", value)
+        from ..dtypes import ALL
+        return Resolved("dtype", value) if any(value is d for d in ALL) else \
+            Resolved("other", value)
     if isinstance(value, bool) or isinstance(value, (int, float)):
         return Resolved("const", value)
     if getattr(value, "__safetile_function__", False):

@@ -11,14 +11,19 @@ from __future__ import annotations
 import ast
 import operator
 
+from ..lang.view_types import InView, OutView, parameter_position
 from .checker import BodyInfo, kind_of
 from .source import KernelSource
 
-# (receiver kind, method) -> position of the shape argument, and its keyword name
-VIEW_SHAPES = {("In", "load"): 1, ("In", "load_at"): 1, ("In", "prefetch"): 1,
-               ("Out", "partition"): 0, ("tile", "partition"): 0}
-# sl.<op> -> position of the shape argument (sl.arange takes one size)
-OP_SHAPES = {"arange": 0, "full": 0, "zeros": 0, "reshape": 1, "broadcast_to": 1}
+# The parameters that take a tile shape (sl.arange takes one size), found by name in the
+# declared signatures: a call passes them by position or by keyword.
+SHAPE_PARAMS = ("shape", "sub_shape", "n")
+# (receiver kind, method) -> the declaration of the view method (lang/view_types.py)
+VIEW_SHAPES = {("In", "load"): InView.load, ("In", "load_at"): InView.load_at,
+               ("In", "prefetch"): InView.prefetch, ("Out", "partition"): OutView.partition,
+               ("tile", "partition"): OutView.partition}
+# the sl.<op> operations that take a shape
+OP_SHAPES = frozenset({"arange", "full", "zeros", "reshape", "broadcast_to"})
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.LShift: operator.lshift,
@@ -47,11 +52,13 @@ def _static_int(node, info: BodyInfo):
     return None
 
 
-def _shape_arg(call: ast.Call, position: int):
+def _shape_arg(call: ast.Call, declared):
+    """The shape argument of ``call``, a call of the operation ``declared`` declares."""
+    position, name = parameter_position(declared, SHAPE_PARAMS)
     if len(call.args) > position:
         return call.args[position]
     for k in call.keywords:
-        if k.arg in ("shape", "sub_shape", "n"):
+        if k.arg == name:
             return k.value
     return None
 
@@ -75,22 +82,18 @@ def check_static_shapes(src: KernelSource, params: dict, info: BodyInfo) -> None
         if not isinstance(node, ast.Call):
             continue
         f = node.func
-        position, what = None, ""
+        declared, what = None, ""
         if isinstance(f, ast.Attribute):
             kind = kind_of(f.value, params, info.views)
             if (kind, f.attr) in VIEW_SHAPES:
-                position, what = VIEW_SHAPES[(kind, f.attr)], f"the {f.attr} size"
-            else:
-                r = info.scope.resolve(f)
-                if r is not None and r.kind == "builtin" and r.value.name in OP_SHAPES:
-                    position, what = OP_SHAPES[r.value.name], f"the sl.{r.value.name} size"
-        elif isinstance(f, ast.Name):
+                declared, what = VIEW_SHAPES[(kind, f.attr)], f"the {f.attr} size"
+        if declared is None and isinstance(f, (ast.Attribute, ast.Name)):
             r = info.scope.resolve(f)
             if r is not None and r.kind == "builtin" and r.value.name in OP_SHAPES:
-                position, what = OP_SHAPES[r.value.name], f"the sl.{r.value.name} size"
-        if position is None:
+                declared, what = r.value.__wrapped__, f"the sl.{r.value.name} size"
+        if declared is None:
             continue
-        shape = _shape_arg(node, position)
+        shape = _shape_arg(node, declared)
         if shape is None:
             continue
         elts = shape.elts if isinstance(shape, (ast.Tuple, ast.List)) else [shape]

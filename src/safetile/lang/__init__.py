@@ -17,10 +17,11 @@ Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, `
 
 Stores convert: ``z.store(tile)`` (and a sub-tile store) converts the tile to the Out's element
 type, as ``tile.astype(z_dtype)`` would: an fp32 tile stored into a bf16 Out rounds to nearest
-even, a float tile stored into an int Out truncates toward zero. It is the one implicit
-conversion of the kernel language (the host side converts nothing); write the ``.astype``
-to make a narrowing store visible. ``help(st.In)`` and ``help(st.Out)`` list the view
-methods with their arguments; ``help(sl.<op>)`` shows each operation's signature.
+even. It is the one implicit conversion of the kernel language (the host side converts
+nothing); write the ``.astype`` to make a narrowing store visible. A float tile stored into
+an int Out is refused: convert it explicitly. ``help(st.In)`` and ``help(st.Out)`` list the
+view methods with their arguments; ``help(sl.<op>)`` shows each operation's signature, and
+``semantics.py`` states what all of it computes, for both backends.
 """
 from ..dtypes import bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from ..dtypes import bf16, f16, f32, i32, i64  # noqa: F401

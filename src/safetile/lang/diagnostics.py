@@ -20,8 +20,12 @@ _SAFETILE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os
 
 _BROADCAST = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
                         r"|shape mismatch|cannot be broadcast|not broadcastable")
-_BROADCAST_HINT = ("tile shapes must be equal or broadcast (size-1 axes stretch): load both "
-                   "with the same shape, add an axis with t[:, None], or use sl.broadcast_to")
+#: What to do about tiles whose shapes do not broadcast (the type check and the executor).
+BROADCAST_HINT = ("tile shapes must be equal or broadcast (size-1 axes stretch): load both "
+                  "with the same shape, add an axis with t[:, None], or use sl.broadcast_to")
+#: What to do about a tile used where one value is needed (an `if`, a bound, an index).
+TILE_AS_VALUE_HINT = ("for an element-wise choice use sl.where(cond, a, b); to decide on the "
+                      "whole tile reduce it first (sl.max(t, 0), sl.sum(t, 0))")
 _TORCH_HINT = ("check the operands' shapes and dtypes (t.shape, t.dtype; t.astype(...) "
                "converts)")
 
@@ -53,7 +57,7 @@ def locate(error: Exception, kernel_name: str, program: str) -> Exception:
     prefix = where if named else f"{where}in kernel '{kernel_name}', {program}: "
     if isinstance(error, RuntimeError) and not isinstance(error, SafetileError):
         text = str(error).strip().splitlines()[0]
-        hint = _BROADCAST_HINT if _BROADCAST.search(text) else _TORCH_HINT
+        hint = BROADCAST_HINT if _BROADCAST.search(text) else _TORCH_HINT
         new = ArgumentError(f"{prefix}{text}; {hint}")
         new.__cause__ = error
         new._st_located = True

@@ -1,7 +1,8 @@
 """Every tile operation of the kernel language, documented in one place.
 
 Each name here is a *builtin*: calling it outside a kernel body raises, because a builtin has
-no meaning of its own. Inside a kernel it means two things, kept in step:
+no meaning of its own. What each computes (promotion, rounding, NaN, overflow) is stated in
+``lang/semantics.py``. Inside a kernel it means two things, kept in step:
 - the CPU executor (``safetile.interpret``) supplies an implementation with torch tiles;
 - the code generator (``safetile.codegen``) spells it in Triton (``Builtin.triton``).
 """
@@ -9,26 +10,42 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import types
 from typing import Any, Callable
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, FrozenError
 
 # The implementation table in force while the CPU executor runs a kernel body.
 _IMPL: contextvars.ContextVar[Any] = contextvars.ContextVar("safetile_lang_impl", default=None)
 
-BUILTINS: dict[str, "Builtin"] = {}
+_REGISTRY: dict[str, "Builtin"] = {}
+#: Every tile operation by name (read-only: the set of operations, and how each is spelled
+#: in Triton, is fixed by this module; nothing else may add text to generated code).
+BUILTINS = types.MappingProxyType(_REGISTRY)
 
 
 class Builtin:
-    """A tile operation; the callable users write as ``sl.<name>``."""
+    """A tile operation; the callable users write as ``sl.<name>``. Immutable."""
 
     def __init__(self, fn: Callable, triton: str, unsafe: bool, atomic: bool):
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
-        self.__wrapped__ = fn
-        self.triton = triton        # Triton spelling, e.g. "tl.where" or "_st_m_exp" (prelude helper)
-        self.unsafe = unsafe        # only inside @st.kernel(unsafe=True)
-        self.atomic = atomic
+        set_ = object.__setattr__
+        set_(self, "name", fn.__name__)
+        set_(self, "__doc__", fn.__doc__)
+        set_(self, "__wrapped__", fn)
+        set_(self, "triton", triton)   # Triton spelling, e.g. "tl.where" or "_st_m_exp" (prelude)
+        set_(self, "unsafe", unsafe)   # only inside @st.kernel(unsafe=True)
+        set_(self, "atomic", atomic)
+
+    def __setattr__(self, name, value):
+        raise FrozenError(f"sl.{self.name} is a tile operation of safetile.lang; it cannot be "
+                          f"changed")
+
+    __delattr__ = __setattr__
+
+    @property
+    def registered(self) -> bool:
+        """Whether this is the operation safetile.lang defines under its name."""
+        return _REGISTRY.get(self.name) is self
 
     def __call__(self, *args, **kwargs):
         impl = _IMPL.get()
@@ -44,33 +61,36 @@ class Builtin:
     def function(self) -> Callable:
         """What ``sl.<name>`` is: a plain function with the operation's own signature and
         docstring (so ``help(sl.sum)`` shows both), dispatching as ``__call__`` does."""
-        name = self.name
-
         def op(*args, **kwargs):
-            impl = _IMPL.get()
-            if impl is None:
-                raise ExecutionError(
-                    f"sl.{name}() is a tile operation: call it inside an @st.kernel or "
-                    f"@st.function body, not from host code")
-            return getattr(impl, name)(*args, **kwargs)
+            return self(*args, **kwargs)
 
         functools.update_wrapper(op, self.__wrapped__)
-        op.name = name                             # type: ignore[attr-defined]
-        op.__safetile_builtin__ = self             # type: ignore[attr-defined]
+        op.name = self.name                        # type: ignore[attr-defined]
         return op
 
 
+# The function each registered operation is published as (``sl.<name>``), by identity: a
+# function's attributes can be reassigned, so what an operation is never rests on them.
+_FUNCTIONS: dict[int, tuple[Callable, Builtin]] = {}
+
+
 def builtin_of(value) -> "Builtin | None":
-    """The ``Builtin`` that ``value`` (an ``sl.<name>`` function) stands for, else None."""
-    b = getattr(value, "__safetile_builtin__", None) if callable(value) else None
-    return b if isinstance(b, Builtin) else None
+    """The registered ``Builtin`` that ``value`` (an ``sl.<name>`` function, or the
+    ``Builtin`` itself) stands for, else None."""
+    if isinstance(value, Builtin):
+        return value if value.registered else None
+    fn, b = _FUNCTIONS.get(id(value), (None, None))
+    return b if fn is value else None
 
 
-def builtin(triton: str, unsafe: bool = False, atomic: bool = False):
+def _builtin(triton: str, unsafe: bool = False, atomic: bool = False):
+    """Register the operation below (only this module defines operations)."""
     def register(fn: Callable) -> Callable:
         b = Builtin(fn, triton, unsafe, atomic)
-        BUILTINS[b.name] = b
-        return b.function()
+        _REGISTRY[b.name] = b
+        op = b.function()
+        _FUNCTIONS[id(op)] = (op, b)
+        return op
     return register
 
 
@@ -85,156 +105,166 @@ def reset_implementation(token) -> None:
 
 # ---- element-wise math (fp16/bf16 are computed in fp32 and rounded, as on the GPU) ----------
 
-@builtin("tl.where")
+@_builtin("tl.where")
 def where(cond, a, b):
     """Element-wise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
 
-@builtin("_st_m_exp")
+@_builtin("_st_m_exp")
 def exp(x):
     """e**x."""
 
-@builtin("_st_m_exp2")
+@_builtin("_st_m_exp2")
 def exp2(x):
     """2**x."""
 
-@builtin("_st_m_log")
+@_builtin("_st_m_log")
 def log(x):
     """Natural logarithm."""
 
-@builtin("_st_m_log2")
+@_builtin("_st_m_log2")
 def log2(x):
     """Base-2 logarithm."""
 
-@builtin("_st_m_sqrt")
+@_builtin("_st_m_sqrt")
 def sqrt(x):
     """Square root."""
 
-@builtin("_st_m_rsqrt")
+@_builtin("_st_m_rsqrt")
 def rsqrt(x):
     """1 / sqrt(x)."""
 
-@builtin("_st_m_sin")
+@_builtin("_st_m_sin")
 def sin(x):
     """Sine."""
 
-@builtin("_st_m_cos")
+@_builtin("_st_m_cos")
 def cos(x):
     """Cosine."""
 
-@builtin("_st_tanh")
+@_builtin("_st_tanh")
 def tanh(x):
     """Hyperbolic tangent."""
 
-@builtin("_st_m_sigmoid")
+@_builtin("_st_m_sigmoid")
 def sigmoid(x):
     """1 / (1 + e**-x)."""
 
-@builtin("tl.abs")
+@_builtin("tl.abs")
 def abs(x):
     """Absolute value."""
 
-@builtin("tl.maximum")
+@_builtin("tl.maximum")
 def maximum(a, b):
-    """Element-wise maximum; where one operand is NaN the other wins (as Triton's default)."""
+    """Element-wise maximum; where one operand is NaN the other wins (as Triton's default);
+    the sign of a zero result from +0.0 and -0.0 is unspecified."""
 
-@builtin("tl.minimum")
+@_builtin("tl.minimum")
 def minimum(a, b):
-    """Element-wise minimum; where one operand is NaN the other wins (as Triton's default)."""
+    """Element-wise minimum; where one operand is NaN the other wins (as Triton's default);
+    the sign of a zero result from +0.0 and -0.0 is unspecified."""
 
 
 # ---- reductions ----------------------------------------------------------------------------
 
-@builtin("tl.sum")
+@_builtin("tl.sum")
 def sum(t, axis=None):
-    """Sum along ``axis`` (all axes when None); fp16/bf16 accumulate in fp32."""
+    """Sum along ``axis`` (all axes when None, giving a scalar); fp16/bf16 accumulate in fp32
+    and round back, int8 sums are int32; the order of the additions is unspecified."""
 
-@builtin("tl.max")
+@_builtin("tl.max")
 def max(t, axis=None):
-    """Maximum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
+    """Maximum along ``axis``; NaN elements are skipped (NaN only if all are NaN); fp16/bf16
+    give fp32 and int8 gives int32, as Triton's reduction widens them."""
 
-@builtin("tl.min")
+@_builtin("tl.min")
 def min(t, axis=None):
-    """Minimum along ``axis``; NaN elements are skipped (NaN only if all are NaN)."""
+    """Minimum along ``axis``; NaN elements are skipped (NaN only if all are NaN); fp16/bf16
+    give fp32 and int8 gives int32."""
 
-@builtin("tl.argmax")
+@_builtin("tl.argmax")
 def argmax(t, axis):
-    """Index of the maximum along ``axis`` (the first one on ties), int32."""
+    """Index of the maximum along ``axis`` (the first one on ties), int32; NaN elements are
+    skipped (0 if all are NaN)."""
 
-@builtin("tl.argmin")
+@_builtin("tl.argmin")
 def argmin(t, axis):
-    """Index of the minimum along ``axis`` (the first one on ties), int32."""
+    """Index of the minimum along ``axis`` (the first one on ties), int32; NaN elements are
+    skipped (0 if all are NaN)."""
 
 
 # ---- matrix products -------------------------------------------------------------------------
 
-@builtin("tl.dot")
+@_builtin("tl.dot")
 def mma(a, b, acc):
-    """``acc + a @ b`` with fp32 accumulation; ``a`` is (M, K), ``b`` (K, N), ``acc`` (M, N).
+    """``acc + a @ b``; ``a`` is (M, K), ``b`` (K, N), ``acc`` (M, N), K at least 16.
 
-    fp32 operands use TF32 on the GPU, as Triton's ``tl.dot`` does by default.
+    fp16, bf16 and fp32 operands accumulate in an fp32 ``acc``, int8 operands (K at least 32)
+    in an int32 one. fp32 operands use TF32 on the GPU, as Triton's ``tl.dot`` does by default.
     """
 
-@builtin("tl.dot")
+@_builtin("tl.dot")
 def matmul(a, b):
     """``a @ b`` as an fp32 tile (int32 for int8 operands)."""
 
 
 # ---- shape ---------------------------------------------------------------------------------
 
-@builtin("tl.reshape")
+@_builtin("tl.reshape")
 def reshape(t, shape):
     """Same elements in row-major order, new shape (sizes must be powers of two)."""
 
-@builtin("tl.broadcast_to")
+@_builtin("tl.broadcast_to")
 def broadcast_to(t, shape):
     """Broadcast ``t`` to ``shape`` (size-1 axes stretch)."""
 
-@builtin("tl.permute")
+@_builtin("tl.permute")
 def permute(t, dims):
     """Reorder axes: result axis i is input axis ``dims[i]``."""
 
-@builtin("tl.trans")
+@_builtin("tl.trans")
 def transpose(t):
     """Swap the two axes of a 2-D tile (also written ``t.T``)."""
 
 
 # ---- construction and program geometry -------------------------------------------------------
 
-@builtin("tl.arange")
+@_builtin("tl.arange")
 def arange(n):
     """``[0, 1, ..., n-1]`` as an int32 tile; ``n`` a compile-time power of two."""
 
-@builtin("tl.full")
+@_builtin("tl.full")
 def full(shape, value, dtype):
-    """A tile of ``shape`` filled with ``value``."""
+    """A tile of ``shape`` filled with ``value``: a compile-time value of ``dtype`` (an int
+    in range for int dtypes), or a runtime scalar, converted as ``astype`` converts."""
 
-@builtin("tl.zeros")
+@_builtin("tl.zeros")
 def zeros(shape, dtype):
     """A tile of ``shape`` filled with zeros."""
 
-@builtin("tl.program_id")
+@_builtin("tl.program_id")
 def bid(axis):
     """This program's index along launch axis ``axis`` (safe launches are 1-D: use 0)."""
 
-@builtin("tl.num_programs")
+@_builtin("tl.num_programs")
 def num_blocks(axis):
     """How many programs the launch has along ``axis``."""
 
-@builtin("tl.cdiv")
+@_builtin("tl.cdiv")
 def cdiv(a, b):
-    """Ceiling division of integers."""
+    """Ceiling division of integers: ``-(-a // b)`` with Python's floor division, for
+    runtime values as for compile-time ones."""
 
 
 # ---- unsafe: raw pointers (only in @st.kernel(unsafe=True); offsets are element offsets) -----
 
-@builtin("_st_load_ptr", unsafe=True)
+@_builtin("_st_load_ptr", unsafe=True)
 def load_ptr(p, offsets, mask=None, other=0):
     """Load ``p[offsets]``; masked-off lanes read ``other``."""
 
-@builtin("_st_store_ptr", unsafe=True)
+@_builtin("_st_store_ptr", unsafe=True)
 def store_ptr(p, offsets, value, mask=None):
     """Store ``value`` at ``p[offsets]``: the destination is chosen freely, hence unsafe."""
 
-@builtin("_st_atomic_add", unsafe=True, atomic=True)
+@_builtin("_st_atomic_add", unsafe=True, atomic=True)
 def atomic_add(p, offsets, value, mask=None):
     """Atomically add ``value`` at ``p[offsets]``; returns the old values."""

@@ -2,12 +2,15 @@
 
 ``st.In[...]``, ``st.Out[...]`` and ``st.Ptr[...]`` annotations make the parameter one of
 these views. The classes are never instantiated: the CPU executor and the code generator each
-supply their own implementation of the same methods. Tiles (what loads and ``sl.*`` return)
-are typed ``Any``: their arithmetic is checked when the kernel is defined and run.
+supply their own implementation of the same methods. They are also the list the checker
+holds kernel code to (``methods``, ``attributes``: nothing else may be called or read on a
+view). Tiles (what loads and ``sl.*`` return) are typed ``Any``: their arithmetic is checked
+when the kernel is defined and run.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import inspect
+from typing import Any, Callable, Iterator, Sequence
 
 Index = Sequence[Any]          # a tuple of ints or scalar tiles, one per axis
 Shape = Sequence[int]          # a tuple of compile-time powers of two, one per axis
@@ -75,8 +78,9 @@ class OutView:
 
         The one conversion of the kernel language happens here: the tile is converted to the
         Out's element type as ``tile.astype(dtype)`` would (an fp32 tile stored into a bf16
-        Out rounds to nearest even; a float into an int Out truncates toward zero). Write
-        ``z.store(t.astype(st.bf16))`` to make a narrowing store visible in the code."""
+        Out rounds to nearest even); a float tile stored into an int Out is refused (convert
+        it with ``.astype``). Write ``z.store(t.astype(st.bf16))`` to make a narrowing store
+        visible in the code."""
         raise NotImplementedError
 
     def partition(self, sub_shape: Shape) -> SubTiles:
@@ -92,3 +96,22 @@ class OutView:
 class PtrView:
     """An ``st.Ptr`` parameter ``p`` (``unsafe=True`` kernels only): the whole tensor as a raw
     pointer, reached with ``sl.load_ptr``, ``sl.store_ptr`` and ``sl.atomic_add``."""
+
+
+def methods(view: type) -> frozenset:
+    """The names of the methods ``view`` declares."""
+    return frozenset(n for n, v in vars(view).items() if inspect.isfunction(v)
+                     and not n.startswith("_"))
+
+
+def attributes(view: type) -> frozenset:
+    """The names of the attributes ``view`` declares."""
+    return frozenset(vars(view).get("__annotations__", {}))
+
+
+def parameter_position(fn: Callable, names: tuple) -> tuple[int, str]:
+    """``(position, name)`` of the first parameter of ``fn`` named one of ``names``, its
+    position counted as a call passes it (a method's ``self`` not counted)."""
+    params = [p for p in inspect.signature(fn).parameters if p != "self"]
+    name = next(p for p in params if p in names)
+    return params.index(name), name

@@ -27,7 +27,16 @@ import torch
 
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, GraphCaptureError
-from .tensor import Tensor, _shape_tuple
+from .tensor import Tensor
+from .tensor import _shape_tuple as _any_shape
+
+
+def _shape_tuple(shape) -> tuple:
+    """An allocation's shape: ints, none negative."""
+    dims = _any_shape(shape)
+    if any(d < 0 for d in dims):
+        raise ArgumentError(f"shape {dims} has a negative dimension")
+    return dims
 
 __all__ = ["default_device", "zeros", "ones", "full", "empty", "arange", "randn",
            "from_torch", "from_numpy", "from_dlpack", "forbid_allocation",
@@ -50,7 +59,26 @@ def default_device() -> torch.device:
 
 
 def _device(device) -> torch.device:
-    return default_device() if device is None else torch.device(device)
+    if device is None:
+        return default_device()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ArgumentError(f"device {device!r} is not a device: {e}") from None
+
+
+@contextlib.contextmanager
+def _typed(what: str):
+    """torch's errors for bad arguments (an unrepresentable fill value, a zero step, a string
+    array) become ``ArgumentError``s naming the call; running out of memory stays what it is."""
+    try:
+        yield
+    except ArgumentError:
+        raise
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:
+        raise ArgumentError(f"{what}: {e}") from None
 
 
 def _torch_dtype(dtype, default: _dtypes.DType = _dtypes.float32) -> torch.dtype:
@@ -112,29 +140,33 @@ def _guard(fn: str) -> None:
 def empty(shape, dtype=_dtypes.float32, device=None) -> Tensor:
     """An uninitialized Tensor (contents are arbitrary)."""
     _guard("empty")
-    return Tensor._wrap(torch.empty(_shape_tuple(shape), dtype=_torch_dtype(dtype),
-                                    device=_device(device)))
+    with _typed("st.empty"):
+        return Tensor._wrap(torch.empty(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                        device=_device(device)))
 
 
 def zeros(shape, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor of zeros (``dtype`` defaults to ``st.float32``)."""
     _guard("zeros")
-    return Tensor._wrap(torch.zeros(_shape_tuple(shape), dtype=_torch_dtype(dtype),
-                                    device=_device(device)))
+    with _typed("st.zeros"):
+        return Tensor._wrap(torch.zeros(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                        device=_device(device)))
 
 
 def ones(shape, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor of ones (``dtype`` defaults to ``st.float32``)."""
     _guard("ones")
-    return Tensor._wrap(torch.ones(_shape_tuple(shape), dtype=_torch_dtype(dtype),
-                                   device=_device(device)))
+    with _typed("st.ones"):
+        return Tensor._wrap(torch.ones(_shape_tuple(shape), dtype=_torch_dtype(dtype),
+                                       device=_device(device)))
 
 
 def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor filled with ``value`` (``dtype`` defaults to ``st.float32``)."""
     _guard("full")
-    return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=_torch_dtype(dtype),
-                                   device=_device(device)))
+    with _typed("st.full"):
+        return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=_torch_dtype(dtype),
+                                       device=_device(device)))
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
@@ -149,8 +181,9 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
         all_int = all(isinstance(v, int) and not isinstance(v, bool)
                       for v in (start, stop, step))
         dtype = _dtypes.int64 if all_int else _dtypes.float32
-    return Tensor._wrap(torch.arange(start, stop, step, dtype=_torch_dtype(dtype),
-                                     device=_device(device)))
+    with _typed("st.arange"):
+        return Tensor._wrap(torch.arange(start, stop, step, dtype=_torch_dtype(dtype),
+                                         device=_device(device)))
 
 
 def randn(shape, dtype=_dtypes.float32, device=None, seed: int | None = None) -> Tensor:
@@ -166,10 +199,12 @@ def randn(shape, dtype=_dtypes.float32, device=None, seed: int | None = None) ->
     dev = _device(device)
     gen = None
     if seed is not None:
-        gen = torch.Generator(device=dev)
-        gen.manual_seed(seed)
-    return Tensor._wrap(torch.randn(_shape_tuple(shape), dtype=tdt, device=dev,
-                                    generator=gen))
+        with _typed("st.randn"):
+            gen = torch.Generator(device=dev)
+            gen.manual_seed(seed)
+    with _typed("st.randn"):
+        return Tensor._wrap(torch.randn(_shape_tuple(shape), dtype=tdt, device=dev,
+                                        generator=gen))
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,9 +230,10 @@ def from_numpy(a, device=None) -> Tensor:
     """
     _guard("from_numpy")
     import numpy as np
-    arr = np.asarray(a)
-    t = torch.from_numpy(np.array(arr, copy=True, order="C"))
-    _dtypes.from_torch(t.dtype)                          # TypeError if unsupported
+    with _typed("st.from_numpy"):
+        arr = np.asarray(a)
+        t = torch.from_numpy(np.array(arr, copy=True, order="C"))
+    _dtypes.from_torch(t.dtype)                          # ArgumentError if unsupported
     dev = _device(device)
     return Tensor._wrap(t.to(dev) if dev.type != "cpu" else t)
 
@@ -207,4 +243,6 @@ def from_dlpack(x) -> Tensor:
 
     As with :func:`from_torch`, the producer's own references still alias the memory.
     """
-    return Tensor._wrap(torch.from_dlpack(x))
+    with _typed("st.from_dlpack"):
+        t = torch.from_dlpack(x)
+    return Tensor._wrap(t)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import MovedError
+from ..errors import CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED"]
 
@@ -40,7 +40,26 @@ RELEASED = "released"
 _DEFAULT_HINT = "use the value it hands back (the results of op.sync() or await op)"
 
 
-class Handle:
+class NoCopies:
+    """``copy``, ``deepcopy`` and ``pickle`` refuse (``_refuse_copy`` says why): a copy of
+    a handle or an operation would be an owner that the ownership rules do not count."""
+
+    __slots__ = ()
+
+    def _refuse_copy(self, how: str):
+        raise NotImplementedError
+
+    def __copy__(self):
+        self._refuse_copy("copied")
+
+    def __deepcopy__(self, memo):
+        self._refuse_copy("deep-copied")
+
+    def __reduce_ex__(self, protocol):
+        self._refuse_copy("pickled")
+
+
+class Handle(NoCopies):
     """Base class of host handles with a live / moved / released state.
 
     Subclasses implement :meth:`_describe` (a short description such as
@@ -63,6 +82,13 @@ class Handle:
     def _describe(self) -> str:
         """A short description used in messages; must not call ``_check``."""
         return type(self).__name__
+
+    # -- no copies (a Shared copy would let try_unwrap succeed while it lives; a Tensor copy
+    # would own storage twice) -----------------------------------------------------------------
+    _COPY_HINT = "a handle has one owner"
+
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self._describe()} cannot be {how}: {self._COPY_HINT}")
 
     # -- state queries / changes --------------------------------------------------------------
     def _is_live(self) -> bool:

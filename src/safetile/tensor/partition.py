@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, PartitionError
+from ..lang.semantics import MAX_DIM, MAX_PROGRAMS, MAX_TILE_ELEMENTS
 from .ownership import LOCK, Handle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -169,10 +170,32 @@ def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
                 f"tile_shape {tiles}: dim {i} is {d}, but GPU tile sizes must be positive "
                 f"powers of two (e.g. {lo} or {lo * 2}); tiles need not divide the tensor, "
                 f"edge tiles are masked")
+    n = 1
+    for d in tiles:
+        n *= d
+    if n > MAX_TILE_ELEMENTS:
+        raise PartitionError(
+            f"tile_shape {tiles} has {n} elements, over Triton's limit of {MAX_TILE_ELEMENTS} "
+            f"elements per tile; use smaller tiles")
+    for i, d in enumerate(shape):
+        if d > MAX_DIM:
+            raise PartitionError(
+                f"dimension {i} of shape {shape} is {d}, over the {MAX_DIM} elements a "
+                f"kernel's int32 coordinates address exactly; split the tensor into views")
     grid = tuple(_cdiv(n, t) for n, t in zip(shape, tiles))
     if order not in ORDERS:
         raise PartitionError(f"order must be one of {ORDERS}, got {order!r}")
-    return tiles, ProgramOrder(order, group_size, grid, persistent)
+    po = ProgramOrder(order, group_size, grid, persistent)
+    tiles_n = po.num_tiles
+    if po.num_programs > MAX_PROGRAMS:
+        raise PartitionError(
+            f"tile_shape {tiles} makes {tiles_n} tiles, over the {MAX_PROGRAMS} programs one "
+            f"launch may have; use larger tiles or persistent=")
+    if persistent is not None and tiles_n + po.num_programs > 2**31:
+        raise PartitionError(
+            f"{tiles_n} tiles walked by {po.num_programs} persistent programs: a program's "
+            f"tile counter would pass the int32 range; use larger tiles")
+    return tiles, po
 
 
 class Partition(Handle):
@@ -183,6 +206,7 @@ class Partition(Handle):
     """
 
     __slots__ = ("_tensor", "_tile_shape", "_order")
+    _COPY_HINT = "it owns its tensor: unpartition() it and partition a copy of the data"
 
     def __init__(self, *args, **kwargs):
         raise ArgumentError("make a Partition with tensor.partition(tile_shape)")

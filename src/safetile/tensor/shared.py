@@ -60,6 +60,7 @@ class Shared(Handle):
     """
 
     __slots__ = ("_core",)
+    _COPY_HINT = "make another counted read handle with shared.clone()"
 
     def __init__(self, *args, **kwargs):
         raise ArgumentError("make a Shared value with tensor.share()")

@@ -35,11 +35,14 @@ __all__ = ["Tensor"]
 def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     """Normalize an int or a sequence of ints to a tuple of ints (TypeError otherwise)."""
     if isinstance(shape, (int,)) and not isinstance(shape, bool):
-        return (shape,)
+        shape = (shape,)
     try:
-        return tuple(operator.index(d) for d in shape)
+        dims = tuple(operator.index(d) for d in shape)
     except TypeError:
         raise ArgumentError(f"{what} must be an int or a sequence of ints, got {shape!r}") from None
+    if any(isinstance(d, bool) for d in shape):
+        raise ArgumentError(f"{what} must be ints, got {shape!r}")
+    return dims
 
 
 def _to_numpy(t: torch.Tensor):
@@ -62,6 +65,8 @@ class Tensor(Handle):
     """
 
     __slots__ = ("_torch",)
+    _COPY_HINT = ("a Tensor owns its storage: copy the data with st.from_torch(t.to_torch()), "
+                  "or make a zero-copy view with t.view(...) / t.slice(...)")
 
     def __init__(self, *args, **kwargs):
         raise ArgumentError("st.Tensor is not constructed directly: use st.zeros/empty/randn/..., "

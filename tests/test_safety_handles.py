@@ -1,0 +1,149 @@
+"""Handles and operations cannot be copied, and nothing is lost when something fails.
+
+Copies of a handle or an op would be owners the ownership rules do not count (a copied
+Shared let try_unwrap succeed while the copy lived; a copied op ran a kernel twice and
+brought a consumed Partition back). Every refused launch and every failed execution hands
+each value it took back, usable, as ``error.recovered``, including values made for the call
+(an inline ``t.partition(...)``); a cancelled ``await`` raises once the work is complete,
+with the op's output as ``error.recovered``.
+"""
+import asyncio
+import copy
+import pickle
+
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+from safetile.device import aio
+from support import add, cpu_executor, no_leftover_holds, vec
+
+_cpu = cpu_executor(seed=0)
+_holds = no_leftover_holds()
+
+
+def _op():
+    return add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+
+
+@pytest.mark.parametrize("make,hint", [
+    (lambda: st.zeros((2,)), "st.from_torch(t.to_torch())"),
+    (lambda: st.zeros((2,)).share(), "shared.clone()"),
+    (lambda: st.zeros((2,)).partition((2,)), "unpartition()"),
+    (_op, "Build the operation again"),
+    (lambda: _op().then(lambda x, y, z: add(x, y, z)), "Build the operation again"),
+    (lambda: st.zip(_op(), _op()), "Build the operation again"),
+], ids=["tensor", "shared", "partition", "kernel-op", "then", "zip"])
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps],
+                         ids=["copy", "deepcopy", "pickle"])
+def test_handles_and_ops_cannot_be_copied_or_pickled(make, hint, how):
+    value = make()
+    with pytest.raises(st.errors.CopyError, match="cannot be") as e:
+        how(value)
+    assert hint in str(e.value)
+    assert isinstance(e.value, TypeError)
+    if isinstance(value, st.DeviceOp):
+        value.sync()                              # the original still runs (and does not warn)
+
+
+def test_a_shared_value_is_unwrapped_only_when_its_counted_handles_are_gone():
+    s = st.zeros((2,)).share()
+    c = s.clone()
+    with pytest.raises(st.BorrowError):
+        s.try_unwrap()
+    c.release()
+    assert s.try_unwrap().shape == (2,)
+
+
+def test_a_refused_launch_moves_nothing_and_hands_the_inline_partition_back():
+    x = st.zeros((8,))
+    with pytest.raises(st.AliasError) as e:
+        add(x.view(8), x.view(8), x.view(8).partition((4,)))
+    xs, ys, zs = e.value.recovered
+    assert zs.unpartition().shape == (8,)           # the inline partition is usable
+    assert xs.shape == (8,) and ys.shape == (8,)
+
+
+def test_a_launch_refused_by_the_type_check_hands_its_arguments_back():
+    @st.kernel
+    def odd(x: st.In[st.f32], z: st.Out[st.f32], n: st.Const[int]):
+        z.store(x.load((0,), (n,)))
+    with pytest.raises(st.KernelDefinitionError) as e:
+        odd(st.zeros((4,)), st.zeros((4,)).partition((4,)), 3)
+    assert e.value.recovered[1].unpartition().shape == (4,)
+
+
+@st.kernel
+def sub_at(j: st.In[st.i32], z: st.Out[st.f32]):
+    z.store(sl.zeros(z.shape, st.f32))
+    z.partition((2,)).store(sl.full((2,), 1.0, st.f32), (j.load_scalar((0,)),))
+
+
+def _failing():
+    return sub_at(st.from_torch(torch.tensor([9], dtype=torch.int32)),
+                  st.empty((4,)).partition((4,)))
+
+
+def test_a_failed_zip_hands_back_every_value_of_every_op():
+    first = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    later = add(vec(1, 1), vec(1, 1), st.empty((2,)).partition((2,)))
+    with pytest.raises(st.OutOfBoundsError) as e:
+        st.zip(first, _failing(), later).sync()
+    done, failed, never = e.value.recovered
+    assert done[2].unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert failed[1].unpartition().shape == (4,)
+    assert never[2].unpartition().shape == (2,)
+
+
+def test_a_zip_refused_when_built_hands_back_every_value_it_took():
+    first = _op()
+    with pytest.raises(st.ExecutionError) as e:
+        st.zip(first, "not an op")
+    (x, y, z), other = e.value.recovered
+    assert other == "not an op"
+    assert x.to_torch().tolist() == [1.0, 2.0] and z.unpartition().shape == (2,)
+
+
+def test_values_moved_into_an_op_by_a_failing_then_callback_come_back():
+    def builds_then_fails(x, y, z):
+        add(x, y, z)                                # moves x, y, z into an op ...
+        raise ValueError("the callback fails")       # ... that will never run
+
+    with pytest.raises(ValueError) as e:
+        _op().then(builds_then_fails).sync()
+    x, y, z = e.value.recovered
+    assert x.shape == (2,) and z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+def test_a_cancelled_await_raises_once_the_work_is_done_with_the_values():
+    seen = {}
+
+    async def waiter(op):
+        try:
+            await op
+        except asyncio.CancelledError as e:
+            seen["recovered"] = e.recovered
+            raise
+
+    async def main():
+        task = asyncio.ensure_future(waiter(_op()))
+        await asyncio.sleep(0)                      # the op is submitted
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    x, y, z = seen["recovered"]
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert x.shape == (2,)
+
+
+def test_a_cancelled_submit_future_gives_its_output_through_recovered():
+    async def main():
+        fut = st.submit(_op())
+        fut.cancel()
+        return await aio.recovered(fut)
+
+    x, y, z = asyncio.run(main())
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
