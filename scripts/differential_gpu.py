@@ -34,7 +34,7 @@ def run(n: int, seed: int = 0, directory: Path | None = None, quiet: bool = Fals
         case_seed = rng.randrange(2**31)
         case = dc.build(case_seed, rng.choice([1, 2]), rng.randint(1, 3), rng.randint(2, 5),
                         rng.randint(1, 3))
-        kernel = dc.kernel_of(case, directory, f"gpu_case_{case_seed}")
+        kernel = dc.kernel_of(case, directory, f"case_{case_seed}")
         ni, no = len(case.inputs), len(case.exprs)
         try:
             want = be.run_cpu(kernel, dc.arguments(case), ni, no)

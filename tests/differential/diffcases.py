@@ -286,7 +286,7 @@ def build(seed: int, rank: int, n_inputs: int, n_exprs: int, depth: int) -> Case
     case = Case(rank, tile, shape, inputs, n=rng.choice(INT_EDGES), s=rng.choice(FLOAT_EDGES),
                 c=c, f=f, data_seed=rng.randrange(2**31))
     case.exprs = [b.root(depth) for _ in range(n_exprs)]
-    case.source = source(case, f"case_{seed}")
+    case.source = source(case, f"case_{seed}")  # kernel_of imports this name
     return case
 
 
