@@ -17,6 +17,8 @@ from typing import ClassVar
 import torch
 
 from ..errors import ArgumentError
+from .interpret import executor as _interpret
+from .triton import launch as _triton
 
 BACKENDS = ("triton", "interpret")
 
@@ -45,12 +47,10 @@ class Triton(Backend):
     device_kind = "cuda"
 
     def execute(self, op, stream: int) -> None:
-        from .triton.launch import launch
-        launch(op, stream)
+        _triton.launch(op, stream)
 
     def prepare(self, op) -> None:
-        from .triton.launch import prepare
-        prepare(op)
+        _triton.prepare(op)
 
 
 class Interpret(Backend):
@@ -59,8 +59,7 @@ class Interpret(Backend):
     host_bound = True
 
     def execute(self, op, stream: int) -> None:
-        from .interpret.executor import run
-        run(op.kernel, op.bound, op.grid, self.seed)
+        _interpret.run(op.kernel, op.bound, op.grid, self.seed)
 
 
 _KINDS = {"triton": Triton, "interpret": Interpret}
