@@ -138,15 +138,15 @@ def test_a_repeat_launch_with_the_same_handles_still_checks_ownership():
 def test_an_empty_triton_hook_chain_counts_as_no_hook():
     import triton
     rt = triton.knobs.runtime
-    assert launcher._no_hook(None)
-    assert launcher._no_hook(rt.launch_enter_hook) == (not rt.launch_enter_hook.calls)
+    assert not rt.launch_enter_hook.calls and not rt.launch_exit_hook.calls
+    assert not launcher._hooked()
 
     def hook(metadata):
         pass
 
     rt.launch_enter_hook.add(hook)
     try:
-        assert not launcher._no_hook(rt.launch_enter_hook)
+        assert launcher._hooked()
     finally:
         rt.launch_enter_hook.remove(hook)
 

@@ -3,7 +3,9 @@
 A registry is a set of holds (``borrows.Hold``) with their byte extents, scanned directly
 while only a few are in flight; beyond :data:`SMALL` holds it also keeps an address index (a
 hierarchical grid, :class:`Index`), so that checking a new launch against thousands of
-in-flight holds looks only at the extents near its own bytes. The caller (``borrows``) holds
+in-flight holds looks only at the extents near its own bytes. A second index holds only the
+held writes: a new read can conflict only with a write, so a read (most arguments, and the
+long-lived borrows of ``Shared`` values are all reads) never walks the held reads. The caller (``borrows``) holds
 ``LOCK`` around every call.
 """
 from __future__ import annotations
@@ -48,6 +50,21 @@ class Index:
         else:
             bucket.append((e, hold))
 
+    def remove(self, e: Extent, hold: "Hold") -> None:
+        levels = self.levels
+        c = (e.hi - e.lo - 1).bit_length()
+        level = levels[c]
+        key = e.lo >> c
+        bucket = level[key]
+        if len(bucket) == 1:
+            del level[key]
+            if not level:
+                del levels[c]
+            return
+        for i, entry in enumerate(bucket):
+            if entry[0] is e and entry[1] is hold:
+                del bucket[i]
+                return
 
     def near(self, lo: int, hi: int):
         """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
@@ -67,11 +84,12 @@ class Index:
 class Registry:
     """The holds in flight on one device (guarded by ``LOCK``)."""
 
-    __slots__ = ("holds", "index")
+    __slots__ = ("holds", "index", "writes")
 
     def __init__(self):
         self.holds: dict[Hold, tuple] = {}    # hold -> its extents on this device
-        self.index: Index | None = None      # kept while more than SMALL holds are in flight
+        self.index: Index | None = None      # every held extent, while more than SMALL holds
+        self.writes: Index | None = None     # the held write extents, alongside ``index``
 
     def near(self, lo: int, hi: int):
         """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
@@ -94,6 +112,8 @@ class Registry:
                     if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
                         return e, h
             return None
+        if not write:
+            index = self.writes
         for c, level in index.levels.items():
             first, last = (lo >> c) - 1, (hi - 1) >> c
             if last - first < len(level):
@@ -102,13 +122,13 @@ class Registry:
                     bucket = get(b)
                     if bucket is not None:
                         for e, h in bucket:
-                            if (write or e.write) and e.lo < hi and lo < e.hi and \
+                            if e.lo < hi and lo < e.hi and \
                                     (owner is None or h.owner is not owner) and _overlap(x, e):
                                 return e, h
             else:
                 for bucket in level.values():
                     for e, h in bucket:
-                        if (write or e.write) and e.lo < hi and lo < e.hi and \
+                        if e.lo < hi and lo < e.hi and \
                                 (owner is None or h.owner is not owner) and _overlap(x, e):
                             return e, h
         return None
@@ -125,43 +145,28 @@ class Registry:
         self.holds[hold] = extents
         index = self.index
         if index is not None:
-            levels = index.levels                 # Index.add, inlined (per launch)
+            writes = self.writes
             for e in extents:
-                c = (e.hi - e.lo - 1).bit_length()
-                level = levels.get(c)
-                if level is None:
-                    level = levels[c] = {}
-                key = e.lo >> c
-                bucket = level.get(key)
-                if bucket is None:
-                    level[key] = [(e, hold)]
-                else:
-                    bucket.append((e, hold))
+                index.add(e, hold)
+                if e.write:
+                    writes.add(e, hold)
         elif len(self.holds) > SMALL:
-            self.index = index = Index()
+            self.index, self.writes = index, writes = Index(), Index()
             for h, held in self.holds.items():
                 for e in held:
                     index.add(e, h)
+                    if e.write:
+                        writes.add(e, h)
 
     def remove(self, hold: "Hold") -> None:
         extents = self.holds.pop(hold)
         index = self.index
         if index is not None:
             if not self.holds:
-                self.index = None
+                self.index = self.writes = None
                 return
-            levels = index.levels                 # the extents leave their buckets (per hand-back)
+            writes = self.writes
             for e in extents:
-                c = (e.hi - e.lo - 1).bit_length()
-                level = levels[c]
-                key = e.lo >> c
-                bucket = level[key]
-                if len(bucket) == 1:
-                    del level[key]
-                    if not level:
-                        del levels[c]
-                    continue
-                for i, entry in enumerate(bucket):
-                    if entry[0] is e and entry[1] is hold:
-                        del bucket[i]
-                        break
+                index.remove(e, hold)
+                if e.write:
+                    writes.remove(e, hold)

@@ -72,8 +72,7 @@ def launch(op, stream: int) -> None:
     """Launch the checked ``op`` on the raw stream handle ``stream`` (without programmatic
     dependent launch when ``op.serial``)."""
     d = op.plan.gpu or _direct(op)
-    rt = _runtime()
-    if d.c_launch is not None and _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
+    if d.c_launch is not None and not _hooked():
         gx, gy, gz = d.grid
         d.c_launch(gx, gy, gz, stream, *(d.serial_tail if op.serial else d.tail))
         return
@@ -97,7 +96,7 @@ def _launch_general(compiled, grid, stream: int, args, serial: bool = False) -> 
     gx = grid[0]
     gy = grid[1] if len(grid) > 1 else 1
     gz = grid[2] if len(grid) > 2 else 1
-    if _no_hook(rt.launch_enter_hook) and _no_hook(rt.launch_exit_hook):
+    if not _hooked():
         run(gx, gy, gz, stream, compiled.function, compiled.packed_metadata, None, None, None,
             *args)
     else:
@@ -135,8 +134,11 @@ def _hook_chain() -> type:
     return HookChain
 
 
-def _no_hook(hook) -> bool:
-    """Triton 3.6 keeps launch hooks in ``HookChain`` objects that are never None; an empty
-    chain is no hook, and passing None spares the launcher two Python calls per launch and
-    the launch-metadata dict."""
-    return hook is None or (type(hook) is _hook_chain() and not hook.calls)
+def _hooked() -> bool:
+    """Whether a launch enter or exit hook is installed. Triton 3.6 keeps launch hooks in
+    ``HookChain`` objects that are never None: an empty chain is no hook, and launching
+    without one spares the launcher two Python calls and the launch-metadata dict."""
+    rt = _runtime()
+    enter, leave, chain = rt.launch_enter_hook, rt.launch_exit_hook, _hook_chain()
+    return not ((enter is None or (type(enter) is chain and not enter.calls)) and
+                (leave is None or (type(leave) is chain and not leave.calls)))
