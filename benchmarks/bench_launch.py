@@ -8,6 +8,8 @@ Scenarios (a tiny safe kernel: z = x + y on 1024 fp32 elements, one tile program
                  coroutines that each ``await op``: asyncio makes a Task per coroutine)
   submit_1000    the same ops as ``st.submit(op)`` futures, gathered directly (no Tasks)
   graph_replay   replay of a graph of 1000 recorded ops, per op (GPU only)
+  with_shared    sync_each while 400 ``Shared`` values of assorted sizes hold read borrows
+                 (as a model's weights do)
   construct      launch + hand-back, nothing enqueued; bare: ``op._execute`` alone
 and the peers: raw Triton ``kernel[grid](...)`` and ``torch.add(out=)``, each synced on its
 own and back to back. Every GPU variant's result is checked against torch before timing.
@@ -83,6 +85,14 @@ def scenarios(device: str, sync) -> tuple[dict, dict]:
         futs = [st.submit(add(*t)) for t in triples]
         triples[:] = await asyncio.gather(*futs)
 
+    held: list = []                   # made at the first run, kept: it runs last
+
+    def with_shared():
+        if not held:
+            held.extend(st.randn((1 << (8 + i % 12),), device=device).share()
+                        for i in range(400))
+        sync_each()
+
     def construct(iters=CHAIN):
         x, y, z = state["v"]
         for _ in range(iters):
@@ -101,7 +111,8 @@ def scenarios(device: str, sync) -> tuple[dict, dict]:
             "in_flight": (in_flight, CHAIN),
             "await_1000": (lambda: loop.run_until_complete(gather_tasks()), CHAIN),
             "submit_1000": (lambda: loop.run_until_complete(gather_futures()), CHAIN),
-            "construct": (construct, CHAIN), "bare": (bare, CHAIN)}, \
+            "construct": (construct, CHAIN), "bare": (bare, CHAIN),
+            "with_shared": (with_shared, CHAIN)}, \
         {"state": state, "triples": triples}
 
 
@@ -195,7 +206,8 @@ def run_gpu() -> int:
 
     for name, (fn, per) in fns.items():
         fn()
-        check(name, state["v"] if name in ("sync_each", "then_chain", "construct", "bare")
+        check(name, state["v"] if name in ("sync_each", "then_chain", "construct", "bare",
+                                           "with_shared")
               else triples[-1], torch.add)
         record(f"safetile {name}", median_us(fn, per))
 

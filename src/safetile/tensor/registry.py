@@ -39,32 +39,41 @@ class Index:
     def __init__(self):
         self.levels: dict[int, dict[int, list]] = {}     # c -> bucket -> [(extent, hold)]
 
-    def add(self, e: Extent, hold: "Hold") -> None:
-        c = (e.hi - e.lo - 1).bit_length()
-        level = self.levels.get(c)
-        if level is None:
-            level = self.levels[c] = {}
-        bucket = level.get(e.lo >> c)
-        if bucket is None:
-            level[e.lo >> c] = [(e, hold)]
-        else:
-            bucket.append((e, hold))
-
-    def remove(self, e: Extent, hold: "Hold") -> None:
+    def add(self, extents, hold: "Hold", writes_only: bool = False) -> None:
+        """File ``extents`` of ``hold`` (only the writes among them if ``writes_only``)."""
         levels = self.levels
-        c = (e.hi - e.lo - 1).bit_length()
-        level = levels[c]
-        key = e.lo >> c
-        bucket = level[key]
-        if len(bucket) == 1:
-            del level[key]
-            if not level:
-                del levels[c]
-            return
-        for i, entry in enumerate(bucket):
-            if entry[0] is e and entry[1] is hold:
-                del bucket[i]
-                return
+        for e in extents:
+            if writes_only and not e.write:
+                continue
+            c = (e.hi - e.lo - 1).bit_length()
+            level = levels.get(c)
+            if level is None:
+                level = levels[c] = {}
+            bucket = level.get(e.lo >> c)
+            if bucket is None:
+                level[e.lo >> c] = [(e, hold)]
+            else:
+                bucket.append((e, hold))
+
+    def remove(self, extents, hold: "Hold", writes_only: bool = False) -> None:
+        """Take ``extents`` of ``hold`` out (as ``add`` filed them)."""
+        levels = self.levels
+        for e in extents:
+            if writes_only and not e.write:
+                continue
+            c = (e.hi - e.lo - 1).bit_length()
+            level = levels[c]
+            key = e.lo >> c
+            bucket = level[key]
+            if len(bucket) == 1:
+                del level[key]
+                if not level:
+                    del levels[c]
+                continue
+            for i, entry in enumerate(bucket):
+                if entry[0] is e and entry[1] is hold:
+                    del bucket[i]
+                    break
 
     def near(self, lo: int, hi: int):
         """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
@@ -145,18 +154,13 @@ class Registry:
         self.holds[hold] = extents
         index = self.index
         if index is not None:
-            writes = self.writes
-            for e in extents:
-                index.add(e, hold)
-                if e.write:
-                    writes.add(e, hold)
+            index.add(extents, hold)
+            self.writes.add(extents, hold, True)
         elif len(self.holds) > SMALL:
             self.index, self.writes = index, writes = Index(), Index()
             for h, held in self.holds.items():
-                for e in held:
-                    index.add(e, h)
-                    if e.write:
-                        writes.add(e, h)
+                index.add(held, h)
+                writes.add(held, h, True)
 
     def remove(self, hold: "Hold") -> None:
         extents = self.holds.pop(hold)
@@ -165,8 +169,5 @@ class Registry:
             if not self.holds:
                 self.index = self.writes = None
                 return
-            writes = self.writes
-            for e in extents:
-                index.remove(e, hold)
-                if e.write:
-                    writes.remove(e, hold)
+            index.remove(extents, hold)
+            self.writes.remove(extents, hold, True)
