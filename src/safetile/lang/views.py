@@ -40,7 +40,8 @@ class InView:
 
     def prefetch(self, index: Index, shape: Shape) -> None:
         """A statement: an L2 prefetch hint for the tile ``load(index, shape)`` would read. It
-        delivers no value, so it cannot observe data or race."""
+        delivers no value, so it cannot observe data or race; under ``pdl=True`` leading
+        prefetches are issued before the wait for the previous grid."""
         raise NotImplementedError
 
 
