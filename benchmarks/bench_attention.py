@@ -43,7 +43,7 @@ DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # (num_splits, block_n, num_stages, pdl, trigger_early); None: the op's defaults. Earlier sweeps
-# (2026-11-30; results/attention_decode_sweep1.json, attention_prefetch.json): 4/5 stages, 32
+# (2026-11-30; results/archive/attention_decode_sweep1.json, results/attention_prefetch.json): 4/5 stages, 32
 # splits and 32-key blocks no faster; cyclic splits (the default) beat contiguous ones; L2
 # prefetch before the wait did not pay. Steady-state chains (this benchmark, 2026-11-30):
 # pdl with early reads of q, cache and length and both kernels signalling the next at their

@@ -1,16 +1,27 @@
-"""Per-op launch cost of safetile DeviceOps on the GPU, against raw Triton and torch eager.
+"""Per-op host cost of safetile DeviceOps, against raw Triton and torch eager, in one process.
 
-Variants (a tiny safe kernel: z = x + y on 1024 fp32 elements, one tile program):
+Scenarios (a tiny safe kernel: z = x + y on 1024 fp32 elements, one tile program):
   sync_each      each op synced on its own            x, y, z = add(x, y, z).sync()
   then_chain     a chain of 1000 ops built with then  (build + one sync) / 1000
+  in_flight      1000 independent ops built (their borrows all held), then each synced
   await_1000     1000 independent ops awaited concurrently in one event loop (gather of
                  coroutines that each ``await op``: asyncio makes a Task per coroutine)
   submit_1000    the same ops as ``st.submit(op)`` futures, gathered directly (no Tasks)
-  graph_replay   replay of a graph of 1000 recorded ops, per op
-and, in the same process, raw Triton ``kernel[grid](...)`` and torch eager ``torch.add(out=)``,
-each synced individually and back-to-back (1000 launches, one sync). Host-side parts of the
-safetile path are timed separately (launch construction + hand-back; the bare launcher).
-Every variant's result is checked against torch before timing. Writes results/launch.json.
+  graph_replay   replay of a graph of 1000 recorded ops, per op (GPU only)
+  with_shared    sync_each while 400 ``Shared`` values of assorted sizes hold read borrows
+                 (as a model's weights do)
+  construct      launch + hand-back, nothing enqueued; bare: ``op._execute`` alone
+and the peers: raw Triton ``kernel[grid](...)`` and ``torch.add(out=)``, each synced on its
+own and back to back. Every GPU variant's result is checked against torch before timing.
+
+Flags:
+  --cpu        the ``triton`` backend's host path on this machine, without a GPU
+               (``host_only.py``: a stand-in binary, nothing launched); peer: torch.add on
+               CPU tensors. Writes results/launch_cpu.json.
+  --breakdown  where a GPU launch's time goes, part by part (``launch_parts.py``)
+  --profile    cProfile of each scenario: the functions and source files a cached launch
+               enters, and the top entries by own time
+Writes results/launch.json (GPU) with ratios to torch.add, and a plot.
 """
 from __future__ import annotations
 
@@ -22,17 +33,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 import harness  # noqa: E402
 import safetile as st  # noqa: E402
 import safetile.lang as sl  # noqa: E402
-from safetile.device.op import RunContext  # noqa: E402
 
 N = 1024
 CHAIN = 1000
 REPEATS = 7
+SRC = str(Path(__file__).resolve().parent.parent / "src" / "safetile")
 
 
 @st.kernel
@@ -40,121 +49,177 @@ def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
     z.store(sl.load_like(x, z) + sl.load_like(y, z))
 
 
-@triton.jit
-def raw_add(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(z_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+def scenarios(device: str, sync) -> tuple[dict, dict]:
+    """The safetile scenarios on ``device`` (name -> (fn, ops per call)) and their state."""
+    def fresh():
+        return (st.randn((N,), device=device), st.randn((N,), device=device),
+                st.empty((N,), device=device).partition((N,)))
+    state = {"v": fresh()}
+    triples = [fresh() for _ in range(CHAIN)]
 
-
-def median_us(fn, per: int, repeats: int = REPEATS) -> float:
-    return harness.median_us(fn, per, repeats)
-
-
-def then_chain(state: dict) -> None:
-    """A chain of CHAIN adds built with ``then`` on ``state``'s x, y, z, and one sync."""
-    op = add(state["x"], state["y"], state["z"])
-    for _ in range(CHAIN - 1):
-        op = op.then(add)
-    x, y, z = op.sync()
-    state.update(x=x, y=y, z=z)
-
-
-def construct(state: dict, iters: int = 1000) -> None:
-    """``iters`` adds on ``state``'s x, y, z built and handed back, nothing enqueued."""
-    x, y, z = state["x"], state["y"], state["z"]
-    for _ in range(iters):
-        op = add(x, y, z)
-        op._take()
-        op._release()
-
-
-def check_ends(name: str, triples: list, want) -> None:
-    """Check the first and last of many (x, y, z) results against ``want``; z stays usable."""
-    for i in (0, len(triples) - 1):
-        x, y, z = triples[i]
-        zt = z.unpartition()
-        harness.check_close(name, zt.to_torch(), want, 0)
-        triples[i] = (x, y, zt.partition((N,)))
-
-
-def main() -> int:
-    torch.manual_seed(0)
-    xt, yt = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
-    want = xt + yt
-    rows, results = [], {}
-
-    def record(name, us, note=""):
-        results[name] = {"us_per_op": us, "note": note}
-        rows.append({"variant": name, "us_per_op": us, "note": note})
-
-    # ---- safetile: each op synced on its own --------------------------------------------
-    state = {"x": st.from_torch(xt.clone()), "y": st.from_torch(yt.clone()),
-             "z": st.empty((N,), device="cuda").partition((N,))}
-
-    def sync_each(iters=1000):
-        x, y, z = state["x"], state["y"], state["z"]
+    def sync_each(iters=CHAIN):
+        x, y, z = state["v"]
         for _ in range(iters):
             x, y, z = add(x, y, z).sync()
-        state.update(x=x, y=y, z=z)
+        state["v"] = (x, y, z)
 
-    sync_each(1)
-    zt = state["z"].unpartition()
-    harness.check_close("sync_each", zt.to_torch(), want, 0)
-    state["z"] = zt.partition((N,))
-    record("safetile sync_each", median_us(sync_each, 1000), "x,y,z = add(x,y,z).sync()")
+    def then_chain():
+        op = add(*state["v"])
+        for _ in range(CHAIN - 1):
+            op = op.then(add)
+        state["v"] = op.sync()
 
-    # ---- safetile: a chain of 1000 ops built with then ----------------------------------
-    then_chain(state)
-    zt = state["z"].unpartition()
-    harness.check_close("then_chain", zt.to_torch(), want, 0)
-    state["z"] = zt.partition((N,))
-    record("safetile then_chain", median_us(lambda: then_chain(state), CHAIN),
-           "build + sync of 1000 thens")
+    def in_flight():
+        ops = [add(*t) for t in triples]
+        for i, op in enumerate(ops):
+            triples[i] = op.sync()
 
-    # ---- safetile: 1000 independent ops awaited concurrently ----------------------------
-    triples = [(st.from_torch(xt.clone()), st.from_torch(yt.clone()),
-                st.empty((N,), device="cuda").partition((N,))) for _ in range(CHAIN)]
+    loop = asyncio.new_event_loop()
 
-    async def gather_all():
+    async def gather_tasks():
         async def one(i):
             triples[i] = await add(*triples[i])
         await asyncio.gather(*(one(i) for i in range(CHAIN)))
-
-    def await_1000():
-        asyncio.run(gather_all())
-
-    await_1000()
-    check_ends("await_1000", triples, want)
-    record("safetile await_1000", median_us(await_1000, CHAIN),
-           "asyncio.gather of 1000 coroutines, each `await op` (a Task per op; incl. loop start)")
 
     async def gather_futures():
         futs = [st.submit(add(*t)) for t in triples]
         triples[:] = await asyncio.gather(*futs)
 
-    def submit_1000():
-        asyncio.run(gather_futures())
+    held: list = []                   # made at the first run, kept: it runs last
 
-    submit_1000()
-    check_ends("submit_1000", triples, want)
-    record("safetile submit_1000", median_us(submit_1000, CHAIN),
-           "asyncio.gather of 1000 st.submit(op) futures (no Task per op; incl. loop start)")
+    def with_shared():
+        if not held:
+            held.extend(st.randn((1 << (8 + i % 12),), device=device).share()
+                        for i in range(400))
+        sync_each()
 
-    # ---- safetile: graph replay of 1000 recorded ops ------------------------------------
-    x, y, z = state["x"], state["y"], state["z"]
+    def construct(iters=CHAIN):
+        x, y, z = state["v"]
+        for _ in range(iters):
+            op = add(x, y, z)
+            op._take()
+            op._release()
+
+    def bare(iters=CHAIN):
+        op = add(*state["v"])
+        for _ in range(iters):
+            op._execute(0 if device == "cpu" else torch.cuda.current_stream().cuda_stream)
+        sync()
+        state["v"] = op.sync()
+
+    return {"sync_each": (sync_each, CHAIN), "then_chain": (then_chain, CHAIN),
+            "in_flight": (in_flight, CHAIN),
+            "await_1000": (lambda: loop.run_until_complete(gather_tasks()), CHAIN),
+            "submit_1000": (lambda: loop.run_until_complete(gather_futures()), CHAIN),
+            "construct": (construct, CHAIN), "bare": (bare, CHAIN),
+            "with_shared": (with_shared, CHAIN)}, \
+        {"state": state, "triples": triples}
+
+
+def torch_peers(device: str, sync) -> dict:
+    xt, yt, zt = (torch.randn(N, device=device) for _ in range(3))
+
+    def each():
+        for _ in range(CHAIN):
+            torch.add(xt, yt, out=zt)
+            sync()
+
+    def b2b():
+        for _ in range(CHAIN):
+            torch.add(xt, yt, out=zt)
+        sync()
+    return {"torch.add sync_each": (each, CHAIN), "torch.add back_to_back": (b2b, CHAIN)}
+
+
+def check(name: str, values, want) -> None:
+    x, y, z = values
+    harness.check_close(name, z._torch, want(x._torch, y._torch), 0)
+
+
+def profile(fns: dict) -> dict:
+    """Per scenario: calls and source files of src/safetile entered per op, top entries."""
+    import cProfile
+    import pstats
+    out = {}
+    for name, (fn, per) in fns.items():
+        fn()
+        prof = cProfile.Profile()
+        prof.runcall(fn)
+        stats = pstats.Stats(prof)
+        calls = sum(v[1] for v in stats.stats.values())            # primitive calls
+        ours = {k[0] for k in stats.stats if k[0].startswith(SRC)}
+        top = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:12]
+        out[name] = {"calls_per_op": round(calls / per, 1),
+                     "safetile_files": sorted(f[len(SRC) + 1:] for f in ours),
+                     "top_own_time": [f"{Path(k[0]).name}:{k[1]}({k[2]}) {v[1] / per:.1f}/op"
+                                      for k, v in top]}
+        print(f"{name}: {out[name]['calls_per_op']} calls/op, {len(ours)} safetile files")
+        for line in out[name]["top_own_time"]:
+            print("    " + line)
+    return out
+
+
+def run_cpu() -> int:
+    import host_only
+    host_only.install()
+    fns, _ = scenarios("cpu", lambda: None)
+    rows, results = [], {}
+    peers = torch_peers("cpu", lambda: None)
+    for name, (fn, per) in {**{f"safetile {k}": v for k, v in fns.items()}, **peers}.items():
+        results[name] = {"us_per_op": median_us(fn, per)}
+        rows.append({"variant": name, "us_per_op": results[name]["us_per_op"]})
+    payload = {"mode": "cpu host path (no kernel runs)", "n": N, "chain": CHAIN,
+               "repeats": REPEATS, "results": results}
+    if "--profile" in sys.argv:
+        payload["profile"] = profile({k: fns[k] for k in ("sync_each", "then_chain",
+                                                          "construct")})
+    path = harness.write_results("launch_cpu", payload)
+    harness.print_table(rows, ["variant", "us_per_op"])
+    print(f"wrote {path}")
+    return 0
+
+
+def median_us(fn, per: int) -> float:
+    return harness.median_us(fn, per, REPEATS)
+
+
+def run_gpu() -> int:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def raw_add(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(z_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m),
+                 mask=m)
+
+    torch.manual_seed(0)
+    sync = torch.cuda.synchronize
+    fns, st_state = scenarios("cuda", sync)
+    state, triples = st_state["state"], st_state["triples"]
+    results, rows = {}, []
+
+    def record(name, us, note=""):
+        results[name] = {"us_per_op": us, "note": note}
+        rows.append({"variant": name, "us_per_op": us, "note": note})
+
+    for name, (fn, per) in fns.items():
+        fn()
+        check(name, state["v"] if name in ("sync_each", "then_chain", "construct", "bare",
+                                           "with_shared")
+              else triples[-1], torch.add)
+        record(f"safetile {name}", median_us(fn, per))
+
+    x, y, z = state["v"]
     with st.graph_scope() as scope:
         for _ in range(CHAIN):
             x, y, z = scope.record(add(x, y, z))
     g = scope.graph
-
-    def replay():
-        g.launch().sync()
-
-    replay()
-    zt = z.unpartition()
-    harness.check_close("graph_replay", zt.to_torch(), want, 0)
-    record("safetile graph_replay", median_us(replay, CHAIN), "g.launch().sync() of 1000")
+    g.launch().sync()
+    harness.check_close("graph_replay", z._torch, x._torch + y._torch, 0)
+    record("safetile graph_replay", median_us(lambda: g.launch().sync(), CHAIN),
+           "g.launch().sync() of 1000")
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
     for _ in range(REPEATS):
@@ -164,86 +229,68 @@ def main() -> int:
         ev1.synchronize()
         gpu.append(ev0.elapsed_time(ev1) * 1e3 / CHAIN)
     record("graph_replay gpu time", statistics.median(gpu), "CUDA events around replay()")
-    state["z"] = zt.partition((N,))
 
-    # ---- host-side parts of the safetile path -------------------------------------------
-    record("host: launch() + hand-back", median_us(lambda: construct(state), 1000),
-           "checks, borrows, moves, KernelOp; nothing enqueued")
-    op = add(state["x"], state["y"], state["z"])
-    ctx = RunContext(torch.cuda.current_stream())
+    xt, yt, zr = (torch.randn(N, device="cuda") for _ in range(3))
 
-    def bare(iters=1000):
-        for _ in range(iters):
-            op._execute(ctx.handle)
-        torch.cuda.synchronize()
-
-    record("host: bare launcher back-to-back", median_us(bare, 1000),
-           "KernelOp._execute: variant + args + binary launch")
-    op.sync()
-
-    # ---- raw Triton and torch eager -----------------------------------------------------
-    zr = torch.empty(N, device="cuda")
-
-    def triton_each(iters=1000):
-        for _ in range(iters):
+    def triton_each():
+        for _ in range(CHAIN):
             raw_add[(1,)](xt, yt, zr, N, BLOCK=N)
-            torch.cuda.synchronize()
+            sync()
 
-    def triton_b2b(iters=1000):
-        for _ in range(iters):
+    def triton_b2b():
+        for _ in range(CHAIN):
             raw_add[(1,)](xt, yt, zr, N, BLOCK=N)
-        torch.cuda.synchronize()
+        sync()
+    peers = {"triton kernel[grid] sync_each": (triton_each, CHAIN),
+             "triton kernel[grid] back_to_back": (triton_b2b, CHAIN)}
+    for name, (fn, per) in {**peers, **torch_peers("cuda", sync)}.items():
+        record(name, median_us(fn, per))
 
-    def torch_each(iters=1000):
-        for _ in range(iters):
-            torch.add(xt, yt, out=zr)
-            torch.cuda.synchronize()
-
-    def torch_b2b(iters=1000):
-        for _ in range(iters):
-            torch.add(xt, yt, out=zr)
-        torch.cuda.synchronize()
-
-    for name, fn in [("triton kernel[grid] sync_each", triton_each),
-                     ("triton kernel[grid] back_to_back", triton_b2b),
-                     ("torch.add sync_each", torch_each), ("torch.add back_to_back", torch_b2b)]:
-        zr.zero_()
-        fn(1)
-        harness.check_close(name, zr, want, 0)
-        record(name, median_us(fn, 1000))
-
-    if "--profile" in sys.argv:           # where the host time goes, per variant
-        import cProfile
-        import io
-        import os
-        import pstats
-        report = io.StringIO()
-        for name, fn in [("sync_each", sync_each), ("then_chain", lambda: then_chain(state)),
-                         ("await_1000", await_1000), ("bare launcher", bare)]:
-            prof = cProfile.Profile()
-            if fn is bare:
-                op = add(state["x"], state["y"], state["z"])
-                prof.runcall(fn)
-                op.sync()
-            else:
-                prof.runcall(fn)
-            report.write(f"==== {name}\n")
-            pstats.Stats(prof, stream=report).sort_stats("tottime").print_stats(14)
-        out = Path(os.environ.get("OUT") or harness.RESULTS)
-        (out / "launch_profile.txt").write_text(report.getvalue())
-
-    targets = {"safetile sync_each": 12.0, "safetile then_chain": 5.0,
-               "safetile await_1000": 5.0, "safetile submit_1000": 5.0,
-               "safetile graph_replay": 1.0}
-    for name, t in targets.items():
-        results[name]["target_us"] = t
-        results[name]["meets_target"] = results[name]["us_per_op"] <= t
-    path = harness.write_results("launch", {"n": N, "chain": CHAIN, "repeats": REPEATS,
-                                            "results": results})
-    print(f"wrote {path}")
+    # The targets of the launch path, as ratios to torch.add in this very process.
+    eager, b2b = results["torch.add sync_each"]["us_per_op"], \
+        results["torch.add back_to_back"]["us_per_op"]
+    targets = {"safetile sync_each": (eager, 0.8), "safetile then_chain": (b2b, 1.0),
+               "safetile submit_1000": (b2b, 1.5), "safetile await_1000": (b2b, 2.0)}
+    for name, (peer, ratio) in targets.items():
+        r = results[name]
+        r["ratio_to_torch"] = r["us_per_op"] / peer
+        r["target_ratio"] = ratio
+        r["meets_target"] = r["ratio_to_torch"] <= ratio
+    results["safetile graph_replay"]["meets_target"] = \
+        results["safetile graph_replay"]["us_per_op"] <= 1.0
+    payload = {"n": N, "chain": CHAIN, "repeats": REPEATS, "results": results}
+    if "--breakdown" in sys.argv:
+        import launch_parts
+        payload["breakdown"] = launch_parts.breakdown(add, state, triples)
+    if "--profile" in sys.argv:
+        payload["profile"] = profile({k: fns[k] for k in ("sync_each", "then_chain",
+                                                          "submit_1000", "bare")})
+    path = harness.write_results("launch", payload)
+    plot(results)
     harness.print_table(rows, ["variant", "us_per_op", "note"])
+    print(f"wrote {path}")
     return 0
 
 
+def plot(results: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = [n for n in results if n != "graph_replay gpu time"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.barh(names, [results[n]["us_per_op"] for n in names])
+    ax.set_xlabel("µs per op (host, median)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    harness.save_figure(fig, harness.RESULTS / "launch.png")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if "--cpu" in sys.argv:
+        sys.exit(run_cpu())
+    if not harness.start_gpu("bench_launch"):
+        sys.exit(0)
+    sys.exit(run_gpu())

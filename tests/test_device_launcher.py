@@ -1,4 +1,5 @@
-"""The lean launch path: variant cache, argument plan and Triton specialization keys."""
+"""The Triton launch path: the variant cache, the argument packer and Triton's
+specialization keys."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -6,8 +7,10 @@ from hypothesis import strategies as hs
 
 import safetile as st
 import safetile.lang as sl
-from safetile.device import launcher
-from safetile.kernel.launch import _variant, bind, launch
+from safetile.backends.triton import launch as launcher
+from safetile.backends.triton import pack
+from safetile.kernel.cache import variant_key
+from safetile.kernel.launch import bind, launch
 
 
 @st.kernel
@@ -18,6 +21,10 @@ def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
 @st.kernel
 def mm(a: st.In[st.floats, 2], z: st.Out[st.floats, 2], n: int, BK: st.Const[int]):
     z.store(a.load(z.index, z.shape))
+
+
+def _variant(kernel, bound):
+    return kernel._launches.variant(kernel, bound)
 
 
 def _triton_spec(v):
@@ -31,7 +38,7 @@ def _triton_spec(v):
                                                                   2**31, -2**31, -2**31 - 16])))
 def test_int_key_separates_exactly_what_triton_specializes_on(v):
     ty, attr = _triton_spec(v)
-    key = launcher._int_spec(v)
+    key = pack.int_spec(v)
     assert (key == 1) == (ty == "constexpr")
     if ty != "constexpr":
         assert (key in (2, 6)) == (attr == "D")
@@ -42,27 +49,36 @@ def test_pointer_key_separates_16_byte_alignment():
     base = torch.zeros(64)
     x, y = st.from_torch(base[:32]), st.from_torch(base[1:33])
     out = st.empty((32,)).partition((16,))
-    L = launcher.VariantLauncher(_variant(add, bind(add, (x, y, out), {})), bind(add, (x, y, out), {}))
-    _, aligned = L.args(bind(add, (x, x, out), {}))
-    _, shifted = L.args(bind(add, (x, y, out), {}))
+    v = _variant(add, bind(add, (x, y, out), {}))
+    _, aligned = pack.pack(v.packing, bind(add, (x, x, out), {}))
+    _, shifted = pack.pack(v.packing, bind(add, (x, y, out), {}))
     assert aligned != shifted
 
 
-def test_argument_plan_builds_what_the_variant_expects():
+def test_the_packer_lays_out_pointers_shapes_strides_tiles_and_scalars_in_the_generated_order():
     a = st.randn((8, 12))
     z = st.empty((8, 12)).partition((4, 4))
-    bound = bind(mm, (a, z, 17, 32), {})
+    bound = bind(mm.options(tma=False), (a, z, 17, 32), {})
+    v = _variant(mm.options(tma=False), bound)
+    args, spec = pack.pack(v.packing, bound)
+    at, zt = bound[0].torch, bound[1].torch
+    assert [what for what, *_ in v.generated.layout] == \
+        ["ptr", "shape", "shape", "stride", "stride", "ptr", "shape", "shape", "stride",
+         "stride", "tile", "tile", "scalar", "const"]
+    assert args[0] is at and args[5] is zt
+    assert args[1:5] == [8, 12, 12, 1] and args[6:10] == [8, 12, 12, 1]
+    assert args[10:] == [4, 4, 17, 32]
+    assert spec == (True, 3, 3, 3, 1, True, 3, 3, 3, 1, 3)
+
+
+def test_the_packer_passes_tensor_descriptors_where_the_variant_loads_through_tma():
+    a = st.randn((64, 64))
+    z = st.empty((64, 64)).partition((32, 32))
+    bound = bind(mm, (a, z, 5, 16), {})
     v = _variant(mm, bound)
-    args, _ = launcher.VariantLauncher(v, bound).args(bound)
-    expected = v.launch_args(bound)
-    assert len(args) == len(expected)
-    for got, want in zip(args, expected):
-        if isinstance(want, torch.Tensor):
-            assert got is want
-        elif type(want).__name__ == "TensorDescriptor":
-            assert type(got) is type(want) and got.block_shape == want.block_shape
-        else:
-            assert got == want
+    args, _ = pack.pack(v.packing, bound)
+    descs = [x for x in args if type(x).__name__ == "TensorDescriptor"]
+    assert [list(d.block_shape) for d in descs] == [[32, 32]]
 
 
 @pytest.mark.parametrize("shape,tile,dtype", [((16,), (4,), st.f32), ((8, 12), (4, 4), st.f32),
@@ -73,7 +89,7 @@ def test_the_variant_cache_returns_the_variant_the_launcher_would_build(shape, t
     args = (a, z, 5, 16) if len(shape) == 2 else (a, a, z)
     k = mm if len(shape) == 2 else add
     bound = bind(k, args, {})
-    assert launcher.variant_for(k, bound) is _variant(k, bound)
+    assert k._launches.variant(k, bound) is k._launches.variants[variant_key(k, bound)]
 
 
 def test_an_out_whose_layout_cannot_take_a_tma_store_gets_its_own_variant():
@@ -82,10 +98,10 @@ def test_an_out_whose_layout_cannot_take_a_tma_store_gets_its_own_variant():
     aligned = st.empty((64, 64)).partition((32, 32))
     shifted = base.slice(1, 1, 65).partition((32, 32))       # rows 272 bytes apart, offset 4
     a = st.randn((64, 64))
-    first = launcher.variant_for(k, bind(k, (a, aligned, 5, 16), {}))
+    first = _variant(k, bind(k, (a, aligned, 5, 16), {}))
     bound = bind(k, (a, shifted, 5, 16), {})
-    second = launcher.variant_for(k, bound)
-    assert second is _variant(k, bound) and second is not first
+    second = _variant(k, bound)
+    assert second is k._launches.variants[variant_key(k, bound)] and second is not first
     assert "_st_dstore2(" in first.generated.source
     assert "_st_dstore2(" not in second.generated.source
 
@@ -94,7 +110,7 @@ def test_kernel_options_copies_get_their_own_variants():
     a = st.randn((8, 12))
     z = st.empty((8, 12)).partition((4, 4))
     bound = bind(mm, (a, z, 5, 16), {})
-    assert launcher.variant_for(mm.options(num_warps=8), bound) is not launcher.variant_for(mm, bound)
+    assert _variant(mm.options(num_warps=8), bound) is not _variant(mm, bound)
 
 
 def test_a_repeat_launch_with_other_handles_is_checked_again():
@@ -122,15 +138,15 @@ def test_a_repeat_launch_with_the_same_handles_still_checks_ownership():
 def test_an_empty_triton_hook_chain_counts_as_no_hook():
     import triton
     rt = triton.knobs.runtime
-    assert launcher._no_hook(None)
-    assert launcher._no_hook(rt.launch_enter_hook) == (not rt.launch_enter_hook.calls)
+    assert not rt.launch_enter_hook.calls and not rt.launch_exit_hook.calls
+    assert not launcher._hooked()
 
     def hook(metadata):
         pass
 
     rt.launch_enter_hook.add(hook)
     try:
-        assert not launcher._no_hook(rt.launch_enter_hook)
+        assert launcher._hooked()
     finally:
         rt.launch_enter_hook.remove(hook)
 

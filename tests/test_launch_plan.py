@@ -10,7 +10,6 @@ from hypothesis import strategies as hs
 import safetile as st
 import safetile.lang as sl
 from safetile import backends
-from safetile.kernel import plan as plans
 from safetile.tensor import active_holds, borrows
 
 
@@ -31,7 +30,7 @@ def _no_leaks():
 
 
 def _cached(kernel, *args):
-    return plans.cached(kernel, args, backends.current())
+    return kernel._launches.plan(args, backends.current())
 
 
 def test_a_repeat_launch_reuses_the_plan_and_other_handles_do_not():

@@ -151,7 +151,7 @@ def test_early_loads_are_checked_against_every_launch_that_may_still_run(middle_
 
 
 def test_a_long_chain_of_early_signalling_launches_is_cut_by_a_plain_launch():
-    from safetile.device.kernel_op import MAX_RUNNING
+    from safetile.kernel.kernel_op import MAX_RUNNING
     k = copy.options(pdl=True, trigger_early=True)
     srcs = [vec(seed=i) for i in range(MAX_RUNNING + 4)]
     outs = [out() for _ in srcs]

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 import safetile as st
-from safetile.kernel.launch import _variant, bind, check_launch, launch_grid
+from safetile.backends.triton import pack
+from safetile.kernel.launch import bind, check_launch, launch_grid
 from safetile.lang import semantics as S
 
 RTOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -61,8 +62,8 @@ def run_interpreter(kernel, args, n_inputs: int, n_outs: int) -> list:
     kernel = kernel.options(tma=False)
     bound = bind(kernel, args, {})
     check_launch(kernel, bound, None)
-    variant = _variant(kernel, bound)
-    launch_args = variant.launch_args(bound)
+    variant = kernel._launches.variant(kernel, bound)
+    launch_args, _ = pack.pack(variant.packing, bound)
     out_names = [b.name for b in bound[n_inputs:n_inputs + n_outs]]
     positions = [i for i, entry in enumerate(variant.generated.layout)
                  if entry[0] == "ptr" and entry[1] in out_names]

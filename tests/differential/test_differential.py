@@ -86,7 +86,8 @@ def test_the_gpu_and_the_cpu_executor_agree_on_generated_kernels(kernels_dir):
 def test_every_generated_case_is_typed_by_the_rules_the_generator_steers_by(kernels_dir):
     # the type check and lang/semantics.py agree on each stored expression's type
     from safetile.kernel import types
-    from safetile.kernel.launch import bind, variant_key
+    from safetile.kernel.cache import variant_key
+    from safetile.kernel.launch import bind
     for seed in range(20):
         case, kernel = build(20_000 + seed, 1 + seed % 2, 3, 4, 3, kernels_dir)
         program = types.check(kernel, variant_key(kernel, bind(kernel, dc.arguments(case), {})))

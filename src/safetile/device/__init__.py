@@ -1,6 +1,5 @@
 """Device operations: lazy ``DeviceOp`` values run synchronously, under asyncio or as graphs."""
 from .combinators import MapOp, SharedOp, ThenOp, ZipOp, zip  # noqa: F401,A004
 from .graph import Graph, GraphLaunchOp, GraphScope, graph_scope  # noqa: F401
-from .kernel_op import KernelOp  # noqa: F401
 from .op import DeviceOp, RunContext  # noqa: F401
 from .aio import submit  # noqa: F401

@@ -51,8 +51,7 @@ def submit(op, stream=None) -> "asyncio.Future":
     Cancelling the future does not stop the work: its values are still handed back (to the
     op's arguments' handles) when it completes."""
     loop = asyncio.get_running_loop()
-    if not (streams._cuda[0] if streams._cuda[0] is not None else streams.cuda_available()) \
-            or op._host_bound():
+    if not streams.cuda_available() or op._host_bound():
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         fut = loop.create_future()
 
@@ -69,7 +68,7 @@ def submit(op, stream=None) -> "asyncio.Future":
         return fut
     ctx, out = enqueue(op, stream, "await op")
     fut = loop.create_future()
-    b = _last[0]
+    b = _last
     if b is None or b.loop_ref() is not loop:
         b = _batch_for(loop)
     b.add(ctx, out, fut, loop)
@@ -114,14 +113,15 @@ class _Batch:
 
 
 _batches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_last: list = [None]                          # the batch used last (most calls: the same loop)
+_last: _Batch | None = None                   # the batch used last (most calls: the same loop)
 
 
 def _batch_for(loop) -> _Batch:
+    global _last
     b = _batches.get(loop)
     if b is None:
         b = _batches[loop] = _Batch(loop)
-    _last[0] = b
+    _last = b
     return b
 
 

@@ -179,9 +179,11 @@ class Graph:
                    and borrows.overlaps(b.torch, hold.tensors[0])
                    for r in self.records[:before] for b in r.bound))
         self.backend = names.pop() if names else "none"
+        # A graph of host-run launches (the CPU executor) replays them; others are captured.
+        self.host_bound = not self.records or self.records[0]._host_bound()
         self._borrows = self._borrow_plan()
         self._cuda = None
-        if self.backend == "triton" and self.records:
+        if not self.host_bound:
             self._capture()
 
     def _borrow_plan(self):
@@ -282,4 +284,4 @@ class GraphLaunchOp(DeviceOp):
         return g.output
 
     def _host_bound(self) -> bool:
-        return self.graph.backend != "triton"
+        return self.graph.host_bound

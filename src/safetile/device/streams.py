@@ -12,16 +12,15 @@ On a machine without CUDA the stream is ``None`` and execution is synchronous.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
-_cuda = [None]          # cached torch.cuda.is_available()
 
-
+@functools.cache
 def cuda_available() -> bool:
-    if _cuda[0] is None:
-        _cuda[0] = torch.cuda.is_available()
-    return _cuda[0]
+    """Whether CUDA is present (asked once per process)."""
+    return torch.cuda.is_available()
 
 
 # (stream_id, device_index, device_type) -> torch.cuda.Stream: torch's current_stream()
@@ -48,7 +47,7 @@ def resolve(stream=None):
     (None without CUDA)."""
     if stream is not None:
         return stream
-    if not (_cuda[0] if _cuda[0] is not None else cuda_available()):
+    if not cuda_available():
         return None
     return current()
 

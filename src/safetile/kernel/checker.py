@@ -33,18 +33,14 @@ import ast
 from dataclasses import dataclass, field
 
 from ..errors import KernelDefinitionError
-from ..lang.view_types import InView, OutView, SubTiles, attributes, methods
+from ..lang.views import (IN_ATTRS, IN_METHODS, OUT_ATTRS, OUT_METHODS, SUB_ATTRS,  # noqa: F401
+                          SUB_METHODS, inline_partition, kind_of)
 from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
 ALLOWED_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call,
                        ast.Constant, ast.Attribute, ast.Subscript, ast.Name, ast.Tuple, ast.List,
                        ast.Slice)
-# What kernel code may call and read on a view: what lang/view_types.py declares (and so
-# what help(st.In), help(st.Out) and the mypy plugin show).
-IN_METHODS, IN_ATTRS = methods(InView), attributes(InView)
-OUT_METHODS, OUT_ATTRS = methods(OutView), attributes(OutView)
-SUB_METHODS, SUB_ATTRS = methods(SubTiles), attributes(SubTiles)
 TILE_METHODS = {"astype"}
 TILE_ATTRS = {"T", "shape", "dtype"}
 
@@ -426,26 +422,6 @@ class BodyChecker(ast.NodeVisitor):
             self.visit(a)
         for k in node.keywords:
             self.visit(k.value)
-
-
-def kind_of(node, params: dict, views: dict):
-    """What ``node`` names: a parameter's kind ('In', 'Out', 'Ptr', 'Const', 'int', ...), a
-    view local's ('sub', 'tile'), 'sub' for an inline ``z.partition(shape)``, or None.
-    ``params`` maps names to objects with a ``kind`` (ParamSpec or the codegen's ArgSpec)."""
-    if isinstance(node, ast.Name):
-        if node.id in params:
-            return params[node.id].kind
-        if node.id in views:
-            return views[node.id][0]
-    elif inline_partition(node) and kind_of(node.func.value, params, views) in ("Out", "tile"):
-        return "sub"
-    return None
-
-
-def inline_partition(node) -> bool:
-    """Whether ``node`` is a call ``<view>.partition(...)`` (a sub-partition used inline)."""
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-        node.func.attr == "partition" and isinstance(node.func.value, ast.Name)
 
 
 def check_kernel(src: KernelSource, params: dict, unsafe: bool) -> BodyInfo:

@@ -1,8 +1,6 @@
 """``@st.kernel``, ``@st.function`` and ``st.unsafe()``: definitions checked at import time."""
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import importlib
 import importlib.util
@@ -13,31 +11,16 @@ from typing import TYPE_CHECKING, Any, Callable, overload
 from ..device.op import DeviceOp
 from ..device.unrun import building_site
 from ..errors import ArgumentError, FrozenError, KernelDefinitionError
+from .cache import LaunchCache
 from .checker import check_function, check_kernel
+from .launch import compile_for_target, launch, variant_for
 from .params import parse_annotation
 from .source import KernelSource
 from .static_shapes import check_static_shapes
-
-# How many `with st.unsafe():` blocks are open in this context (a context variable, so that
-# an awaited op run on another thread keeps the marking of the code that awaited it).
-_unsafe_depth: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=0)
+from .unsafe_block import unsafe  # noqa: F401  (st.unsafe)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
                   "loop_stages", "tma_store", "pdl", "early", "trigger_early"}
-
-
-@contextlib.contextmanager
-def unsafe():
-    """Marks the call sites where ``unsafe=True`` kernels may be launched."""
-    token = _unsafe_depth.set(_unsafe_depth.get() + 1)
-    try:
-        yield
-    finally:
-        _unsafe_depth.reset(token)
-
-
-def in_unsafe_block() -> bool:
-    return _unsafe_depth.get() > 0
 
 
 def _plain(fn, what: str):
@@ -121,7 +104,7 @@ class Kernel(_Frozen):
         self.info = check_kernel(self.src, self.params, unsafe)
         check_static_shapes(self.src, self.params, self.info)
         self.opts = dict(options or {})
-        self._cache: dict = {}          # VariantKey -> compiled variant (shared by .options copies)
+        self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
 
     @property
     def where(self) -> str:
@@ -197,22 +180,21 @@ class Kernel(_Frozen):
         k = object.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.__dict__["opts"] = {**self.opts, **opts}
+        k.__dict__["_launches"] = self._launches.for_options(k)
         return k
 
     def __call__(self, *args, **kwargs) -> DeviceOp:
         """Check the arguments and move them into a lazy op (see ``st.kernel``)."""
-        op = (_launch[0] or _bind_launch())(self, args, kwargs)
+        op = launch(self, args, kwargs)
         op.site = building_site()        # named by the warning if the op is dropped unrun
         return op
 
     def source(self, *args, **kwargs) -> str:
         """The generated Triton source for these arguments (nothing is moved or run)."""
-        from .launch import variant_for
         return variant_for(self, args, kwargs).generated.source
 
     def compile(self, *args, target=None, **kwargs):
         """Compile for ``target`` (default: sm_90) without a GPU; returns Triton's CompiledKernel."""
-        from .launch import compile_for_target
         return compile_for_target(self, args, kwargs, target)
 
     def __repr__(self) -> str:
@@ -306,11 +288,3 @@ class Decorator:
 if not TYPE_CHECKING:          # type checkers see the plain, overloaded function
     kernel = Decorator(kernel, __package__)
 
-
-_launch = [None]
-
-
-def _bind_launch():
-    from .launch import launch                   # launch imports this module: bind late
-    _launch[0] = launch
-    return launch

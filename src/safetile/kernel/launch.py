@@ -5,14 +5,7 @@ that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
-
 from .. import backends as _backend
-from ..codegen.compile import Variant
-from ..codegen.spec import ArgSpec, VariantKey
 from ..dtypes import ALL as _ALL_DTYPES
 from ..dtypes import DType, from_torch
 from ..errors import LaunchError, UnsafeError
@@ -22,26 +15,15 @@ from ..tensor import borrows
 from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import self_overlapping
-from . import plan as _plans
-from . import types as _types
-from .kernel import in_unsafe_block
+from .kernel_op import KernelOp
+from .plan import BoundArg, LaunchPlan
+from .unsafe_block import in_unsafe_block
 
-TMA_MAX_RANK = 5
 # The largest element offset and dimension of an In/Out tensor (lang/semantics.py: generated
 # kernels compute element coordinates and offsets in int32).
 MAX_OFFSET = _sem.MAX_OFFSET
 MAX_DIM = _sem.MAX_DIM
 CUDA_GRID = (2**31 - 1, 65535, 65535)      # the most programs per launch axis
-
-
-@dataclass(slots=True)
-class BoundArg:
-    name: str
-    spec: object            # ParamSpec
-    value: object           # the handle or scalar as passed
-    torch: object = None    # the underlying torch tensor for tensor kinds
-    tile: tuple = None      # Out: tile shape
-    order: object = None    # Out: ProgramOrder
 
 
 def _fail(kernel, pname, message) -> LaunchError:
@@ -215,100 +197,17 @@ def launch_grid(kernel, bound) -> tuple:
     return g
 
 
-def _tma_ok(t: torch.Tensor) -> bool:
-    if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    size = t.element_size()
-    return all((s * size) % 16 == 0 for s in t.stride()[:-1])
-
-
-def variant_key(kernel, bound) -> VariantKey:
-    # device/launcher.py caches variants by cheap facts that must determine this key
-    # (_fast_variant_key): when this key gains a fact, add it there too.
-    specs = []
-    for b in bound:
-        kind = b.spec.kind
-        if kind in ("In", "Out", "Ptr"):
-            dtype, rank = from_torch(b.torch.dtype), b.torch.dim()
-            if kind == "Out":
-                o = b.order
-                # A group of at least grid[0] tile-rows is one group: the map is the same, and
-                # group_size * grid[1] then stays within the tile count (no int32 wrap).
-                specs.append(ArgSpec(b.name, kind, dtype, rank, tile=b.tile, order=o.kind,
-                                     group_size=min(o.group_size, o.grid[0])
-                                     if o.kind == "grouped" else 0,
-                                     persistent=o.persistent is not None, tma=_tma_ok(b.torch)))
-            else:
-                specs.append(ArgSpec(b.name, kind, dtype, rank, tma=kind == "In" and _tma_ok(b.torch)))
-        elif kind == "Const":
-            specs.append(ArgSpec(b.name, kind, value=canonical_const(b.value)))
-        else:
-            specs.append(ArgSpec(b.name, kind))
-    o = kernel.opts
-    return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"),
-                      bool(o.get("flatten", False)), bool(o.get("warp_specialize", False)),
-                      o.get("loop_stages"), bool(o.get("tma_store", False)),
-                      bool(o.get("pdl", False)), tuple(o.get("early", ())),
-                      bool(o.get("trigger_early", False)))
-
-
-def _type_check(kernel, bound) -> None:
-    """Refuse the launch if the kernel does not type for these arguments (kernel/types.py):
-    once per kind of arguments (dtype, rank, tile, persistence, Const value), a dict lookup
-    afterwards."""
-    key = tuple((b.torch.dtype, b.torch.dim(), b.tile,
-                 b.order.persistent is not None if b.order is not None else None)
-                if b.torch is not None else
-                (canonical_const(b.value) if b.spec.kind == "Const" else None)
-                for b in bound)
-    seen = kernel.__dict__.get("_st_typed")
-    if seen is None:
-        seen = kernel.__dict__["_st_typed"] = set()
-    if key not in seen:
-        _types.check(kernel, variant_key(kernel, bound))
-        seen.add(key)
-
-
-def canonical_const(v):
-    """A Const value as variants are keyed on it: every NaN is one key (NaN != NaN would
-    make a new variant per launch), and -0.0 is 0.0 (a compile-time zero is +0.0 in kernel
-    code, lang/semantics.py)."""
-    if type(v) is float:
-        if v != v:
-            return math.nan
-        if v == 0.0:
-            return 0.0
-    return v
-
-
-def variant_for(kernel, args, kwargs) -> Variant:
+def variant_for(kernel, args, kwargs):
+    """The compiled ``Variant`` for these arguments (checked, nothing moved or run)."""
     bound = bind(kernel, args, kwargs)
     check_launch(kernel, bound, None)
-    return _variant(kernel, bound)
-
-
-def _variant(kernel, bound) -> Variant:
-    key = variant_key(kernel, bound)
-    v = kernel._cache.get(key)
-    if v is None:
-        v = kernel._cache[key] = Variant(kernel, key)
-    return v
+    return kernel._launches.variant(kernel, bound)
 
 
 def compile_for_target(kernel, args, kwargs, target):
     bound = bind(kernel, args, kwargs)
     check_launch(kernel, bound, None)
-    return _variant(kernel, bound).compile_for(bound, target)
-
-
-def _messages(kernel):
-    """The holder name and per-parameter "moved into" texts, built once per kernel."""
-    m = kernel.__dict__.get("_st_messages")
-    if m is None:
-        m = kernel.__dict__["_st_messages"] = (
-            f"kernel '{kernel.name}'",
-            {n: f"kernel '{kernel.name}' ({kernel.where}) as argument '{n}'" for n in kernel.params})
-    return m
+    return kernel._launches.variant(kernel, bound).compile_for(bound, target)
 
 
 def launch(kernel, args, kwargs):
@@ -325,21 +224,22 @@ def launch(kernel, args, kwargs):
             raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch "
                               f"it inside `with st.unsafe():` to mark the call site")
         choice = _backend.current()
-        plan = None if kwargs else _plans.cached(kernel, args, choice)
+        cache = kernel._launches
+        plan = None if kwargs else cache.plan(args, choice)
         if plan is None:
             bound = bind(kernel, args, kwargs)
             _refuse_repeats(kernel, [(b.name, b.value) for b in bound])
-            check_launch(kernel, bound, "cuda" if choice.name == "triton" else None)
+            check_launch(kernel, bound, choice.device_kind)
             grid = launch_grid(kernel, bound)
-            _type_check(kernel, bound)
-            holder, where = _messages(kernel)
+            cache.type_check(kernel, bound)
+            holder, where = cache.holder, cache.moved_into
             reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
             writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
             extents = borrows.prepare(holder, reads, writes)
-            plan = _plans.LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
+            plan = LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
             values = tuple([b.value for b in bound])
             if not kwargs:
-                _plans.remember(kernel, args, plan)
+                cache.remember(args, plan)
         else:
             values = args                     # a plan matches only canonical values
         moves = plan.moves
@@ -366,7 +266,7 @@ def launch(kernel, args, kwargs):
             except AttributeError:            # exceptions without a __dict__
                 pass
         raise
-    return (_KernelOp[0] or _kernel_op())(kernel, plan, values, choice, hold)
+    return KernelOp(kernel, plan, values, choice, hold)
 
 
 def _given(kernel, args, kwargs) -> tuple:
@@ -378,13 +278,4 @@ def _given(kernel, args, kwargs) -> tuple:
     by_name.update(kwargs)
     return tuple(by_name[n] for n in names if n in by_name) + \
         tuple(v for k, v in kwargs.items() if k not in names)
-
-
-_KernelOp = [None]
-
-
-def _kernel_op():
-    from ..device.kernel_op import KernelOp      # device imports this module: bind late
-    _KernelOp[0] = KernelOp
-    return KernelOp
 

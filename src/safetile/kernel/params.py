@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..dtypes import DType, dtype_members
-from ..lang.view_types import InView, OutView, PtrView
+from ..lang.views import InView, OutView, PtrView
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,28 @@ binary), for the exact arguments of one launch. A later launch reuses a plan onl
 * the backend and the kernel's options are the same objects.
 
 Anything else (another handle, e.g. the Partition made by a new ``partition()`` call) makes
-a new plan through the full checks. Plans are cached per kernel, keyed by the identity of the
-first tensor argument; the cache is emptied when it passes ``PLAN_CACHE`` entries.
+a new plan through the full checks. Plans live in the kernel's ``LaunchCache``
+(``kernel/cache.py``).
 """
 from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass
 
 from ..tensor.borrows import by_device
 
-#: Plans cached per kernel (and options) before the cache is emptied.
-PLAN_CACHE = 1024
+
+@dataclass(slots=True)
+class BoundArg:
+    """One argument matched to its parameter (``kernel/launch.py`` checks it)."""
+
+    name: str
+    spec: object            # ParamSpec
+    value: object           # the handle or scalar as passed
+    torch: object = None    # the underlying torch tensor for tensor kinds
+    tile: tuple = None      # Out: tile shape
+    order: object = None    # Out: ProgramOrder
 
 
 class LaunchPlan:
@@ -38,7 +48,8 @@ class LaunchPlan:
     strides)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
     text)``; ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
     ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
-    ``gpu``: the launcher's cached binary and argument tuple (``device/launcher.py``).
+    ``gpu``: what the backend derives once per plan (``backends/triton/launch.py``: the
+variant, binary and packed arguments).
     """
 
     __slots__ = ("choice", "opts", "n", "tensors", "scalars", "moves", "params", "grid",
@@ -66,6 +77,11 @@ class LaunchPlan:
         self.holder = holder
         self.gpu = None
 
+    def bound(self, values: tuple) -> list:
+        """The arguments ``values`` (this plan's own) as ``BoundArg``s."""
+        return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
+                for (name, spec, tile, order, is_tensor), v in zip(self.params, values)]
+
     def matches(self, args: tuple) -> bool:
         """Whether this plan provably applies to ``args`` (see the module docstring)."""
         if len(args) != self.n:
@@ -82,27 +98,3 @@ class LaunchPlan:
                                (type(v) is float and math.copysign(1.0, a) != math.copysign(1.0, v))):
                 return False
         return True
-
-
-def cached(kernel, args: tuple, choice):
-    """The cached plan that applies to ``args``, or None."""
-    cache = kernel.__dict__.get("_st_plans")
-    if cache is None or cache[0] is not kernel.opts or not args:
-        return None
-    plan = cache[1].get(id(args[cache[2]]) if cache[2] < len(args) else None)
-    if plan is None or (plan.choice is not choice and plan.choice != choice):
-        return None
-    return plan if plan.matches(args) else None
-
-
-def remember(kernel, args: tuple, plan: LaunchPlan) -> None:
-    """Cache ``plan`` for launches with these very arguments."""
-    if not plan.tensors:
-        return
-    cache = kernel.__dict__.get("_st_plans")
-    if cache is None or cache[0] is not kernel.opts:      # options() copies get their own
-        cache = kernel.__dict__["_st_plans"] = (kernel.opts, {}, plan.tensors[0][0])
-    plans = cache[1]
-    if len(plans) >= PLAN_CACHE:
-        plans.clear()
-    plans[id(args[cache[2]])] = plan

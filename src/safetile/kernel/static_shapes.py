@@ -11,14 +11,14 @@ from __future__ import annotations
 import ast
 import operator
 
-from ..lang.view_types import InView, OutView, parameter_position
+from ..lang.views import InView, OutView, parameter_position
 from .checker import BodyInfo, kind_of
 from .source import KernelSource
 
 # The parameters that take a tile shape (sl.arange takes one size), found by name in the
 # declared signatures: a call passes them by position or by keyword.
 SHAPE_PARAMS = ("shape", "sub_shape", "n")
-# (receiver kind, method) -> the declaration of the view method (lang/view_types.py)
+# (receiver kind, method) -> the declaration of the view method (lang/views.py)
 VIEW_SHAPES = {("In", "load"): InView.load, ("In", "load_at"): InView.load_at,
                ("In", "prefetch"): InView.prefetch, ("Out", "partition"): OutView.partition,
                ("tile", "partition"): OutView.partition}

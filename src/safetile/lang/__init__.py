@@ -1,17 +1,10 @@
 """The in-kernel language, imported as ``sl``: tile types and operations.
 
-Inside an ``@st.kernel`` body, parameters are views:
-- ``st.In`` x: ``x.shape[i]``, ``x.load(index, shape, padding=0)`` (tile-grid index; elements
-  outside the tensor read as ``padding``), ``x.load_at(offset, shape, padding=0)`` (the box at
-  an element offset, e.g. a window starting at a position read from the device),
-  ``x.load_scalar(index, padding=0)`` (one element at an element index),
-  ``sl.load_like(x, z)``, and ``x.prefetch(index, shape)`` (a statement: an L2 prefetch hint
-  of the tile ``load`` would read; it delivers no value, so it cannot observe data or race,
-  and under ``pdl=True`` leading prefetches are issued before the wait for the previous grid).
-- ``st.Out`` z: ``z.shape`` (tile shape), ``z.index`` (tile index), ``z.load()``,
-  ``z.store(tile)``, ``z.partition(sub_shape)`` (stores inside the owned slab:
-  ``.store(tile, sub_index)``), and ``for t in z.tiles():`` (the owned tiles of a persistent
-  partition, one iteration otherwise).
+Inside an ``@st.kernel`` body, parameters are views (``st.In`` x, ``st.Out`` z, ``st.Ptr``
+p): their methods (``x.load``, ``x.load_at``, ``x.load_scalar``, ``x.prefetch``, ``z.load``,
+``z.store``, ``z.partition(...).store``, ``z.tiles()``) are documented once, in
+``safetile/lang/views.py`` (``help(st.In)``, ``help(st.Out)``); ``sl.load_like(x, z)`` is
+the tile of ``x`` at ``z``'s position and shape.
 Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
 ``t.dtype`` (e.g. ``y.astype(x.dtype)`` rounds an fp32 result back to a loaded tile's type).
 

@@ -3,7 +3,9 @@
 A registry is a set of holds (``borrows.Hold``) with their byte extents, scanned directly
 while only a few are in flight; beyond :data:`SMALL` holds it also keeps an address index (a
 hierarchical grid, :class:`Index`), so that checking a new launch against thousands of
-in-flight holds looks only at the extents near its own bytes. The caller (``borrows``) holds
+in-flight holds looks only at the extents near its own bytes. A second index holds only the
+held writes: a new read can conflict only with a write, so a read (most arguments, and the
+long-lived borrows of ``Shared`` values are all reads) never walks the held reads. The caller (``borrows``) holds
 ``LOCK`` around every call.
 """
 from __future__ import annotations
@@ -37,17 +39,41 @@ class Index:
     def __init__(self):
         self.levels: dict[int, dict[int, list]] = {}     # c -> bucket -> [(extent, hold)]
 
-    def add(self, e: Extent, hold: "Hold") -> None:
-        c = (e.hi - e.lo - 1).bit_length()
-        level = self.levels.get(c)
-        if level is None:
-            level = self.levels[c] = {}
-        bucket = level.get(e.lo >> c)
-        if bucket is None:
-            level[e.lo >> c] = [(e, hold)]
-        else:
-            bucket.append((e, hold))
+    def add(self, extents, hold: "Hold", writes_only: bool = False) -> None:
+        """File ``extents`` of ``hold`` (only the writes among them if ``writes_only``)."""
+        levels = self.levels
+        for e in extents:
+            if writes_only and not e.write:
+                continue
+            c = (e.hi - e.lo - 1).bit_length()
+            level = levels.get(c)
+            if level is None:
+                level = levels[c] = {}
+            bucket = level.get(e.lo >> c)
+            if bucket is None:
+                level[e.lo >> c] = [(e, hold)]
+            else:
+                bucket.append((e, hold))
 
+    def remove(self, extents, hold: "Hold", writes_only: bool = False) -> None:
+        """Take ``extents`` of ``hold`` out (as ``add`` filed them)."""
+        levels = self.levels
+        for e in extents:
+            if writes_only and not e.write:
+                continue
+            c = (e.hi - e.lo - 1).bit_length()
+            level = levels[c]
+            key = e.lo >> c
+            bucket = level[key]
+            if len(bucket) == 1:
+                del level[key]
+                if not level:
+                    del levels[c]
+                continue
+            for i, entry in enumerate(bucket):
+                if entry[0] is e and entry[1] is hold:
+                    del bucket[i]
+                    break
 
     def near(self, lo: int, hi: int):
         """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
@@ -67,11 +93,12 @@ class Index:
 class Registry:
     """The holds in flight on one device (guarded by ``LOCK``)."""
 
-    __slots__ = ("holds", "index")
+    __slots__ = ("holds", "index", "writes")
 
     def __init__(self):
         self.holds: dict[Hold, tuple] = {}    # hold -> its extents on this device
-        self.index: Index | None = None      # kept while more than SMALL holds are in flight
+        self.index: Index | None = None      # every held extent, while more than SMALL holds
+        self.writes: Index | None = None     # the held write extents, alongside ``index``
 
     def near(self, lo: int, hi: int):
         """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
@@ -94,6 +121,8 @@ class Registry:
                     if (write or e.write) and e.lo < hi and lo < e.hi and _overlap(x, e):
                         return e, h
             return None
+        if not write:
+            index = self.writes
         for c, level in index.levels.items():
             first, last = (lo >> c) - 1, (hi - 1) >> c
             if last - first < len(level):
@@ -102,13 +131,13 @@ class Registry:
                     bucket = get(b)
                     if bucket is not None:
                         for e, h in bucket:
-                            if (write or e.write) and e.lo < hi and lo < e.hi and \
+                            if e.lo < hi and lo < e.hi and \
                                     (owner is None or h.owner is not owner) and _overlap(x, e):
                                 return e, h
             else:
                 for bucket in level.values():
                     for e, h in bucket:
-                        if (write or e.write) and e.lo < hi and lo < e.hi and \
+                        if e.lo < hi and lo < e.hi and \
                                 (owner is None or h.owner is not owner) and _overlap(x, e):
                             return e, h
         return None
@@ -125,43 +154,20 @@ class Registry:
         self.holds[hold] = extents
         index = self.index
         if index is not None:
-            levels = index.levels                 # Index.add, inlined (per launch)
-            for e in extents:
-                c = (e.hi - e.lo - 1).bit_length()
-                level = levels.get(c)
-                if level is None:
-                    level = levels[c] = {}
-                key = e.lo >> c
-                bucket = level.get(key)
-                if bucket is None:
-                    level[key] = [(e, hold)]
-                else:
-                    bucket.append((e, hold))
+            index.add(extents, hold)
+            self.writes.add(extents, hold, True)
         elif len(self.holds) > SMALL:
-            self.index = index = Index()
+            self.index, self.writes = index, writes = Index(), Index()
             for h, held in self.holds.items():
-                for e in held:
-                    index.add(e, h)
+                index.add(held, h)
+                writes.add(held, h, True)
 
     def remove(self, hold: "Hold") -> None:
         extents = self.holds.pop(hold)
         index = self.index
         if index is not None:
             if not self.holds:
-                self.index = None
+                self.index = self.writes = None
                 return
-            levels = index.levels                 # the extents leave their buckets (per hand-back)
-            for e in extents:
-                c = (e.hi - e.lo - 1).bit_length()
-                level = levels[c]
-                key = e.lo >> c
-                bucket = level[key]
-                if len(bucket) == 1:
-                    del level[key]
-                    if not level:
-                        del levels[c]
-                    continue
-                for i, entry in enumerate(bucket):
-                    if entry[0] is e and entry[1] is hold:
-                        del bucket[i]
-                        break
+            index.remove(extents, hold)
+            self.writes.remove(extents, hold, True)

@@ -1,4 +1,4 @@
-"""Generated modules on disk, their Triton JIT functions, and launch-argument packing.
+"""Generated modules on disk, their Triton JIT functions and compiled binaries.
 
 Generated source is written to a real file (``$SAFETILE_CACHE_DIR`` or
 ``~/.cache/safetile/generated``) so that ``inspect`` and Triton find it, and so a user can open
@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from ..dtypes import DType
+from . import pack
 from .emit import generate
 from .spec import VariantKey
 
@@ -21,6 +21,7 @@ TRITON_TYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int32"
                "int64": "i64", "int8": "i8", "bool_": "i1"}
 
 _import_lock = threading.Lock()
+_compile_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -29,19 +30,14 @@ def cache_dir() -> Path:
     return d
 
 
-def _tl_value(v):
-    if isinstance(v, DType):
-        import triton.language as tl
-        return getattr(tl, v.triton_name)
-    return v
-
-
 class Variant:
     """One specialization of a kernel: generated source, and (lazily) its Triton function."""
 
-    def __init__(self, kernel, key: VariantKey):
+    def __init__(self, kernel, key: VariantKey, program):
         self.kernel, self.key = kernel, key
-        self.generated = generate(kernel, key)
+        self.generated = generate(kernel, key, program)
+        self.packing = pack.plan(self.generated.layout, list(kernel.params))
+        self.binaries: dict = {}       # specialization key -> loaded CompiledKernel
         digest = hashlib.sha1(self.generated.source.encode()).hexdigest()[:16]
         self.path = cache_dir() / f"{self.generated.entry}_{digest}.py"
         self.module_name = f"safetile_generated.{self.generated.entry}_{digest}"
@@ -64,30 +60,23 @@ class Variant:
                     self._jit = getattr(module, self.generated.entry)
         return self._jit
 
-    def launch_args(self, bound) -> list:
-        """Arguments of the generated kernel, in its parameter order."""
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        by_name = {b.name: b for b in bound}
-        out = []
-        for entry in self.generated.layout:
-            what, name = entry[0], entry[1]
-            b = by_name[name]
-            if what == "ptr":
-                out.append(b.torch)
-            elif what == "shape":
-                out.append(b.torch.shape[entry[2]])
-            elif what == "stride":
-                out.append(b.torch.stride(entry[2]))
-            elif what == "tile":
-                out.append(b.tile[entry[2]])
-            elif what == "desc":
-                t = b.torch
-                out.append(TensorDescriptor(t, list(t.shape), list(t.stride()), list(entry[2])))
-            elif what == "const":
-                out.append(_tl_value(b.value))
-            else:
-                out.append(b.value)
-        return out
+    def binary(self, spec: tuple, args: list, grid: tuple):
+        """The loaded binary for the specialization key ``spec`` (compiled or fetched by
+        ``JITFunction.warmup`` once per key, no launch)."""
+        compiled = self.binaries.get(spec)
+        if compiled is None:
+            with _compile_lock:
+                compiled = self.binaries.get(spec)
+                if compiled is None:
+                    compiled = self.binaries[spec] = self._load(args, grid)
+        return compiled
+
+    def _load(self, args: list, grid: tuple):
+        """Triton's ``CompiledKernel`` for these arguments, loaded: the one place a binary is
+        made (``benchmarks/bench_launch.py --cpu`` stands a fake in for it)."""
+        compiled = self.jit.warmup(*args, grid=grid, **self.options())
+        compiled._init_handles()
+        return compiled
 
     def options(self) -> dict:
         o = {}
@@ -99,16 +88,12 @@ class Variant:
             o["launch_pdl"] = True
         return o
 
-    def launch(self, bound, grid) -> None:
-        """Launch on torch's current CUDA stream."""
-        self.jit[grid](*self.launch_args(bound), **self.options())
-
     def compile_for(self, bound, target=None):
         """Compile without a GPU (default target: sm_90) and return Triton's CompiledKernel."""
         import triton
         from triton.backends.compiler import GPUTarget
         target = target or GPUTarget("cuda", 90, 32)
-        args = self.launch_args(bound)
+        args, _ = pack.pack(self.packing, bound)
         names = self.jit.arg_names
         signature, constexprs, attrs = {}, {}, {}
         params = self.jit.params
@@ -117,7 +102,7 @@ class Variant:
                 signature[name] = "constexpr"
                 constexprs[name] = a
             elif hasattr(a, "data_ptr") and hasattr(a, "dtype"):
-                from ..dtypes import from_torch
+                from ...dtypes import from_torch
                 signature[name] = "*" + TRITON_TYPE[from_torch(a.dtype).name]
                 if a.data_ptr() % 16 == 0:
                     attrs[(i,)] = [["tt.divisibility", 16]]

@@ -1,11 +1,11 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
+from ..device.op import UNKNOWN, DeviceOp, RunContext, note_built
+from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..tensor.ownership import LOCK
-from .op import UNKNOWN, DeviceOp, RunContext, note_built
-from .unrun import warn_unrun
 
 
 class KernelOp(DeviceOp):
@@ -14,7 +14,7 @@ class KernelOp(DeviceOp):
     Built by ``kernel(...)`` (``kernel/launch.py``) with the arguments already checked, moved
     in and their storage borrowed (``hold``): ``values`` are the arguments in parameter order
     (what the op hands back), ``plan`` the ``LaunchPlan`` of their checked facts. Running it
-    enqueues the kernel, defers the hand-back of the handles (``_hand_back``) to the
+    enqueues the kernel through its backend (``backend.execute``), defers the hand-back of the handles (``_hand_back``) to the
     execution's settle step and the end of its storage borrows to the execution's finish. Inside a graph recording it appends itself to the recording instead of executing;
     a graph replays it through ``_execute``, which launches without touching ownership.
     """
@@ -44,10 +44,12 @@ class KernelOp(DeviceOp):
 
     @property
     def bound(self) -> list:
-        """The arguments as ``BoundArg``s (built on demand: graphs and the CPU executor)."""
-        from ..kernel.launch import BoundArg
-        return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
-                for (name, spec, tile, order, is_tensor), v in zip(self.plan.params, self.values)]
+        """The arguments as ``BoundArg``s (built on demand: graphs and the backends)."""
+        return self.plan.bound(self.values)
+
+    def variant(self):
+        """The kernel's compiled ``Variant`` for these arguments (the Triton backend)."""
+        return self.kernel._launches.variant(self.kernel, self.bound)
 
     def _hand_back(self) -> None:
         """Make the argument handles live again (idempotent). The storage borrows stay until
@@ -67,17 +69,11 @@ class KernelOp(DeviceOp):
 
     def _execute(self, stream: int = 0) -> None:
         """Launch on the raw CUDA stream handle ``stream`` (or run on the CPU executor)."""
-        if self.backend.name == "interpret":
-            from ..interpret.executor import run
-            run(self.kernel, self.bound, self.grid, self.backend.seed)
-        else:
-            (_launch[0] or _launcher())(self.kernel, self.plan, self.values, stream, self.serial)
+        self.backend.execute(self, stream)
 
     def _prepare(self) -> None:
         """Compile and load the binary without launching (before a graph capture)."""
-        if self.backend.name != "interpret":
-            from .launcher import prepare
-            prepare(self.kernel, self.plan, self.values)
+        self.backend.prepare(self)
 
     def _run(self, ctx: RunContext) -> tuple:
         if self._consumed:
@@ -158,7 +154,7 @@ class KernelOp(DeviceOp):
             warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
 
     def _host_bound(self) -> bool:
-        return self.backend.name == "interpret"
+        return self.backend.host_bound
 
 
 # More launches than this that may still run when a PDL launch starts (kernels that signal
@@ -185,11 +181,3 @@ def writes_early_reads(running: tuple, op: KernelOp) -> bool:
     return any(_overlap(w, e) for r in running for w in r.plan.extents if w.write
                for e in mine)
 
-
-_launch = [None]
-
-
-def _launcher():
-    from .launcher import launch
-    _launch[0] = launch
-    return launch

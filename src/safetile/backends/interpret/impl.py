@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import dtypes as _d
+from ... import dtypes as _d
 from . import arith
 from .tile import Tile, as_tensor, raw, scalar, unary_math
 from .views import tile_shape
@@ -16,7 +16,7 @@ def _t(x, like=None) -> torch.Tensor:
 def _runtime(x, what: str) -> torch.Tensor:
     t = raw(x)
     if not isinstance(t, torch.Tensor):
-        from ..errors import ArgumentError
+        from ...errors import ArgumentError
         raise ArgumentError(f"{what} of the compile-time value {t!r}: it needs a runtime "
                             f"value (a tile or a scalar)")
     return t

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from .. import dtypes as _d
-from ..lang.diagnostics import locate
-from ..lang.ops import reset_implementation, use_implementation
+from ... import dtypes as _d
+from ...lang.diagnostics import locate
+from ...lang.ops import reset_implementation, use_implementation
 from .body import executable
 from .impl import Implementation
 from .tile import scalar

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import dtypes as _d
-from ..dtypes import DType, from_torch
-from ..errors import ArgumentError, DivisionByZeroError, OutOfBoundsError
-from ..lang import semantics as S
+from ... import dtypes as _d
+from ...dtypes import DType, from_torch
+from ...errors import ArgumentError, DivisionByZeroError, OutOfBoundsError
+from ...lang import semantics as S
 
 HALF = (torch.float16, torch.bfloat16)
 

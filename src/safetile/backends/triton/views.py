@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from ..errors import LaunchError
+from ...errors import LaunchError
 from .expressions import ExpressionEmitter, _kw
 
 TMA_MIN_INNER_BYTES = 16

@@ -9,6 +9,7 @@ when the kernel is defined and run.
 """
 from __future__ import annotations
 
+import ast
 import inspect
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,7 +40,8 @@ class InView:
 
     def prefetch(self, index: Index, shape: Shape) -> None:
         """A statement: an L2 prefetch hint for the tile ``load(index, shape)`` would read. It
-        delivers no value, so it cannot observe data or race."""
+        delivers no value, so it cannot observe data or race; under ``pdl=True`` leading
+        prefetches are issued before the wait for the previous grid."""
         raise NotImplementedError
 
 
@@ -115,3 +117,30 @@ def parameter_position(fn: Callable, names: tuple) -> tuple[int, str]:
     params = [p for p in inspect.signature(fn).parameters if p != "self"]
     name = next(p for p in params if p in names)
     return params.index(name), name
+
+
+# What kernel code may call and read on a view: the checker holds kernel code to these sets,
+# and the code generator and the CPU executor implement exactly them.
+IN_METHODS, IN_ATTRS = methods(InView), attributes(InView)
+OUT_METHODS, OUT_ATTRS = methods(OutView), attributes(OutView)
+SUB_METHODS, SUB_ATTRS = methods(SubTiles), attributes(SubTiles)
+
+
+def kind_of(node, params: dict, views: dict):
+    """What ``node`` names: a parameter's kind ('In', 'Out', 'Ptr', 'Const', 'int', ...), a
+    view local's ('sub', 'tile'), 'sub' for an inline ``z.partition(shape)``, or None.
+    ``params`` maps names to objects with a ``kind`` (ParamSpec or the codegen's ArgSpec)."""
+    if isinstance(node, ast.Name):
+        if node.id in params:
+            return params[node.id].kind
+        if node.id in views:
+            return views[node.id][0]
+    elif inline_partition(node) and kind_of(node.func.value, params, views) in ("Out", "tile"):
+        return "sub"
+    return None
+
+
+def inline_partition(node) -> bool:
+    """Whether ``node`` is a call ``<view>.partition(...)`` (a sub-partition used inline)."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr == "partition" and isinstance(node.func.value, ast.Name)

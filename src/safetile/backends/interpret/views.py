@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from .. import dtypes as _d
-from ..errors import ArgumentError, LaunchError, OutOfBoundsError, RaceError
-from ..lang.semantics import MAX_TILE_ELEMENTS, representable
+from ... import dtypes as _d
+from ...errors import ArgumentError, LaunchError, OutOfBoundsError, RaceError
+from ...lang.semantics import MAX_TILE_ELEMENTS, representable
 from . import arith
 from .tile import Tile, as_tensor, scalar
 

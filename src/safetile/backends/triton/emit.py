@@ -12,8 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..kernel import types as _types
-from ..kernel.checker import IN_METHODS
+from ...lang.views import IN_METHODS
 from .expressions import BINOP_SPELLING
 from .helper_names import name_helpers
 from .prelude import HEADER
@@ -58,7 +57,7 @@ def helper_touches_memory(helper, seen=None) -> bool:
 class Emitter(ViewEmitter):
     """Translates one kernel (and the @st.function helpers it calls) for one variant."""
 
-    def __init__(self, kernel, key: VariantKey):
+    def __init__(self, kernel, key: VariantKey, program):
         self.kernel = kernel
         self.src = kernel.src
         self.info = kernel.info
@@ -75,7 +74,7 @@ class Emitter(ViewEmitter):
         self.accesses: list = []               # (out name, "load"|"store") in the statement
         self.in_tile_loop = False
         self.tma_outs = self.tma_store_outs()
-        self.program = _types.check(kernel, key)   # the variant's types (kernel/types.py)
+        self.program = program                 # the variant's types (kernel/types.py)
         self.typed = self.program.kernel
         self.placeholders: dict = {}           # helper instance key -> placeholder name
 
@@ -423,6 +422,7 @@ class FunctionEmitter(Emitter):
         return f"\n@triton.jit\ndef {name}({args}):\n" + "\n".join(body) + "\n"
 
 
-def generate(kernel, key: VariantKey) -> Generated:
-    """Generate the Triton module for ``kernel`` specialized on ``key``."""
-    return Emitter(kernel, key).generate()
+def generate(kernel, key: VariantKey, program) -> Generated:
+    """Generate the Triton module for ``kernel`` specialized on ``key``; ``program``: the
+    kernel's types for ``key`` (``kernel.types.check``)."""
+    return Emitter(kernel, key, program).generate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..dtypes import DType
+from ...dtypes import DType
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,15 @@ class VariantKey:
     pdl: bool = False                  # programmatic dependent launch: wait first, then signal
     early: tuple = ()                  # pdl: In parameters whose leading loads precede the wait
     trigger_early: bool = False        # pdl: signal the next grid at the start, not after the wait
+
+
+TMA_MAX_RANK = 5
+
+
+def tma_ok(t) -> bool:
+    """Whether torch tensor ``t`` can be read or written through a tensor descriptor: rank 2
+    to 5, unit last stride, 16-byte aligned base and row strides."""
+    if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    size = t.element_size()
+    return all((s * size) % 16 == 0 for s in t.stride()[:-1])

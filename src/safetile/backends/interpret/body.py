@@ -22,9 +22,9 @@ import copy
 
 import torch
 
-from .. import dtypes as _d
-from ..errors import ArgumentError, OutOfBoundsError
-from ..lang import semantics as S
+from ... import dtypes as _d
+from ...errors import ArgumentError, OutOfBoundsError
+from ...lang import semantics as S
 from . import arith
 from .tile import Tile, raw, scalar
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ast
 
-from ..errors import KernelDefinitionError
-from ..kernel.checker import inline_partition, kind_of
-from ..lang import semantics as S
+from ...errors import KernelDefinitionError
+from ...lang.views import inline_partition, kind_of
+from ...lang import semantics as S
 from .prelude import DEPENDS, helper_source
 
 

@@ -13,9 +13,9 @@ import operator
 
 import torch
 
-from ..dtypes import DType, from_torch
-from ..errors import ArgumentError
-from ..lang.diagnostics import TILE_AS_VALUE_HINT
+from ...dtypes import DType, from_torch
+from ...errors import ArgumentError
+from ...lang.diagnostics import TILE_AS_VALUE_HINT
 from . import arith
 from .arith import HALF  # noqa: F401  (re-exported)
 
@@ -32,7 +32,7 @@ def as_tensor(x, like: torch.Tensor | None = None) -> torch.Tensor:
         return x.t
     if isinstance(x, torch.Tensor):
         return x
-    from ..lang.semantics import weak_dtype
+    from ...lang.semantics import weak_dtype
     return arith.to(x, arith.rule(weak_dtype, x))
 
 

@@ -1,0 +1,140 @@
+"""The source layout of DESIGN.md ("Layers"): imports between the folders of src/safetile
+point one way, no module hides an import behind a late-bound ``[None]`` slot, and every
+file stays at 450 lines or fewer."""
+import ast
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+PACKAGE = SRC / "safetile"
+MAX_LINES = 450
+# Lower layers first: a folder imports only folders before it (DESIGN.md, "Layers").
+LAYERS = ["errors", "dtypes", "lang", "tensor", "device", "backends", "kernel", "ops"]
+
+
+def modules():
+    return sorted(p for p in PACKAGE.rglob("*.py"))
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def exists(name: str) -> bool:
+    base = SRC.joinpath(*name.split("."))
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def imported(path: pathlib.Path):
+    """Every module ``path`` imports (module level, inside functions, under TYPE_CHECKING)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for a in node.names:                  # `from pkg import submodule`
+                sub = f"{target}.{a.name}"
+                yield sub if exists(sub) else target
+
+
+def folder(name: str):
+    """The layer a safetile module belongs to (its folder, or a top-level module's name)."""
+    parts = name.split(".")
+    if parts[0] != "safetile" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def folder_graph() -> dict:
+    graph: dict = {}
+    for path in modules():
+        src = folder(module_name(path))
+        if src is None:                           # the package facade re-exports every layer
+            continue
+        for target in imported(path):
+            dst = folder(target)
+            if dst is not None and dst != src:
+                graph.setdefault(src, {}).setdefault(dst, []).append(
+                    str(path.relative_to(SRC)))
+    return graph
+
+
+def cycle(graph: dict):
+    """One cycle of folders in ``graph`` (a list), or None."""
+    state: dict = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, stack)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in list(graph):
+        if node not in state:
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle_through_three_folders():
+    assert cycle({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b": []}, "b": {"c": []}}) is None
+
+
+def test_no_import_cycle_between_folders():
+    graph = folder_graph()
+    found = cycle(graph)
+    assert found is None, " -> ".join(found) + ": " + "; ".join(
+        f"{a} -> {b} in {sorted(set(graph[a][b]))}" for a, b in zip(found, found[1:]))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layer_imports_only_the_layers_below_it(layer):
+    below = set(LAYERS[:LAYERS.index(layer)])
+    upward = {dst: files for dst, files in folder_graph().get(layer, {}).items()
+              if dst in LAYERS and dst not in below}
+    assert not upward, f"{layer} imports {upward}"
+
+
+def late_bound_slots(tree: ast.Module) -> list:
+    """Module-level ``NAME = [None]`` assignments (a slot filled in later to dodge a cycle)."""
+    found = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if isinstance(value, ast.List) and len(value.elts) == 1 and \
+                isinstance(value.elts[0], ast.Constant) and value.elts[0].value is None:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_slot_finder_finds_a_none_slot():
+    assert late_bound_slots(ast.parse("_x = [None]\ny: list = [None]\nz = [None] * 3")) == [1, 2]
+
+
+def test_no_late_bound_module_slots():
+    found = {str(p.relative_to(SRC)): late_bound_slots(ast.parse(p.read_text()))
+             for p in modules()}
+    assert {p: lines for p, lines in found.items() if lines} == {}
+
+
+def test_every_source_file_has_at_most_450_lines():
+    long = {str(p.relative_to(SRC)): n for p in sorted(SRC.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
