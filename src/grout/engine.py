@@ -115,6 +115,11 @@ def resolve_dtype(dtype, default: str) -> str:
     return name
 
 
+def check_decode_chunk(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
+        raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
+
+
 def _stop_strings(stop) -> tuple:
     if stop is None:
         return ()
@@ -136,7 +141,7 @@ class Engine:
 
     def __init__(self, cfg: Qwen3Config, weights: Weights, tokenizer: Tokenizer,
                  device: torch.device, dtype: str, max_seq_len: int, gemm: str,
-                 progress: bool = True):
+                 progress: bool = True, fused: bool = True, decode_chunk: int = 8):
         self.config = cfg
         self.tokenizer = tokenizer
         self.device = device
@@ -148,7 +153,7 @@ class Engine:
         self._request = 0
         with st.backend(self.backend):
             self.runner = Runner(cfg, weights, device, getattr(st, dtype), max_seq_len, gemm,
-                                 progress)
+                                 progress, fused, decode_chunk)
 
     def __repr__(self) -> str:
         return (f"<grout.Engine {self.config.name} on {self.device} ({self.dtype}, "
@@ -213,6 +218,10 @@ class Engine:
                 lp = step_logprobs(self.runner, token, logprobs)
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         position = len(ids)                      # where the token just sampled goes
+        # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
+        # runs past max_new_tokens or the cache; tokens after a stop are dropped, and what
+        # they wrote (cache rows, the cursor) the next request's prefill starts over.
+        ahead: list = []
         for n in range(1, max_new_tokens + 1):
             finish = None
             if token in self.eos_ids and not ignore_eos:
@@ -239,7 +248,13 @@ class Engine:
                     raise RequestError("this stream was superseded by a newer request on the "
                                        "same engine")
                 with st.backend(self.backend):
-                    token = self.runner.step(sampling.greedy)
+                    if not ahead:
+                        # logprobs read each step's logits: one step at a time then
+                        wanted = 1 if logprobs is not None else min(
+                            max_new_tokens - n, self.max_seq_len - position)
+                        ahead = self.runner.steps(sampling.greedy,
+                                                  self.runner.chunk_size(wanted))
+                    token = ahead.pop(0)
                     lp = step_logprobs(self.runner, token, logprobs)
             position += 1
 
@@ -268,13 +283,17 @@ class Engine:
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",
-         *, seed: int = 0, progress: bool = True) -> Engine:
+         *, seed: int = 0, progress: bool = True, fused: bool = True,
+         decode_chunk: int = 8) -> Engine:
     """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
 
     ``max_seq_len``: positions of the preallocated cache (at most the model's
-    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul."""
+    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul;
+    ``fused=False``: the unfused decode step (for comparison); ``decode_chunk``: the most
+    decode steps replayed between two reads of the host (1: a read after every token)."""
     if gemm not in GEMMS:
         raise RequestError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    check_decode_chunk(decode_chunk)
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise RequestError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     dev = resolve_device(device)
@@ -299,7 +318,8 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     else:
         weights = random_weights(cfg, dev, tdtype, seed, keep_torch, progress)
     try:
-        return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress)
+        return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress, fused,
+                      decode_chunk)
     except BaseException:
         weights.release()
         raise
