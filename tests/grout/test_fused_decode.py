@@ -123,3 +123,27 @@ def test_a_decode_chunk_that_is_not_a_power_of_two_is_refused(checkpoints, chunk
     with pytest.raises(grout.RequestError, match="decode_chunk"):
         grout.load(checkpoints["tied"][0], device="cpu", dtype="float32", max_seq_len=64,
                    progress=False, decode_chunk=chunk)
+
+
+def test_an_engine_from_a_models_tensors_decodes_as_one_loaded_from_its_checkpoint(
+        checkpoints, engines):
+    from grout.config import from_dict
+    from grout.engine import from_tensors
+    _, model = checkpoints["untied"]
+    cfg = from_dict(model.config.to_dict(), "untied")
+    eng = from_tensors(cfg, model.state_dict(), device="cpu", dtype="float32", max_seq_len=64)
+    assert eng.generate(PROMPT, max_new_tokens=9).token_ids == \
+        engines["untied"].generate(PROMPT, max_new_tokens=9).token_ids
+    del eng
+    gc.collect()
+
+
+def test_tensors_missing_a_weight_are_refused_naming_it(checkpoints):
+    from grout.config import from_dict
+    from grout.engine import from_tensors
+    _, model = checkpoints["tied"]
+    tensors = dict(model.state_dict())
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(grout.CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
+        from_tensors(from_dict(model.config.to_dict(), "tied"), tensors, device="cpu",
+                     dtype="float32", max_seq_len=64)
