@@ -60,8 +60,8 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
             t0 = time.perf_counter()
             out = [runner.begin(ids, params, key, greedy=True)]
             t1 = time.perf_counter()
-            for _ in range(gen_len - 1):
-                out.append(runner.step(greedy=True))
+            while len(out) < gen_len:
+                out += runner.steps(True, runner.chunk_size(gen_len - len(out)))
             t2 = time.perf_counter()
             if r == 0:
                 tokens = out
@@ -82,7 +82,8 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
         "ms_per_token_all": [t * 1e3 for t in decode],
         "bytes_per_token": bytes_per_token(engine, context),
         "roofline_tok_s": roofline, "pct_of_roofline": 100.0 / step / roofline,
-        "graph": runner.graphable(), "tokens": tokens[:16],
+        "graph": runner.graphable(), "fused": runner.fused, "decode_chunk": runner.max_chunk,
+        "tokens": tokens[:16],
     }
 
 
@@ -101,7 +102,7 @@ def report(r: dict) -> str:
             f", {r['gen_len']} new tokens\n"
             f"  time to first token  {r['ttft_ms']:9.2f} ms\n"
             f"  decode               {r['decode_tok_s']:9.1f} tok/s  ({r['ms_per_token']:.3f} "
-            f"ms/token{', one graph replay per token' if r['graph'] else ', eager'})\n"
+            f"ms/token{', graph replays' if r['graph'] else ', eager'})\n"
             f"  roofline             {r['roofline_tok_s']:9.1f} tok/s  "
             f"({r['bytes_per_token'] / 1e9:.2f} GB/token at 4.26 TB/s)  -> "
             f"{r['pct_of_roofline']:.1f}% of roofline")

@@ -167,6 +167,13 @@ def from_checkpoint(directory: Path) -> Qwen3Config:
     generation_config.json (its eos ids, when present). ``CheckpointError`` names the file."""
     path = directory / "config.json"
     raw = _read_json(path, required=True)
+    generation = _read_json(directory / "generation_config.json", required=False)
+    return from_dict(raw, path, generation, name=str(directory))
+
+
+def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -> Qwen3Config:
+    """The config of a config.json's contents ``raw`` (``transformers``' ``config.to_dict()``
+    works too); ``path`` names the source in a ``CheckpointError``."""
     archs = raw.get("architectures") or []
     if ARCHITECTURE not in archs and not (not archs and raw.get("model_type") == "qwen3"):
         raise CheckpointError(f"{path}: architecture {archs or raw.get('model_type')!r} is not "
@@ -176,8 +183,7 @@ def from_checkpoint(directory: Path) -> Qwen3Config:
             raise CheckpointError(f"{path}: {key}={raw[key]!r} is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
-    dtype = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
-    generation = _read_json(directory / "generation_config.json", required=False)
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
     try:
         heads = raw["num_attention_heads"]
         cfg = Qwen3Config(
@@ -189,7 +195,7 @@ def from_checkpoint(directory: Path) -> Qwen3Config:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             rope_theta=_rope_theta(raw, path), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get("max_position_embeddings", 40960),
-            dtype=str(dtype), eos_token_ids=_eos_ids(generation, raw), name=str(directory))
+            dtype=dtype, eos_token_ids=_eos_ids(generation, raw), name=name)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None
     except CheckpointError as e:
@@ -199,4 +205,4 @@ def from_checkpoint(directory: Path) -> Qwen3Config:
     return cfg
 
 
-__all__ = ["Qwen3Config", "SHAPES", "named", "from_checkpoint"]
+__all__ = ["Qwen3Config", "SHAPES", "named", "from_checkpoint", "from_dict"]

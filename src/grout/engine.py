@@ -8,6 +8,7 @@ supersedes an unfinished stream (which then raises if resumed).
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from .runner import Runner
 from .sampler import SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
+from .weights import from_tensors as weights_from_tensors
 
 GEMMS = ("safetile", "cublas")
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32",
@@ -115,6 +117,17 @@ def resolve_dtype(dtype, default: str) -> str:
     return name
 
 
+def check_options(gemm, max_seq_len, decode_chunk) -> None:
+    """``RequestError`` for an engine option out of range."""
+    if gemm not in GEMMS:
+        raise RequestError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise RequestError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
+    n = decode_chunk
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
+        raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
+
+
 def _stop_strings(stop) -> tuple:
     if stop is None:
         return ()
@@ -136,7 +149,7 @@ class Engine:
 
     def __init__(self, cfg: Qwen3Config, weights: Weights, tokenizer: Tokenizer,
                  device: torch.device, dtype: str, max_seq_len: int, gemm: str,
-                 progress: bool = True):
+                 progress: bool = True, fused: bool = True, decode_chunk: int = 8):
         self.config = cfg
         self.tokenizer = tokenizer
         self.device = device
@@ -148,7 +161,7 @@ class Engine:
         self._request = 0
         with st.backend(self.backend):
             self.runner = Runner(cfg, weights, device, getattr(st, dtype), max_seq_len, gemm,
-                                 progress)
+                                 progress, fused, decode_chunk)
 
     def __repr__(self) -> str:
         return (f"<grout.Engine {self.config.name} on {self.device} ({self.dtype}, "
@@ -213,6 +226,10 @@ class Engine:
                 lp = step_logprobs(self.runner, token, logprobs)
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         position = len(ids)                      # where the token just sampled goes
+        # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
+        # runs past max_new_tokens or the cache; tokens after a stop are dropped, and what
+        # they wrote (cache rows, the cursor) the next request's prefill starts over.
+        ahead: list = []
         for n in range(1, max_new_tokens + 1):
             finish = None
             if token in self.eos_ids and not ignore_eos:
@@ -239,7 +256,13 @@ class Engine:
                     raise RequestError("this stream was superseded by a newer request on the "
                                        "same engine")
                 with st.backend(self.backend):
-                    token = self.runner.step(sampling.greedy)
+                    if not ahead:
+                        # logprobs read each step's logits: one step at a time then
+                        wanted = 1 if logprobs is not None else min(
+                            max_new_tokens - n, self.max_seq_len - position)
+                        ahead = self.runner.steps(sampling.greedy,
+                                                  self.runner.chunk_size(wanted))
+                    token = ahead.pop(0)
                     lp = step_logprobs(self.runner, token, logprobs)
             position += 1
 
@@ -268,15 +291,15 @@ class Engine:
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",
-         *, seed: int = 0, progress: bool = True) -> Engine:
+         *, seed: int = 0, progress: bool = True, fused: bool = True,
+         decode_chunk: int = 8) -> Engine:
     """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
 
     ``max_seq_len``: positions of the preallocated cache (at most the model's
-    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul."""
-    if gemm not in GEMMS:
-        raise RequestError(f"gemm must be one of {GEMMS}, got {gemm!r}")
-    if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
-        raise RequestError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
+    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul;
+    ``fused=False``: the unfused decode step (for comparison); ``decode_chunk``: the most
+    decode steps replayed between two reads of the host (1: a read after every token)."""
+    check_options(gemm, max_seq_len, decode_chunk)
     dev = resolve_device(device)
     path = Path(str(model)).expanduser()
     if path.is_dir():
@@ -289,20 +312,42 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     else:
         cfg = config_mod.named(str(model))           # RequestError listing the names
         tokenizer, path = qwen_tokenizer(), None
+    if path is not None:
+        build = functools.partial(load_checkpoint, path)
+    else:
+        def build(cfg, dev, tdtype, keep_torch, progress):
+            return random_weights(cfg, dev, tdtype, seed, keep_torch, progress)
+    return _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fused,
+                   decode_chunk)
+
+
+def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fused,
+            decode_chunk) -> Engine:
     name = resolve_dtype(dtype, cfg.dtype)
     cfg = cfg.with_dtype(name)
     seq = min(max_seq_len, cfg.max_position_embeddings)
-    tdtype = getattr(torch, name)
-    keep_torch = gemm == "cublas"
-    if path is not None:
-        weights = load_checkpoint(path, cfg, dev, tdtype, keep_torch, progress)
-    else:
-        weights = random_weights(cfg, dev, tdtype, seed, keep_torch, progress)
+    weights = build(cfg, dev, getattr(torch, name), gemm == "cublas", progress)
     try:
-        return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress)
+        return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress, fused,
+                      decode_chunk)
     except BaseException:
         weights.release()
         raise
 
 
-__all__ = ["Engine", "Completion", "Piece", "Stream", "load"]
+def from_tensors(config: Qwen3Config, tensors, device=None, dtype=None,
+                 max_seq_len: int = 4096, gemm: str = "safetile", *, progress: bool = False,
+                 fused: bool = True, decode_chunk: int = 8) -> Engine:
+    """An Engine over in-memory weights: ``tensors`` maps Hugging Face's names to torch
+    tensors (a ``Qwen3ForCausalLM``'s ``state_dict()``), ``config`` a grout Qwen3Config
+    (``grout.config.from_dict(hf_config.to_dict(), ...)``); they are copied, never kept.
+    The tokenizer is Qwen's BPE. Other arguments as :func:`load`."""
+    check_options(gemm, max_seq_len, decode_chunk)
+
+    def build(cfg, dev, tdtype, keep_torch, _progress):
+        return weights_from_tensors(cfg, tensors, dev, tdtype, keep_torch)
+    return _engine(config, build, qwen_tokenizer(), resolve_device(device), dtype,
+                   max_seq_len, gemm, progress, fused, decode_chunk)
+
+
+__all__ = ["Engine", "Completion", "Piece", "Stream", "load", "from_tensors"]

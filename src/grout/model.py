@@ -7,9 +7,11 @@ what this one writes, can only be built once this one has been handed its place 
 stream (see runner.py, which records the decode step into one graph and runs prefill as one
 chained execution).
 
-:func:`decode_layer` is *the* per-layer decode sequence (14 launches): every fusion of the
-decode step changes that one function. Decode works on 1-D vectors in preallocated buffers
-(:class:`DecodeBuffers`); the token and the position live on the device.
+:func:`decode_layer` is the unfused per-layer decode sequence (14 kernels),
+:func:`decode_layer_fused` the fused one (7 kernels): both compute the same values at the
+same rounding points, so ``fused=False`` is the reference and the fallback. Decode works on
+1-D vectors in preallocated buffers (:class:`DecodeBuffers`); the token and the position
+live on the device.
 """
 from __future__ import annotations
 
@@ -86,6 +88,27 @@ class SafetileGemm:
         cfg = self._matmul_config(m, n, k)
         return lambda: ops.linear(x, lin.w, out=out, config=cfg)
 
+    def config(self, lin: Linear):
+        """The gemv config of ``lin`` (None: the op's tuned default)."""
+        return self._gemv_config(*lin.w.shape)
+
+    def norm_vec(self, x: st.Tensor, norm: st.Shared, eps: float, lin: Linear,
+                 out: st.Tensor) -> Step:
+        """``out = W @ rmsnorm(x)``: the norm folded into the gemv."""
+        cfg = self.config(lin)
+        return lambda: ops.rmsnorm_gemv(x, norm, lin.w, eps, out=out, config=cfg)
+
+    def vec_add(self, lin: Linear, x: st.Tensor, residual: st.Tensor, out: st.Tensor) -> Step:
+        """``out = W @ x + residual``: the residual add in the gemv's epilogue."""
+        cfg = self.config(lin)
+        return lambda: ops.gemv_add(lin.w, x, residual, out=out, config=cfg)
+
+    def silu_vec_add(self, lin: Linear, gate_up: st.Tensor, residual: st.Tensor,
+                     out: st.Tensor) -> Step:
+        """``out = W @ silu_mul(gate, up) + residual``: SwiGLU in the gemv's prologue."""
+        cfg = self.config(lin)
+        return lambda: ops.silu_mul_gemv_add(lin.w, gate_up, residual, out=out, config=cfg)
+
 
 class CublasGemm:
     """Projections on torch.matmul (cuBLAS on the GPU): a comparison path, eager only."""
@@ -108,19 +131,22 @@ class DecodeBuffers:
     one sampled. The residual stream alternates between ``resid[0]`` and ``resid[1]``
     (safe ops never write what they read)."""
 
-    def __init__(self, cfg: Qwen3Config, cache: KVCache, dtype, device: torch.device):
+    def __init__(self, cfg: Qwen3Config, cache: KVCache, dtype, device: torch.device,
+                 max_chunk: int = 1):
         h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         q, kv, hq, hkv = cfg.q_size, cfg.kv_size, cfg.num_attention_heads, cfg.num_key_value_heads
         # One zeroed storage for all of them (see weights.Arena); 8 bytes an element bounds
         # every dtype used here.
         shapes = [(h,)] * 5 + [(q + 2 * kv,), (q,), (kv,), (q,), (kv,), (q,), (2 * i,), (i,),
-                               (cfg.vocab_size,), (1,), (2,), (2,), (4,), (2,)]
+                               (cfg.vocab_size,), (1,), (2,), (2,), (4,), (2,), (max_chunk,)]
         arena = Arena(Arena.size(shapes, 8), device, zero=True)
 
         def empty(*shape, dt=dtype):
             return st.from_torch(arena.take(shape, dt.torch))
 
         self.token = empty(1, dt=st.i32)
+        # the tokens of a chunk of steps replayed between two host reads (runner.py)
+        self.history = empty(max_chunk, dt=st.i32)
         self.cursor = empty(2, dt=st.i32)
         self.cursor_next = empty(2, dt=st.i32)
         self.pos, self.counter = self.cursor.slice(0, 0, 1), self.cursor.slice(0, 1, 2)
@@ -146,6 +172,11 @@ class DecodeBuffers:
         self.params = empty(4, dt=st.f32)
         self.key = empty(2, dt=st.i64)
         self.inv_freq = ops.inv_freq_table(d, cfg.rope_theta, device)
+        self.head_ws = None
+
+    def fuse_head(self, lm_head: Linear, gemm: "SafetileGemm") -> None:
+        """Allocate the partial (max, index) pairs of the fused lm_head + argmax."""
+        self.head_ws = ops.gemv_argmax_workspace(lm_head.w, st.i32, gemm.config(lm_head))
 
 
 def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
@@ -175,6 +206,59 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
     ]
 
 
+def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
+                       v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm) -> list:
+    """One layer of the fused decode step (7 kernels), from the residual ``b.resid[0]``
+    (not normed: each norm is folded into the gemv that consumes it) back to ``b.resid[0]``:
+    the input norm in the qkv gemv; q/k norm, RoPE and the K/V append in one kernel;
+    attention (split, merge); the residual add in the o gemv (into ``b.resid[1]``); the
+    post-attention norm in the gate/up gemv; silu*mul and the residual add around the down
+    gemv (back into ``b.resid[0]``). It computes what :func:`decode_layer` computes."""
+    eps = cfg.rms_norm_eps
+    cur, mid = b.resid
+    return [
+        gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
+        lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
+                                           b.inv_freq, k_cache, v_cache, eps, q_out=b.qn),
+        # the attention's reads after its PDL wait, so it may launch during the append
+        lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
+                                     workspace=b.attn_ws, length_offset=1, early=False),
+        gemm.vec_add(layer.o, b.attn.view(cfg.q_size), cur, mid),
+        gemm.norm_vec(mid, layer.post_norm, eps, layer.gate_up, b.gate_up),
+        gemm.silu_vec_add(layer.down, b.gate_up, mid, cur),
+    ]
+
+
+def fused_head(cfg: Qwen3Config, w: Weights, b: DecodeBuffers, gemm: SafetileGemm,
+               greedy: bool) -> list:
+    """The final norm, lm_head and the next token from ``b.resid[0]``: greedy in one fused
+    gemv with a partial argmax (plus its final reduction), sampled as the normed gemv and a
+    draw."""
+    eps = cfg.rms_norm_eps
+    if greedy:
+        cfg_head = gemm.config(w.lm_head)
+        return [lambda: ops.rmsnorm_gemv_argmax(b.resid[0], w.final_norm, w.lm_head.w, eps,
+                                                logits=b.logits, token=b.token,
+                                                workspace=b.head_ws, config=cfg_head)]
+    return [gemm.norm_vec(b.resid[0], w.final_norm, eps, w.lm_head, b.logits),
+            sample_step(b, greedy)]
+
+
+def advance_cursor(b: DecodeBuffers) -> list:
+    """[position, sampler step] += 1 (safe ops never write what they read: via a copy)."""
+    return [lambda: ops.add_scalar(b.cursor, 1, out=b.cursor_next),
+            lambda: ops.copy(b.cursor_next, out=b.cursor)]
+
+
+def decode_step_fused(cfg: Qwen3Config, w: Weights, cache: KVCache, b: DecodeBuffers,
+                      gemm: SafetileGemm, greedy: bool) -> list:
+    """The fused decode step: the same result as :func:`decode_step` in fewer kernels."""
+    steps = [lambda: ops.embedding(b.token, w.embed, out=b.resid[0].view(1, cfg.hidden_size))]
+    for n, layer in enumerate(w.layers):
+        steps += decode_layer_fused(cfg, layer, cache.k[n], cache.v[n], b, gemm)
+    return steps + fused_head(cfg, w, b, gemm, greedy) + advance_cursor(b)
+
+
 def sample_step(b: DecodeBuffers, greedy: bool) -> Step:
     """The next token into ``b.token``: the argmax, or a draw under ``b.params``."""
     if greedy:
@@ -192,10 +276,8 @@ def decode_step(cfg: Qwen3Config, w: Weights, cache: KVCache, b: DecodeBuffers, 
     for n, layer in enumerate(w.layers):
         nxt = w.layers[n + 1].input_norm if n + 1 < len(w.layers) else w.final_norm
         steps += decode_layer(cfg, layer, cache.k[n], cache.v[n], b, gemm, nxt)
-    steps += [gemm.vec(w.lm_head, b.h, b.logits), sample_step(b, greedy),
-              lambda: ops.add_scalar(b.cursor, 1, out=b.cursor_next),
-              lambda: ops.copy(b.cursor_next, out=b.cursor)]
-    return steps
+    return steps + [gemm.vec(w.lm_head, b.h, b.logits), sample_step(b, greedy)] + \
+        advance_cursor(b)
 
 
 class PrefillBuffers:

@@ -8,8 +8,15 @@
 - :class:`Runner` owns the KV cache and the decode buffers. ``begin`` prefills a prompt and
   samples the first token; ``step`` replays the decode graph (one per sampling mode,
   recorded on first use) and reads the new token: the one device-to-host read per token.
+  ``steps(greedy, n)`` replays a *chunk*: one graph of ``n`` decode steps, each followed by
+  a copy of its token into ``history[i]``, read back once, so the GPU runs ``n`` tokens
+  without waiting on the host. The chunk's launches are the single step's, inlined ``n``
+  times: its tokens are exactly those of ``n`` single steps (greedy, or sampled: the
+  sampler's step counter advances on the device).
   With ``gemm="cublas"`` the step runs eagerly, since torch work cannot be recorded into a
   safetile graph.
+- ``fused=True`` (the default with safetile's gemm) builds the fused step
+  (model.decode_step_fused); ``fused=False`` the unfused one, the comparison and fallback.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from safetile import ops
 from .config import Qwen3Config
 from .kv_cache import KVCache
 from .model import (CublasGemm, DecodeBuffers, PrefillBuffers, SafetileGemm, TorchStep,
-                    decode_step, prefill, sample_step)
+                    decode_step, decode_step_fused, prefill, sample_step)
 from .weights import Weights
 
 
@@ -89,13 +96,20 @@ class Runner:
     """The device state of one engine: cache, decode buffers, recorded decode graphs."""
 
     def __init__(self, cfg: Qwen3Config, weights: Weights, device: torch.device, dtype,
-                 max_seq_len: int, gemm: str, progress: bool = True):
+                 max_seq_len: int, gemm: str, progress: bool = True, fused: bool = True,
+                 max_chunk: int = 8):
         self.cfg, self.w, self.device, self.dtype = cfg, weights, device, dtype
         self.progress = progress
         self.cache = KVCache(cfg, max_seq_len, dtype, device)
-        self.buf = DecodeBuffers(cfg, self.cache, dtype, device)
+        self.max_chunk = max_chunk
+        self.buf = DecodeBuffers(cfg, self.cache, dtype, device, max_chunk)
         self.gemm = CublasGemm() if gemm == "cublas" else SafetileGemm(device)
-        self.graphs: dict = {}
+        # the fused kernels are safetile's gemvs: the torch comparison path stays unfused
+        self.fused = bool(fused) and isinstance(self.gemm, SafetileGemm)
+        if self.fused:
+            self.buf.fuse_head(weights.lm_head, self.gemm)
+        self.graphs: dict = {}            # greedy -> the one-step graph
+        self.chunks: dict = {}            # (greedy, n) -> the graph of n steps
 
     @property
     def max_seq_len(self) -> int:
@@ -137,7 +151,8 @@ class Runner:
         return int(self.buf.token.numpy()[0])
 
     def decode_steps(self, greedy: bool) -> list:
-        return decode_step(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy)
+        build = decode_step_fused if self.fused else decode_step
+        return build(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy)
 
     def graph(self, greedy: bool) -> st.Graph:
         """The recorded decode step of this sampling mode (recorded on first use)."""
@@ -147,6 +162,35 @@ class Runner:
                 self.decode_steps(greedy), f"recording the {'greedy' if greedy else 'sampling'}"
                 f" decode step", self.progress)
         return g
+
+    def chunk(self, greedy: bool, n: int) -> st.Graph:
+        """The graph of ``n`` decode steps, each token copied to ``history[i]``."""
+        g = self.chunks.get((greedy, n))
+        if g is None:
+            one, b = self.graph(greedy), self.buf
+            with st.graph_scope() as scope:
+                for i in range(n):
+                    scope.record(one.launch())
+                    scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
+            g = self.chunks[(greedy, n)] = scope.graph
+        return g
+
+    def chunk_size(self, wanted: int) -> int:
+        """The largest chunk (a power of two up to ``max_chunk``) of at most ``wanted``
+        steps; 1 where the step cannot be a graph."""
+        if not self.graphable() or wanted <= 1:
+            return 1
+        n = 1
+        while n * 2 <= min(wanted, self.max_chunk):
+            n *= 2
+        return n
+
+    def steps(self, greedy: bool, n: int) -> list:
+        """``n`` decode steps (:meth:`chunk_size` of them) with one read: their tokens."""
+        if n == 1:
+            return [self.step(greedy)]
+        self.chunk(greedy, n).launch().sync()
+        return [int(t) for t in self.buf.history.numpy()[:n]]
 
     def step(self, greedy: bool) -> int:
         """Feed the current token at the current position; return the next token."""

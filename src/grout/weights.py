@@ -287,27 +287,50 @@ def load_checkpoint(directory: Path, cfg: Qwen3Config, device: torch.device,
         bar.update(entry[2][1] - entry[2][0])
         return out
 
-    b = None
-    layers: list = []
     try:
-        b = _Builder(cfg, device, dtype, keep_torch)
-        h = cfg.hidden_size
-        embed = read("model.embed_tokens.weight", b.empty(cfg.vocab_size, h))
-        norm = read("model.norm.weight", b.empty(h))
-        head = None if cfg.tie_word_embeddings else read("lm_head.weight",
-                                                         b.empty(cfg.vocab_size, h))
-        for n in range(cfg.num_hidden_layers):
-            layers.append(b.layer(lambda part, buf, n=n: read(f"model.layers.{n}.{part}.weight",
-                                                              buf)))
-        return b.weights(embed, head, norm, layers)
+        return _build(cfg, device, dtype, keep_torch, read)
     except (SafetensorError, OSError, RuntimeError) as e:
-        layers.clear()
-        b = None
         e.__traceback__ = None
         raise CheckpointError(f"{directory}: reading the weights failed ({e})") from None
     finally:
         handles.clear()
         bar.close()
+
+
+def _build(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, keep_torch: bool,
+           read) -> Weights:
+    """Weights whose every tensor ``read(hf_name, buffer)`` copies into its device buffer."""
+    b = _Builder(cfg, device, dtype, keep_torch)
+    h = cfg.hidden_size
+    embed = read("model.embed_tokens.weight", b.empty(cfg.vocab_size, h))
+    norm = read("model.norm.weight", b.empty(h))
+    head = None if cfg.tie_word_embeddings else read("lm_head.weight",
+                                                     b.empty(cfg.vocab_size, h))
+    layers = [b.layer(lambda part, buf, n=n: read(f"model.layers.{n}.{part}.weight", buf))
+              for n in range(cfg.num_hidden_layers)]
+    return b.weights(embed, head, norm, layers)
+
+
+def from_tensors(cfg: Qwen3Config, tensors, device: torch.device, dtype: torch.dtype,
+                 keep_torch: bool = False) -> Weights:
+    """Weights copied from in-memory torch tensors under Hugging Face's names (a
+    ``Qwen3ForCausalLM``'s ``state_dict()``, on any device, in any float dtype). Every name
+    and shape is checked before anything is allocated (``CheckpointError`` names the
+    tensor); the caller's tensors are only read."""
+    for name, shape in tensor_names(cfg).items():
+        t = tensors.get(name)
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"from_tensors: tensor {name!r} is missing")
+        if tuple(t.shape) != tuple(shape):
+            raise CheckpointError(f"from_tensors: tensor {name!r} has shape {list(t.shape)}, "
+                                  f"the config implies {list(shape)}")
+        if not t.dtype.is_floating_point:
+            raise CheckpointError(f"from_tensors: tensor {name!r} has dtype {t.dtype}; "
+                                  f"weights are floating point")
+
+    def read(name: str, out: torch.Tensor) -> torch.Tensor:
+        return out.copy_(tensors[name])
+    return _build(cfg, device, dtype, keep_torch, read)
 
 
 def random_weights(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, seed: int = 0,

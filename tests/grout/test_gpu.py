@@ -113,3 +113,46 @@ def test_grout_generate_streams_a_qwen3_4b_shaped_model():
                              "--max-new-tokens", "24", "--device", "cuda", timeout=300)
     assert code == 0, err
     assert "24 tokens" in err and out.strip()
+
+
+def _decode(eng, steps: int):
+    """Greedy tokens and each step's logits, one graph replay per step."""
+    r = eng.runner
+    params, key = grout.SamplingParams().tensors(eng.device)
+    with st.backend("triton"):
+        tokens = [r.begin(PROMPT, params, key, True)]
+        logits = [r.buf.logits.to_torch().float().cpu()]
+        for _ in range(steps):
+            tokens.append(r.step(True))
+            logits.append(r.buf.logits.to_torch().float().cpu())
+    return tokens, logits
+
+
+def test_chunked_decode_is_bit_identical_to_single_steps(models):
+    eng = models[0]
+    r = eng.runner
+    assert r.fused and r.max_chunk == 8
+    single, logits = _decode(eng, 16)
+    params, key = grout.SamplingParams().tensors(eng.device)
+    with st.backend("triton"):
+        chunked = [r.begin(PROMPT, params, key, True)] + r.steps(True, 8) + r.steps(True, 8)
+    assert chunked == single
+    assert torch.equal(r.buf.logits.to_torch().float().cpu(), logits[-1])
+
+
+def test_the_fused_step_follows_the_unfused_step(models):
+    """The fused kernels round where the unfused chain rounds; their reductions may run in
+    another order, so the logits agree to bf16 noise (1% of their scale) while the tokens
+    agree, and the tokens agree for at least the first 8 steps."""
+    eng = models[0]
+    plain = grout.load(eng.config.name, device="cuda", max_seq_len=256, fused=False,
+                       progress=False)
+    assert eng.runner.fused and not plain.runner.fused
+    ours, our_logits = _decode(eng, 16)
+    theirs, their_logits = _decode(plain, 16)
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+    assert agree >= 8, (ours, theirs)
+    for a, b in zip(our_logits[:agree], their_logits[:agree]):
+        assert (a - b).abs().max().item() <= 0.01 * b.abs().max().item()
+    fused = len(eng.runner.graph(True).records)
+    assert fused == 1 + 7 * eng.config.num_hidden_layers + 4

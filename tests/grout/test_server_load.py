@@ -36,7 +36,7 @@ def test_six_concurrent_clients_are_served_one_at_a_time_in_arrival_order(server
     """Six async clients send 0.1 s apart, all while the first (a long one) is still
     generating; each gets its whole answer, and each answer starts only after the one
     before it finished."""
-    lengths = [48, 4, 4, 4, 4, 4]
+    lengths = [112, 4, 4, 4, 4, 4]
 
     async def one(ac, i):
         await asyncio.sleep(0.1 * i)

@@ -1,0 +1,149 @@
+"""The fused decode step and chunked decode: the same tokens and logits as the unfused step
+replayed one token at a time, and as transformers; the kernel count of a fused layer."""
+import gc
+
+import pytest
+import torch
+
+import grout
+
+from test_model_vs_transformers import PROMPT, hf_logits
+
+NAMES = ["tied", "untied"]
+
+
+@pytest.fixture(scope="module")
+def unfused(checkpoints):
+    """name -> an engine of the unfused step, one token per host read (the reference)."""
+    engines = {name: grout.load(path, device="cpu", dtype="float32", max_seq_len=64,
+                                progress=False, fused=False, decode_chunk=1)
+               for name, (path, _) in checkpoints.items()}
+    yield engines
+    engines.clear()
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def single(checkpoints):
+    """The fused step of the "tied" checkpoint, one token per host read."""
+    eng = grout.load(checkpoints["tied"][0], device="cpu", dtype="float32", max_seq_len=64,
+                     progress=False, decode_chunk=1)
+    yield eng
+    del eng
+    gc.collect()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_fused_step_gives_the_greedy_tokens_of_the_unfused_step(name, engines, unfused):
+    assert engines[name].runner.fused and not unfused[name].runner.fused
+    got = engines[name].generate(PROMPT, max_new_tokens=13).token_ids
+    assert got == unfused[name].generate(PROMPT, max_new_tokens=13).token_ids
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_fused_step_gives_the_seeded_samples_of_the_unfused_step(name, engines, unfused):
+    kw = dict(max_new_tokens=11, temperature=0.9, top_k=50, top_p=0.95, seed=7)
+    got = engines[name].generate(PROMPT, **kw).token_ids
+    assert got == unfused[name].generate(PROMPT, **kw).token_ids
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_decode_logits_match_the_unfused_step_and_transformers(name, checkpoints,
+                                                                     engines, unfused):
+    _, model = checkpoints[name]
+    c = engines[name].generate(PROMPT, max_new_tokens=9)
+    unfused[name].generate(PROMPT, max_new_tokens=9)
+    fused_logits = engines[name].runner.buf.logits.to_torch()
+    plain_logits = unfused[name].runner.buf.logits.to_torch()
+    want = hf_logits(model, PROMPT + c.token_ids[:-1])[-1]
+    assert (fused_logits - plain_logits).abs().max().item() < 1e-4
+    assert (fused_logits - want).abs().max().item() < 2e-3
+
+
+def test_chunked_decode_gives_the_tokens_of_single_steps(engines, single):
+    eng = engines["tied"]
+    assert eng.runner.max_chunk == 8 and single.runner.max_chunk == 1
+    for kw in (dict(), dict(temperature=1.1, seed=3), dict(temperature=0.7, top_p=0.8, seed=5)):
+        got = eng.generate(PROMPT, max_new_tokens=23, **kw).token_ids
+        assert got == single.generate(PROMPT, max_new_tokens=23, **kw).token_ids
+    assert {n for _, n in eng.runner.chunks} >= {8, 4, 2}
+
+
+def test_chunked_stream_yields_the_pieces_of_single_steps(engines, single):
+    got = [(p.text, p.token_id, p.finish_reason)
+           for p in engines["tied"].stream(PROMPT, max_new_tokens=10)]
+    assert got == [(p.text, p.token_id, p.finish_reason)
+                   for p in single.stream(PROMPT, max_new_tokens=10)]
+
+
+def test_a_stop_string_inside_a_chunk_ends_the_completion_where_single_steps_end_it(
+        engines, single):
+    full = single.generate(PROMPT, max_new_tokens=16)
+    stop = full.text[len(full.text) // 2:][:2]
+    assert stop
+    want = single.generate(PROMPT, max_new_tokens=16, stop=stop)
+    got = engines["tied"].generate(PROMPT, max_new_tokens=16, stop=stop)
+    assert (got.text, got.token_ids, got.finish_reason) == \
+        (want.text, want.token_ids, want.finish_reason)
+
+
+def test_a_chunk_never_runs_past_the_cache(engines, single):
+    """A full cache ends generation with "length"; the CPU executor raises on a write past
+    the cache, so a chunk that overran would fail here."""
+    prompt = (PROMPT * 10)[:53]                    # 11 positions left of 64
+    got = engines["tied"].generate(prompt, max_new_tokens=40)
+    want = single.generate(prompt, max_new_tokens=40)
+    assert got.finish_reason == want.finish_reason == "length"
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 12
+
+
+def test_logprobs_decode_one_step_at_a_time_with_the_same_tokens(engines, single):
+    got = [(p.token_id, p.logprobs.logprob) for p in
+           engines["tied"].stream(PROMPT, max_new_tokens=6, logprobs=2)]
+    want = [(p.token_id, p.logprobs.logprob) for p in
+            single.stream(PROMPT, max_new_tokens=6, logprobs=2)]
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert torch.allclose(torch.tensor([lp for _, lp in got]),
+                          torch.tensor([lp for _, lp in want]), atol=1e-5)
+
+
+def test_a_fused_layer_is_seven_kernels(engines, unfused):
+    eng, plain = engines["untied"], unfused["untied"]
+    eng.generate(PROMPT, max_new_tokens=3)
+    plain.generate(PROMPT, max_new_tokens=3)
+    layers = eng.config.num_hidden_layers
+    # embedding; per layer 7; lm_head with argmax (2); the cursor's advance (2)
+    assert len(eng.runner.graphs[True].records) == 1 + 7 * layers + 4
+    # embedding and the first norm; per layer 14; lm_head, argmax (2), the cursor (2)
+    assert len(plain.runner.graphs[True].records) == 2 + 14 * layers + 5
+
+
+@pytest.mark.parametrize("chunk", [0, 3, -2, 2.0, True])
+def test_a_decode_chunk_that_is_not_a_power_of_two_is_refused(checkpoints, chunk):
+    with pytest.raises(grout.RequestError, match="decode_chunk"):
+        grout.load(checkpoints["tied"][0], device="cpu", dtype="float32", max_seq_len=64,
+                   progress=False, decode_chunk=chunk)
+
+
+def test_an_engine_from_a_models_tensors_decodes_as_one_loaded_from_its_checkpoint(
+        checkpoints, engines):
+    from grout.config import from_dict
+    from grout.engine import from_tensors
+    _, model = checkpoints["untied"]
+    cfg = from_dict(model.config.to_dict(), "untied")
+    eng = from_tensors(cfg, model.state_dict(), device="cpu", dtype="float32", max_seq_len=64)
+    assert eng.generate(PROMPT, max_new_tokens=9).token_ids == \
+        engines["untied"].generate(PROMPT, max_new_tokens=9).token_ids
+    del eng
+    gc.collect()
+
+
+def test_tensors_missing_a_weight_are_refused_naming_it(checkpoints):
+    from grout.config import from_dict
+    from grout.engine import from_tensors
+    _, model = checkpoints["tied"]
+    tensors = dict(model.state_dict())
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(grout.CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
+        from_tensors(from_dict(model.config.to_dict(), "tied"), tensors, device="cpu",
+                     dtype="float32", max_seq_len=64)
