@@ -1,5 +1,6 @@
 """grout on the H200: a qwen3-0.6b-shaped bf16 model against transformers, graph decode against
 eager decode bit for bit, seeded sampling, the cublas path, and the qwen3-4b CLI stream."""
+import math
 import pytest
 import torch
 
@@ -142,8 +143,8 @@ def test_chunked_decode_is_bit_identical_to_single_steps(models):
 
 def test_the_fused_step_follows_the_unfused_step(models):
     """The fused kernels round where the unfused chain rounds; their reductions may run in
-    another order, so the logits agree to bf16 noise (1% of their scale) while the tokens
-    agree, and the tokens agree for at least the first 8 steps."""
+    another order, so the logits agree to bf16 noise (two bf16 ulps at their largest
+    magnitude) while the tokens agree, and the tokens agree for at least the first 8 steps."""
     eng = models[0]
     plain = grout.load(eng.config.name, device="cuda", max_seq_len=256, fused=False,
                        progress=False)
@@ -153,6 +154,7 @@ def test_the_fused_step_follows_the_unfused_step(models):
     agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
     assert agree >= 8, (ours, theirs)
     for a, b in zip(our_logits[:agree], their_logits[:agree]):
-        assert (a - b).abs().max().item() <= 0.01 * b.abs().max().item()
+        two_ulps = 2.0 * 2.0 ** (math.floor(math.log2(b.abs().max().item())) - 7)
+        assert (a - b).abs().max().item() <= two_ulps
     fused = len(eng.runner.graph(True).records)
     assert fused == 1 + 7 * eng.config.num_hidden_layers + 4
