@@ -41,32 +41,24 @@ from .flash_attention import LOG2E, check_gqa, online_softmax_step
 
 # Rows of the group tile: tl.dot needs at least 16 rows.
 MIN_GROUP_ROWS = 16
-# Pipeline depth of the split kernel's K/V loop: Triton keeps num_stages - 1 TMA buffers,
-# so 3 stages double-buffer (one 64-key block of K and V, 32 KB, in flight while the previous
-# one is used). On the H200 (results/attention.json, 2026-11-30) 4 and 5 stages, 32 splits and
-# 32-key blocks were no faster: in a graph of attentions over distinct caches the split
-# streams at ~4.4 TB/s between 8k and 32k already, and 3 stages are best at 1k and 8k.
+# Defaults of the split kernel; the measurements behind each are in benchmarks/TUNING.md,
+# "decode attention defaults".
+# Pipeline depth of the K/V loop: Triton keeps num_stages - 1 TMA buffers, so 3 stages
+# double-buffer (one 64-key block of K and V in flight while the previous one is used).
 DEFAULT_STAGES = 3
-# Block-cyclic splits (every S-th key block) against contiguous runs: on the H200
-# (results/attention_prefetch.json, 2026-11-30, 8k context) the decode-like stream took 15.22
-# vs 15.56 us per attention (14.35 vs 14.83 us with a clean L2); a single attention tied. All
-# 16 splits of a head then stream neighbouring blocks at once, and the blocks spread evenly
-# over the splits at any length (contiguous runs round up to whole blocks per split).
+# Block-cyclic splits (every S-th key block) rather than contiguous runs: all splits of a head
+# then stream neighbouring blocks at once, and blocks spread evenly over the splits at any
+# length (contiguous runs round up to whole blocks per split).
 DEFAULT_CYCLIC = True
-# L2 prefetch of each split's first K/V blocks before the length read (and the pdl wait);
-# it needs cyclic splits. Measured there: 2 blocks with pdl 15.18 us (a tie with cyclic
-# alone), 4 blocks with pdl 15.55, 2 without pdl 16.08: off. The prefetched bytes compete
-# with the previous kernel's stream, and past a short valid length they are wasted.
+# L2 prefetch of each split's first K/V blocks before the length read: off, because the
+# prefetched bytes compete with the previous kernel's stream and past a short valid length
+# they are wasted.
 DEFAULT_PREFETCH = 0
 # Programmatic dependent launch, on by default where the GPU has it (Hopper and later): the
 # split kernel does every read (length, q, K, V) before its wait, and both kernels signal the
-# next at their start (trigger_early), so in a chain of attentions the next split streams its
-# cache while this one drains. H200, chains of 16 attentions over distinct caches
-# (results/attention.json, 2026-11-30), per attention, 64-key blocks: 8k 14.23 us without
-# pdl, 14.04 with pdl alone, 9.57 with early reads and early signals; 32k 37.21 / 40.39 /
-# 31.60; 1k 6.99 / 5.58 / 4.31. With all three, 64-key blocks beat 128 (8k 9.57 vs 10.29,
-# 1k 4.31 vs 5.15, 32k a tie): a 64-key program's two stages (64 KB) leave room on the SM for
-# the next split's program, which a 128-key one (128 KB) does not.
+# next at their start, so in a chain of attentions the next split streams its cache while this
+# one drains. 64-key blocks: a program's two stages then leave room on the SM for the next
+# split's program, which a 128-key program does not.
 DEFAULT_BLOCK_N = 64
 
 
@@ -158,11 +150,8 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
 
 def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
     """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
-    than the cache has key blocks. On the H200 (benchmarks/results/attention.json and
-    attention_decode_sweep1.json) 16 splits of 8 kv heads beat 32 and 64 at 1k and 8k and
-    tied 32 at 32k: more, shorter
-    programs pay the per-program prologue (device length, q, pipeline fill) more often and
-    make the merge read more partials."""
+    than the cache has key blocks: more, shorter programs pay the per-program prologue (device
+    length, q, pipeline fill) more often and make the merge read more partials."""
     want = host.next_pow2(max(1, 128 // n_kv_heads))
     return max(1, min(want, -(-max_seq // block_n)))
 

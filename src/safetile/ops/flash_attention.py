@@ -111,8 +111,7 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
     ``q``: (Hq, S, D); ``k``, ``v``: (Hkv, S, D) (see the module docstring for the layout);
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, S, D) in q's dtype is allocated when not
     given. ``block_m`` query rows per program and ``block_n`` keys per step are powers of two;
-    the defaults were the fastest measured on the H200 at 1k tokens and tied at 8k
-    (benchmarks/results/attention.json).
+    the defaults were chosen by measurement (benchmarks/TUNING.md, "decode attention defaults").
     Returns a ``DeviceOp`` whose output is the result tensor.
     """
     hq, hkv, d = check_gqa("ops.flash_attention", q, k, v, 3)

@@ -56,23 +56,21 @@ class GemvConfig:
 
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
-    """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight, from the
-    H200 measurements of chains of 16 gemvs over distinct weights (us per gemv, safe kernel;
-    results/gemv_occupancy.json, gemv_steady.json, 2026-11-30; ``sms`` is accepted for
-    other GPUs' tables):
+    """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight (the
+    measurements behind each rule: benchmarks/TUNING.md, "gemv defaults"; ``sms`` is accepted
+    for other GPUs' tables):
 
-    - 4 rows per program for N <= 4096 (few rows: more, shorter programs), else 8 (qkv:
-      7.93 us vs 9.00 with 4 and 9.94 with 16; down: 12.89 with 4 vs 13.06 with 8);
+    - 4 rows per program for N <= 4096 (few rows: more, shorter programs fill the GPU), else 8;
     - for N <= 4096, 1024-wide K blocks and 5 stages where 1024 divides K into fewer than 8
-      blocks (o: 5.75 us, vs 5.92 with 3 stages, 6.28 with 4 and 7.97 with 512-wide blocks);
-      else 512-wide blocks, 4 stages;
+      blocks (a short loop needs deep, wide loads to stream); else 512-wide blocks, 4 stages;
     - head 2 (the first two blocks loaded ahead of the loop, early under PDL) for fewer than
-      8 blocks (o: 5.92 vs 7.72 with head 0; qkv 7.93 vs 10.35), else 0: a long loop gains
-      nothing from them and the pipelined loop streams better (down: 13.06 vs 13.86).
+      8 blocks, else 0: a long loop gains nothing from them and the pipelined loop streams
+      better.
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
-    early weight loads (o: 5.92 vs 7.74 without). ``prefetch`` stays 0: L2 prefetches of the
-    first blocks before the wait lost to early loads into registers (gemv_prefetch.json)."""
+    early weight loads, so the weight stream starts while the previous kernel drains.
+    ``prefetch`` stays 0: early loads into registers already cover what an L2 prefetch of the
+    first blocks would."""
     del sms
     small = n <= 4096
     bn = 4 if small else 8

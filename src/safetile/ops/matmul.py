@@ -102,25 +102,19 @@ def _skinny(m: int, n: int, k: int, bk: int, in_bytes: int, out_bytes: int,
     """Memory-bound products (M <= 256: fewer flops per weight byte than the H200's ~206
     FLOP/B balance point): the most weight-streaming programs that fit in one wave.
 
-    Calibrated by ``bench_gemm.py --sweep`` on the H200 (2026-11-30, results/gemm_sweep.json,
-    375 configs over the Qwen3-4B/32B projections; ratios to cuBLAS, old default -> this rule):
-    - candidate tiles: M <= 16: 16 x {64, 128, 256} with a 128-deep K step (bk=128 beat bk=64
-      on every shape, e.g. 4B qkv 0.886 -> 0.920); larger M: 64x128, 128x128, 128x256 (bk=64;
-      128x64 and 64x64 never won);
-    - split K into s <= 3 ranges (6 to 13 splits lost everywhere: 4B o M=16 k6 0.86 vs k3
-      0.91) to maximize tile programs x s within one wave, ties to the smaller s: 4B o M=16
-      16x64 k3 (0.68 -> 0.95), 32B down M=16 16x128 k3 (0.85 -> 1.00), 4B qkv 16x64 unsplit;
+    Calibrated by ``bench_gemm.py --sweep`` (the figures: benchmarks/TUNING.md, "skinny GEMM
+    rule"):
+    - candidate tiles: M <= 16: 16 x {64, 128, 256} with a 128-deep K step; larger M: 64x128,
+      128x128, 128x256 (bk=64);
+    - split K into s <= 3 ranges to maximize tile programs x s within one wave, ties to the
+      smaller s (more splits pay more for partials than they gain in programs);
     - for M > 16 a split must pay for its fp32 partials (s * M * N * 8 bytes): allowed when
       they are at most ~10% of the weight bytes (s * M * 40 <= K) or when unsplit tiles would
-      use under a third of the SMs: 4B o/down M=128 64x128 k3 (0.62 -> 0.77, 0.78 -> 0.92),
-      32B down 128x128 k3 (0.93), but 32B o M=128 64x128 unsplit (0.80 -> 0.88 against k3);
+      use under a third of the SMs;
     - when no tile fits in one wave (gate_up, lm_head): the largest tile whose last wave is
-      at least 95% full, else the largest: 32B gate_up 16x256 / 128x256 (1.01 / 0.89 against
-      0.95 / 0.85 for 16x64 / 64x128), lm_head 16x128 / 128x128 (1.03-1.05 / 0.96-0.98
-      against 0.91 for 128x256);
+      at least 95% full, else the largest;
     - the deepest pipeline that fits (up to 8 stages), and programmatic dependent launch for
-      split products at M <= 16 (the reduction launches early: +2-3% at 4B o/down, neutral
-      elsewhere; at M = 128 it measured 2-5% slower, so not there).
+      split products at M <= 16, where the reduction can launch early.
     """
     if m <= 16:
         tiles, bk = [(16, 64), (16, 128), (16, 256)], 2 * bk
