@@ -1,6 +1,6 @@
 """Regression tests for the disagreements a GPU differential run found between the GPU and
 the CPU executor (``scripts/differential_gpu.py``), one family each: IEEE division,
-compile-time numbers in comparisons and extrema, bf16 constants, shifts of bools. Each
+compile-time numbers in comparisons and extrema, bf16 constants and extrema, shifts of bools. Each
 checks the generated code for the mechanism (its source, or its sm_90 compilation) and the
 CPU executor against the result ``lang/semantics.py`` states, on edge values."""
 import math
@@ -142,3 +142,23 @@ def test_a_bool_shifted_by_an_int8_is_an_int8_shift():
     z, s = both(bool_shift, args, 2, 2)
     assert z.tolist() == [-128, 64, 0]                  # 1 << 7 wraps in int8
     assert s.tolist() == [-128.0, 64.0, 0.0]
+
+
+# ---- bf16 extrema -------------------------------------------------------------------------------
+
+@st.kernel
+def bf16_extremum_product(x: st.In[st.bf16], y: st.In[st.bf16], z: st.Out[st.bf16]):
+    a, b = sl.load_like(x, z), sl.load_like(y, z)
+    z.store(min(a, b) * b * b)
+
+
+def test_an_extremum_of_bf16_tiles_stays_bf16_so_later_products_round_in_bf16():
+    x = torch.tensor([1.0, 3.0, 1.1, -2.5], dtype=torch.bfloat16)
+    y = torch.tensor([1.1, 1.3, 1.7, 1.9], dtype=torch.bfloat16)
+    args = lambda: [st.from_torch(x.clone()), st.from_torch(y.clone()), out(4, st.bf16)]
+    with st.backend("interpret"):
+        got = bf16_extremum_product(*args()).sync()[2].unpartition().to_torch()
+    once = torch.minimum(x, y).float() * y.float()
+    assert torch.equal(got, (once.bfloat16().float() * y.float()).bfloat16())
+    ttir = bf16_extremum_product.options(tma=False).compile(*args()).asm["ttir"]
+    assert [line for line in ttir.splitlines() if "arith.mulf" in line and "bf16" in line]

@@ -27,6 +27,14 @@ def _kw(node, name):
     return None
 
 
+def _kept_bf16(src: str, t) -> str:
+    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum return bf16
+    operands' extremum as fp32 (the value is exact; the type would skip later roundings)."""
+    if t is not None and t.runtime and t.dtype.name == "bfloat16":
+        return f"({src}).to(tl.bfloat16)"
+    return src
+
+
 class ExpressionEmitter:
     """Translates expressions of one kernel or @st.function body for one variant."""
 
@@ -359,7 +367,7 @@ class ExpressionEmitter:
             acc_type = extremum_type(name, acc_const if acc_const is not None else acc_type, at)
             acc = x if acc is None else f"{fn}({acc}, {x})"
             acc_const = None
-        return acc
+        return _kept_bf16(acc, t)
 
     def constant_for(self, v, d, src: str) -> str:
         """Compile-time ``v`` meeting a runtime ``d`` in an extremum (see ``operands``)."""
@@ -423,7 +431,8 @@ class ExpressionEmitter:
                 x, y = self.operands({"maximum": "max", "minimum": "min"}.get(name, name),
                                      node.args[first], node.args[first + 1])
                 head = [self.expr(node.args[0])] if first else []
-                return f"{b.triton}({', '.join(head + [x, y])})"
+                call = f"{b.triton}({', '.join(head + [x, y])})"
+                return call if first else _kept_bf16(call, t)
         target = b.triton
         if target.startswith("_st_"):
             self.use(target)
