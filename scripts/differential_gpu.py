@@ -8,7 +8,7 @@ generator keeps to accepted constructs), and of disagreements, each with its ker
 and exits non-zero if any case disagreed. The comparison allows what the semantics leave
 open (lang/semantics.py): math functions and float sums to a relative tolerance, the sign
 of a zero from maximum/minimum, and, on the GPU, a relative 4e-6 on fp32 results (fused
-multiply-adds and fast division).
+multiply-adds; division is IEEE on both backends).
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@
 
 ``agree`` asserts equality: bit for bit (all NaNs alike), except what the semantics leave
 open: element-wise math and float sums to a relative tolerance by dtype, and the sign of a
-zero from maximum/minimum. On the GPU, float results also get a small relative tolerance
-(fused multiply-adds, fast division and square root).
+zero from maximum/minimum. On the GPU, fp32 results also get a small relative tolerance
+(fused multiply-adds; division is IEEE on both backends, and square root is a math function).
 """
 from __future__ import annotations
 

@@ -45,6 +45,12 @@ Otherwise the operands promote:
   the result type would depend on the value (convert one operand with ``.astype``).
 
 ``/`` of fp16 or bf16 operands computes and returns fp32; ``/`` of ints returns fp32.
+``/`` is IEEE division, rounded to nearest even (``tl.div_rn`` on the GPU), never an
+approximation: ``x / x`` is 1.0 for every finite nonzero ``x``.
+A compile-time number is converted the same way wherever it meets a runtime value:
+comparisons, ``sl.where`` and ``sl.maximum``/``min``/``max`` included (``fp16_tile == 0.1``
+compares with 0.1 rounded to fp32 and then to fp16; the code generator builds such
+constants itself, as Triton would compare in fp32).
 Every other operation returns its computation type, rounded (to nearest even) after each
 operation: ``bf16 + bf16`` is bf16, computed exactly and rounded once, which fp32 math
 followed by one rounding reproduces.
@@ -62,7 +68,7 @@ Operators
   remainder is exact ``fmod`` in its interpreter but derived from a rounded quotient on the
   GPU, so no one result could be promised. Write the quotient (``a / b``, ``.astype(st.i32)``
   truncates) and the remainder from it.
-- ``<< >>`` shift ints; a shift amount outside ``[0, bits)`` is an error on the CPU executor
+- ``<< >>`` shift ints (a bool operand takes the other's int type: ``bool << int8`` is int8); a shift amount outside ``[0, bits)`` is an error on the CPU executor
   and gives 0 (``<<``) or the sign fill (``>>``) on the GPU. ``& | ^ ~`` work on ints and
   bools. ``**`` on runtime values is refused (use ``sl.exp2(y * sl.log2(x))`` or multiply).
 - ``and``, ``or``, ``not`` take bool scalars (``&``, ``|``, ``~`` combine tiles); a runtime
@@ -115,6 +121,7 @@ a loop (``acc = 0`` then ``acc = acc + tile`` in a loop is refused: start from
 from __future__ import annotations
 
 import math
+import struct
 
 from .. import dtypes as _d
 from ..dtypes import DType
@@ -358,10 +365,31 @@ def representable(v, d: DType, what: str) -> None:
 
 
 def compile_time_float(v) -> float:
-    """A compile-time number as it becomes a float tile value: rounded to fp32 first, and a
-    zero is +0.0 (Triton builds compile-time zeros as +0.0)."""
+    """A compile-time number as it becomes a float value: rounded to fp32 (to nearest even;
+    past fp32's range it is +-inf), and a zero is +0.0 (Triton builds compile-time zeros as
+    +0.0). Both backends round it here, then to the operand's type."""
     v = float(v)
+    try:
+        v = struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:                 # rounds past the largest fp32
+        v = math.copysign(math.inf, v)
     return 0.0 if v == 0.0 else v
+
+
+def rounded(v, d: DType) -> float:
+    """Compile-time number ``v`` as a value of float dtype ``d``: rounded to fp32 (see
+    ``compile_time_float``), then to ``d``, to nearest even."""
+    x = compile_time_float(v)
+    if d is _d.float16 and math.isfinite(x):
+        try:
+            return struct.unpack("e", struct.pack("e", x))[0]
+        except OverflowError:
+            return math.copysign(math.inf, x)
+    if d is _d.bfloat16 and math.isfinite(x):
+        b = struct.unpack("<I", struct.pack("<f", x))[0]
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        return struct.unpack("<f", struct.pack("<I", b))[0]
+    return x
 
 
 def range_dtype(bounds) -> DType:

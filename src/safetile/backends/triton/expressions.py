@@ -11,6 +11,7 @@ import ast
 from ...errors import KernelDefinitionError
 from ...lang.views import inline_partition, kind_of
 from ...lang import semantics as S
+from .constants import extremum_type, float_literal, fp32_operand, needs_type, typed_constant
 from .prelude import DEPENDS, helper_source
 
 
@@ -19,16 +20,19 @@ BINOP_SPELLING = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.F
                   ast.BitOr: "|", ast.BitAnd: "&", ast.BitXor: "^", ast.MatMult: "@"}
 
 
-def float_literal(v: float) -> str:
-    """A float as Triton source (infinities and NaN spelled through float())."""
-    return repr(v) if abs(v) != float("inf") and v == v else f'float("{v}")'
-
-
 def _kw(node, name):
     for k in node.keywords:
         if k.arg == name:
             return k.value
     return None
+
+
+def _kept_bf16(src: str, t) -> str:
+    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum return bf16
+    operands' extremum as fp32 (the value is exact; the type would skip later roundings)."""
+    if t is not None and t.runtime and t.dtype.name == "bfloat16":
+        return f"({src}).to(tl.bfloat16)"
+    return src
 
 
 class ExpressionEmitter:
@@ -231,10 +235,15 @@ class ExpressionEmitter:
 
     def binop(self, node, op: str, left, right) -> str:
         """``left op right`` with the language's semantics where Triton's differ: Python's
-        floor division and remainder, guarded shifts (``lang/semantics.py``)."""
-        lt, rt = self.expr(left), self.expr(right)
+        floor division and remainder, guarded shifts, IEEE division, typed compile-time
+        operands (``lang/semantics.py``)."""
+        lt, rt = self.operands(op, left, right)
         a, b = self.tp(left), self.tp(right)
         if a is not None and b is not None and (a.runtime or b.runtime):
+            if op == "/":
+                # IEEE division, rounded to nearest: Triton's `/` is an approximate division
+                # on the GPU (wrong in the last bits, and 0 for divisors past 2**126)
+                return f"tl.div_rn({fp32_operand(a, lt)}, {fp32_operand(b, rt)})"
             float_op = (a.runtime and a.dtype.is_float) or (b.runtime and b.dtype.is_float) or \
                 (a.kind == "const" and isinstance(a.value, float)) or \
                 (b.kind == "const" and isinstance(b.value, float))
@@ -245,6 +254,24 @@ class ExpressionEmitter:
             elif op in ("<<", ">>") and b.runtime:
                 return f"{self.use('_st_shl' if op == '<<' else '_st_shr')}({lt}, {rt})"
         return f"({lt} {op} {rt})"
+
+    def operands(self, op: str, left, right) -> tuple[str, str]:
+        """``left`` and ``right`` as Triton source, a compile-time number that meets a
+        runtime operand built as a constant of that operand's type where Triton would not
+        convert it as ``lang/semantics.py`` does: in comparisons and extrema Triton keeps it
+        in fp32, fp64 or int32, and its own bf16 constants lose digits."""
+        lt, rt = self.expr(left), self.expr(right)
+        a, b = self.tp(left), self.tp(right)
+        if a is None or b is None or a.runtime == b.runtime:
+            return lt, rt
+        c, r = (a, b) if b.runtime else (b, a)
+        if c.kind != "const" or not isinstance(c.value, (int, float)) or \
+                S.weak_kind(c.value) > S.kind(r.dtype):
+            return lt, rt
+        if needs_type(op, c.value, r.dtype):
+            typed = typed_constant(c.value, r.dtype)
+            return (typed, rt) if c is a else (lt, typed)
+        return lt, rt
 
     def expr_UnaryOp(self, node):
         op = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}[type(node.op)]
@@ -257,6 +284,10 @@ class ExpressionEmitter:
     def expr_Compare(self, node):
         ops = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
                ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not"}
+        if len(node.ops) == 1 and ops[type(node.ops[0])] in S.COMPARE:
+            op = ops[type(node.ops[0])]
+            lt, rt = self.operands(op, node.left, node.comparators[0])
+            return f"({lt} {op} {rt})"
         s = self.expr(node.left)
         for op, right in zip(node.ops, node.comparators):
             s += f" {ops[type(op)]} {self.expr(right)}"
@@ -317,8 +348,9 @@ class ExpressionEmitter:
         if name == "abs":
             return f"tl.abs({self.expr(node.args[0])})"
         # min/max of two or more values: nested, compile-time neighbours folded first
+        # (compile-time operands typed as `operands` does)
         fn = "tl.minimum" if name == "min" else "tl.maximum"
-        acc, acc_const = None, None
+        acc, acc_const, acc_type = None, None, None
         for a in node.args:
             at = self.tp(a)
             if at is not None and at.kind == "const" and (acc is None or acc_const is not None):
@@ -326,9 +358,23 @@ class ExpressionEmitter:
                     (min if name == "min" else max)(acc_const, at.value)
                 acc = self.literal(acc_const)
                 continue
-            acc = self.expr(a) if acc is None else f"{fn}({acc}, {self.expr(a)})"
+            x = self.expr(a)
+            if acc is not None and at is not None:
+                if acc_const is not None and at.runtime:
+                    acc = self.constant_for(acc_const, at.dtype, acc)
+                elif at.kind == "const" and acc_type is not None:
+                    x = self.constant_for(at.value, acc_type, x)
+            acc_type = extremum_type(name, acc_const if acc_const is not None else acc_type, at)
+            acc = x if acc is None else f"{fn}({acc}, {x})"
             acc_const = None
-        return acc
+        return _kept_bf16(acc, t)
+
+    def constant_for(self, v, d, src: str) -> str:
+        """Compile-time ``v`` meeting a runtime ``d`` in an extremum (see ``operands``)."""
+        if isinstance(v, (int, float)) and S.weak_kind(v) <= S.kind(d) and \
+                needs_type("max", v, d):
+            return typed_constant(v, d)
+        return src
 
     def args(self, node) -> str:
         parts = [self.expr(a) for a in node.args]
@@ -375,6 +421,18 @@ class ExpressionEmitter:
                 d = self.expr(node.args[2])
                 value = f"{self.use('_st_f2i')}({self.expr(node.args[1])}, {d}, {lo}, {hi})"
                 return f"tl.full({self.expr(node.args[0])}, {value}, {d})"
+            if v is not None and v.kind == "const" and t is not None and \
+                    t.dtype.name == "bfloat16":           # Triton's bf16 constants lose digits
+                value = float_literal(S.compile_time_float(v.value))
+                return f"tl.full({self.expr(node.args[0])}, {value}, tl.float32).to(tl.bfloat16)"
+        if name in ("where", "maximum", "minimum") and not node.keywords:
+            first = 1 if name == "where" else 0
+            if len(node.args) == first + 2:
+                x, y = self.operands({"maximum": "max", "minimum": "min"}.get(name, name),
+                                     node.args[first], node.args[first + 1])
+                head = [self.expr(node.args[0])] if first else []
+                call = f"{b.triton}({', '.join(head + [x, y])})"
+                return call if first else _kept_bf16(call, t)
         target = b.triton
         if target.startswith("_st_"):
             self.use(target)

@@ -60,19 +60,21 @@ def _st_cdiv(a, b):
     return tl.where(_st_floormod(a, b) != 0, q + 1, q)
 ''',
     # Shifts by an amount outside [0, bits) are 0 (<<) or the sign fill (>>), never undefined.
+    # Both operands broadcast through `x ^ x` (a zero of x's own type): `bool * 0` would be
+    # int32 and widen an int8 or bool shift (lang/semantics.py promotes bool to the int).
     "_st_shl": '''
 @triton.jit
 def _st_shl(a, b):
-    a2 = a + b * 0
-    b2 = b + a * 0
+    a2 = a + (b ^ b)
+    b2 = b + (a ^ a)
     ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
     return tl.where(ok, a2 << tl.where(ok, b2, 0), 0)
 ''',
     "_st_shr": '''
 @triton.jit
 def _st_shr(a, b):
-    a2 = a + b * 0
-    b2 = b + a * 0
+    a2 = a + (b ^ b)
+    b2 = b + (a ^ a)
     ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
     return tl.where(ok, a2 >> tl.where(ok, b2, 0), tl.where(a2 < 0, -1, 0))
 ''',
