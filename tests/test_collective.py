@@ -1,4 +1,5 @@
 """Collectives (st.all_reduce, st.all_gather) over gloo, two processes on the loopback."""
+import asyncio
 import datetime
 import os
 import socket
@@ -71,6 +72,14 @@ def _all_reduce_sums(rank):
     buf = st.from_torch(torch.arange(4, dtype=torch.float32) + 10 * rank)
     out = st.all_reduce(buf).sync()
     return out is buf, out.to_torch().tolist()
+
+
+def _awaited_all_reduce(rank):
+    async def main():
+        buf = st.from_torch(torch.full((3,), float(rank + 1)))
+        out = await st.all_reduce(buf, op="max")
+        return out is buf, out.to_torch().tolist()
+    return asyncio.run(main())
 
 
 def _all_gather_concatenates(rank):
@@ -147,6 +156,12 @@ def test_all_reduce_sums_across_ranks_and_hands_the_buffer_back():
         assert values == [10.0, 12.0, 14.0, 16.0]
 
 
+def test_an_awaited_all_reduce_hands_the_buffer_back():
+    results, _ = run_ranks(_awaited_all_reduce)
+    for same, values in _ok(results):
+        assert same and values == [2.0, 2.0, 2.0]
+
+
 def test_all_gather_places_each_rank_block_in_rank_order():
     results, _ = run_ranks(_all_gather_concatenates)
     for same, column in _ok(results):
@@ -205,3 +220,26 @@ def test_a_moved_buffer_is_refused_before_the_process_group_is_consulted():
     with pytest.raises(MovedError):
         st.all_reduce(t)
     assert p._is_live()
+
+
+# -- NCCL (one GPU: a group of one rank, which exercises the device path) --------------------
+
+def _nccl_group_of_one():
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+    dist.init_process_group("nccl", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_runs_on_the_stream_and_hands_the_cuda_buffer_back():
+    _nccl_group_of_one()
+    try:
+        buf = st.from_torch(torch.arange(8, dtype=torch.float32, device="cuda"))
+        out = st.all_reduce(buf).sync()
+        assert out is buf and out.to_torch().tolist() == list(range(8))
+        cpu = st.from_torch(torch.ones(4))
+        with pytest.raises(CollectiveError, match="nccl"):
+            st.all_reduce(cpu)
+        assert cpu._is_live()
+    finally:
+        dist.destroy_process_group()
