@@ -14,3 +14,8 @@ class CheckpointError(GroutError):
 class RequestError(GroutError):
     """A request cannot be served as given: a prompt longer than the cache, token ids outside
     the vocabulary, bad sampling parameters, an unknown model name or device."""
+
+
+class ShardingError(GroutError):
+    """A model cannot be split over the requested number of ranks (tensor parallelism): a
+    head count, the MLP width or the vocabulary that the rank count does not divide."""

@@ -26,10 +26,11 @@ Where to look next:
 from . import errors  # noqa: F401
 from .backends import backend, set_backend  # noqa: F401
 from .device import DeviceOp, Graph, graph_scope, submit, zip  # noqa: F401,A004
+from .device import CollectiveOp, all_gather, all_reduce  # noqa: F401
 from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
 from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # noqa: F401
-                     GraphCaptureError, KernelDefinitionError, LaunchError, MovedError,
+                     CollectiveError, GraphCaptureError, KernelDefinitionError, LaunchError, MovedError,
                      OutOfBoundsError, PartitionError, RaceError, SafetileError, UnsafeError)
 from .errors import BlockingSyncWarning, UnrunOpWarning  # noqa: F401
 from .kernel.kernel import Kernel, function, kernel, unsafe  # noqa: F401
@@ -50,6 +51,8 @@ __all__ = [
     "from_torch", "from_numpy", "from_dlpack",
     # device operations
     "DeviceOp", "Graph", "graph_scope", "submit", "zip",
+    # collectives (torch.distributed)
+    "all_reduce", "all_gather", "CollectiveOp",
     # backends
     "backend", "set_backend",
     # dtypes
@@ -57,7 +60,7 @@ __all__ = [
     "f32", "f16", "bf16", "i32", "i64", "floats",
     # errors and warnings
     "errors", "SafetileError", "KernelDefinitionError", "LaunchError", "ArgumentError",
-    "MovedError", "BorrowError", "AliasError", "UnsafeError", "RaceError", "OutOfBoundsError",
+    "MovedError", "BorrowError", "AliasError", "UnsafeError", "RaceError", "OutOfBoundsError", "CollectiveError",
     "GraphCaptureError", "ExecutionError", "PartitionError", "UnrunOpWarning",
     "BlockingSyncWarning",
 ]

@@ -76,6 +76,12 @@ class PartitionError(SafetileError, ValueError):
     """A tile shape or partition option is invalid for the tensor it partitions."""
 
 
+class CollectiveError(SafetileError):
+    """A collective (``st.all_reduce``, ``st.all_gather``) could not run or failed: no
+    process group, a buffer on the wrong device for its backend, or a peer that left or
+    timed out. The buffers are handed back (``error.recovered``)."""
+
+
 class ArgumentError(SafetileError, TypeError, ValueError):
     """A library op or host function was given an argument of the wrong kind, shape or value.
 
