@@ -151,3 +151,16 @@ def test_bad_arguments_raise_argument_errors(change, match):
     args.update(change)
     with pytest.raises(st.ArgumentError, match=match):
         ops.qk_norm_rope_kv_append(**{k: wrap(v) for k, v in args.items()})
+
+
+def test_the_append_kernels_take_caches_up_to_one_slab_tile_per_head():
+    assert ops.max_cache_positions(128) == 8192
+    assert ops.max_cache_positions(64) == 16384
+
+
+def test_a_cache_longer_than_one_slab_tile_is_refused_naming_the_limit():
+    d = 128
+    k_new, v_new = wrap(rand((1, d), st.f32, 0)), wrap(rand((1, d), st.f32, 1))
+    k_cache, v_cache = st.zeros((1, 8193, d), st.f32), st.zeros((1, 8193, d), st.f32)
+    with pytest.raises(st.errors.ArgumentError, match="at most 8192 positions"):
+        ops.kv_append(k_new, v_new, pos_tensor(0), k_cache, v_cache)

@@ -28,7 +28,7 @@ from .copy import add_scalar, copy  # noqa: F401
 from .decode_attention import (DecodeWorkspace, decode_attention,  # noqa: F401
                                decode_attention_merge, decode_attention_split)
 from .flash_attention import flash_attention  # noqa: F401
-from .kv_cache import kv_append, kv_append_many  # noqa: F401
+from .kv_cache import kv_append, kv_append_many, max_cache_positions  # noqa: F401
 from .elementwise import add, mul, silu_mul  # noqa: F401
 from .embedding import embedding  # noqa: F401
 from .gemv import GemvConfig, gemv  # noqa: F401
@@ -47,7 +47,8 @@ __all__ = [
     "softmax", "argmax", "argmax_workspace", "ArgmaxWorkspace", "matmul", "linear",
     "MatmulConfig", "gemv", "GemvConfig", "flash_attention", "decode_attention",
     "decode_attention_split", "decode_attention_merge", "DecodeWorkspace", "kv_append",
-    "kv_append_many", "sample", "sampler_workspace", "SamplerWorkspace", "sampling_key",
+    "kv_append_many", "max_cache_positions", "sample", "sampler_workspace", "SamplerWorkspace",
+    "sampling_key",
     "sampling_params", "copy", "add_scalar", "rmsnorm_gemv", "gemv_add", "silu_mul_gemv_add",
     "rmsnorm_gemv_argmax", "gemv_argmax_workspace", "qk_norm_rope_kv_append",
 ]

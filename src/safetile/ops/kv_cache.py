@@ -23,6 +23,7 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
+from ..lang.semantics import MAX_TILE_ELEMENTS
 from . import host
 
 
@@ -85,6 +86,23 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
         raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
 
 
+def max_cache_positions(head_dim: int) -> int:
+    """The most positions a cache of ``head_dim`` may have for the append kernels
+    (``kv_append``, ``qk_norm_rope_kv_append``): each program owns its head's whole slab,
+    (1, positions rounded up to a power of two, head_dim), and a tile holds at most
+    ``MAX_TILE_ELEMENTS`` elements."""
+    return MAX_TILE_ELEMENTS // host.next_pow2(head_dim)
+
+
+def check_cache_positions(name: str, max_seq: int, head_dim: int) -> None:
+    """``ArgumentError`` for a cache longer than ``max_cache_positions(head_dim)``."""
+    limit = max_cache_positions(head_dim)
+    if max_seq > limit:
+        raise ArgumentError(f"{name}: a cache of {max_seq} positions is over the {limit} an "
+                            f"append kernel takes at head_dim {head_dim} (each program owns "
+                            f"its head's whole slab); use a cache of at most {limit} positions")
+
+
 def kv_append(k_new, v_new, pos, k_cache, v_cache):
     """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
 
@@ -92,6 +110,7 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache):
     cache writes nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
+    check_cache_positions("ops.kv_append", max_seq, d)
     slab = (1, host.next_pow2(max_seq), d)
     op = kv_append_kernel(k_new, v_new, pos,
                           host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),

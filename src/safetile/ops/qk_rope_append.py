@@ -26,6 +26,7 @@ import safetile.lang as sl
 from ..errors import ArgumentError
 from . import host
 from .fused_gemv import rms_scale
+from .kv_cache import check_cache_positions
 
 
 @st.function
@@ -148,6 +149,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
     gp = host.next_pow2(group)
+    check_cache_positions(name, max_seq, d)
     slab = (1, host.next_pow2(max_seq), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     op = _kernel(num_warps, pdl)(
