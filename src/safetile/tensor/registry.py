@@ -5,8 +5,8 @@ while only a few are in flight; beyond :data:`SMALL` holds it also keeps an addr
 hierarchical grid, :class:`Index`), so that checking a new launch against thousands of
 in-flight holds looks only at the extents near its own bytes. A second index holds only the
 held writes: a new read can conflict only with a write, so a read (most arguments, and the
-long-lived borrows of ``Shared`` values are all reads) never walks the held reads. The caller (``borrows``) holds
-``LOCK`` around every call.
+long-lived borrows of ``Shared`` values are all reads) never walks the held reads. The
+caller (``borrows``) holds ``LOCK`` around every call.
 """
 from __future__ import annotations
 
