@@ -236,6 +236,25 @@ def test_kv_append_writes_exactly_one_row_per_head(dtype, max_seq, pos):
     assert torch.equal(kh.to_torch(), kc) and torch.equal(vh.to_torch(), vc)
 
 
+@pytest.mark.parametrize("pos", [0, 15, 16, 31, 49])
+def test_kv_append_over_blocks_of_the_cache_writes_exactly_one_row_per_head(pos):
+    kc, vc = rand((3, 50, 16), st.f32, 21), rand((3, 50, 16), st.f32, 22)
+    kn, vn = rand((3, 16), st.f32, 23), rand((3, 16), st.f32, 24)
+    kh, vh = st.from_torch(kc.clone()), st.from_torch(vc.clone())
+    kh, vh = kv_append(st.from_torch(kn), st.from_torch(vn), i32(pos), kh, vh,
+                       block_s=16).sync()
+    kc[:, pos], vc[:, pos] = kn, vn
+    assert torch.equal(kh.to_torch(), kc) and torch.equal(vh.to_torch(), vc)
+
+
+@pytest.mark.parametrize("pos", [-1, 64])
+def test_kv_append_over_blocks_outside_the_cache_is_an_out_of_bounds_error(pos):
+    kh, vh = st.zeros((2, 50, 16), device="cpu"), st.zeros((2, 50, 16), device="cpu")
+    with pytest.raises(OutOfBoundsError, match="outside the owned slab"):
+        kv_append(st.zeros((2, 16), device="cpu"), st.zeros((2, 16), device="cpu"), i32(pos),
+                  kh, vh, block_s=16).sync()
+
+
 def test_kv_append_past_the_cache_is_an_out_of_bounds_error():
     kh, vh = st.zeros((2, 20, 16), device="cpu"), st.zeros((2, 20, 16), device="cpu")
     with pytest.raises(OutOfBoundsError, match="outside the owned slab"):

@@ -153,14 +153,59 @@ def test_bad_arguments_raise_argument_errors(change, match):
         ops.qk_norm_rope_kv_append(**{k: wrap(v) for k, v in args.items()})
 
 
-def test_the_append_kernels_take_caches_up_to_one_slab_tile_per_head():
+def test_one_append_program_owns_at_most_one_tile_of_cache_rows():
     assert ops.max_cache_positions(128) == 8192
     assert ops.max_cache_positions(64) == 16384
 
 
-def test_a_cache_longer_than_one_slab_tile_is_refused_naming_the_limit():
+@pytest.mark.parametrize("p", [0, 15, 16, 36])
+def test_a_cache_split_into_blocks_takes_two_kernels_and_equals_the_chain(p):
+    hq, hkv, d = 8, 2, 32
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32, seed=70)
+    q, k_cache, v_cache = ops.qk_norm_rope_kv_append(
+        wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p), ops.inv_freq_table(d, THETA, "cpu"),
+        wrap(kc), wrap(vc), block_s=16).sync()
+    q_ref, k_ref, v_ref = unfused(qkv, qw, kw, kc, vc, p, hq, hkv, d)
+    assert torch.equal(q.to_torch(), q_ref.to_torch())
+    assert torch.equal(k_cache.to_torch(), k_ref.to_torch())
+    assert torch.equal(v_cache.to_torch(), v_ref.to_torch())
+
+
+def test_a_cache_longer_than_one_tile_per_head_appends_its_last_row():
+    hq, hkv, d = 2, 1, 128
+    max_seq = ops.max_cache_positions(d) + 3
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32, max_seq=max_seq, seed=71)
+    q, k_cache, v_cache = fused(qkv, qw, kw, kc, vc, max_seq - 1, d)
+    q_ref, k_ref, v_ref = unfused(qkv, qw, kw, kc, vc, max_seq - 1, hq, hkv, d)
+    assert torch.equal(q.to_torch(), q_ref.to_torch())
+    assert torch.equal(k_cache.to_torch(), k_ref.to_torch())
+    assert torch.equal(v_cache.to_torch(), v_ref.to_torch())
+
+
+def test_the_two_kernel_path_writes_the_rotated_k_rows_into_the_given_buffer():
+    hq, hkv, d = 4, 2, 16
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32, max_seq=40, seed=72)
+    k_rows = st.empty((hkv, d), st.f32)
+    _, k_cache, _ = ops.qk_norm_rope_kv_append(
+        wrap(qkv), wrap(qw), wrap(kw), pos_tensor(33), ops.inv_freq_table(d, THETA, "cpu"),
+        wrap(kc), wrap(vc), k_rows=k_rows, block_s=8).sync()
+    assert torch.equal(k_rows.to_torch(), k_cache.to_torch()[:, 33])
+
+
+def test_the_two_kernel_path_refuses_a_shared_qkv():
+    hq, hkv, d = 4, 2, 16
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32, max_seq=40, seed=73)
+    shared = wrap(qkv.view(-1, d)).share()
+    with pytest.raises(st.ArgumentError, match="takes qkv as an st.Tensor"):
+        ops.qk_norm_rope_kv_append(shared, wrap(qw), wrap(kw), pos_tensor(3),
+                                   ops.inv_freq_table(d, THETA, "cpu"), wrap(kc), wrap(vc),
+                                   block_s=8)
+
+
+@pytest.mark.parametrize("block_s", [0, 9000, 2.0, True])
+def test_a_block_outside_one_tile_is_an_argument_error(block_s):
     d = 128
     k_new, v_new = wrap(rand((1, d), st.f32, 0)), wrap(rand((1, d), st.f32, 1))
-    k_cache, v_cache = st.zeros((1, 8193, d), st.f32), st.zeros((1, 8193, d), st.f32)
-    with pytest.raises(st.errors.ArgumentError, match="at most 8192 positions"):
-        ops.kv_append(k_new, v_new, pos_tensor(0), k_cache, v_cache)
+    k_cache, v_cache = st.zeros((1, 64, d), st.f32), st.zeros((1, 64, d), st.f32)
+    with pytest.raises(st.ArgumentError, match=r"block_s must be an int in \[1, 8192\]"):
+        ops.kv_append(k_new, v_new, pos_tensor(0), k_cache, v_cache, block_s=block_s)

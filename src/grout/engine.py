@@ -17,7 +17,6 @@ from typing import Iterator
 import torch
 
 import safetile as st
-from safetile import ops
 
 from . import config as config_mod
 from .config import Qwen3Config
@@ -327,11 +326,6 @@ def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fuse
     name = resolve_dtype(dtype, cfg.dtype)
     cfg = cfg.with_dtype(name)
     seq = min(max_seq_len, cfg.max_position_embeddings)
-    limit = ops.max_cache_positions(cfg.head_dim)
-    if seq > limit:
-        raise RequestError(f"max_seq_len={seq} is over the {limit} positions the KV-append "
-                           f"kernels take at head_dim {cfg.head_dim}; load with "
-                           f"max_seq_len <= {limit}")
     weights = build(cfg, dev, getattr(torch, name), gemm == "cublas", progress)
     try:
         return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress, fused,

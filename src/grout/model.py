@@ -219,7 +219,8 @@ def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
     return [
         gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
         lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
-                                           b.inv_freq, k_cache, v_cache, eps, q_out=b.qn),
+                                           b.inv_freq, k_cache, v_cache, eps, q_out=b.qn,
+                                           k_rows=b.kn),
         # the attention's reads after its PDL wait, so it may launch during the append
         lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
                                      workspace=b.attn_ws, length_offset=1, early=False),

@@ -174,8 +174,3 @@ def test_named_shape_weights_are_random_varied_and_bf16():
     c = eng.generate("Hello, world", max_new_tokens=4)
     assert len(set(c.token_ids)) > 1
     assert c.text == eng.tokenizer.decode(c.token_ids)
-
-
-def test_a_cache_longer_than_the_append_kernels_take_is_refused_before_loading():
-    with pytest.raises(grout.RequestError, match="max_seq_len <= 8192"):
-        grout.load("qwen3-0.6b", device="cpu", max_seq_len=16384, progress=False)

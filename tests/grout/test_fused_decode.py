@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import grout
+from safetile import ops
 
 from test_model_vs_transformers import PROMPT, hf_logits
 
@@ -147,3 +148,20 @@ def test_tensors_missing_a_weight_are_refused_naming_it(checkpoints):
     with pytest.raises(grout.CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
         from_tensors(from_dict(model.config.to_dict(), "tied"), tensors, device="cpu",
                      dtype="float32", max_seq_len=64)
+
+
+def test_a_cache_longer_than_one_append_tile_decodes_the_tokens_of_a_short_one(checkpoints):
+    # head_dim 128: past ops.max_cache_positions(128) rows the fused prologue is two kernels
+    from grout.config import from_dict
+    from grout.engine import from_tensors
+    _, model = checkpoints["untied"]
+    cfg = from_dict(dict(model.config.to_dict(), max_position_embeddings=16384), "untied")
+    long_len = ops.max_cache_positions(cfg.head_dim) + 8
+    long = from_tensors(cfg, model.state_dict(), device="cpu", dtype="float32",
+                        max_seq_len=long_len)
+    short = from_tensors(cfg, model.state_dict(), device="cpu", dtype="float32",
+                         max_seq_len=64)
+    assert long.max_seq_len == long_len
+    prompt = [5, 17, 42, 99]
+    assert long.generate(prompt, max_new_tokens=4).token_ids == \
+        short.generate(prompt, max_new_tokens=4).token_ids

@@ -4,12 +4,14 @@ Layout: the caches are (Hkv, max_seq, D); the position ``pos`` is a device int32
 (1,), so a captured decode graph appends each step's token where the device says, with no
 host round trip.
 
-- ``kv_append`` (one token, decode): ``k_new``, ``v_new`` are (Hkv, D). Program ``h`` owns kv
-  head ``h``'s whole slab of each cache (a (1, max_seq rounded up to a power of two, D) tile)
-  and writes the one row ``pos`` through a sub-partition of that slab: a store at a
-  data-dependent sub-index, which can never leave the slab (bounds are enforced: out of range
-  it is masked off on the GPU and an error on the CPU executor). Only Hkv programs run and only
-  the new row's bytes are written.
+- ``kv_append`` (one token, decode): ``k_new``, ``v_new`` are (Hkv, D). Program (h, b) owns
+  block ``b`` of kv head ``h``'s rows of each cache (a (1, block_s, D) tile; by default the
+  whole cache rounded up to a power of two, or as many rows as a tile holds) and the program
+  whose block holds ``pos`` writes that one row through a sub-partition of its block: a store
+  at a data-dependent sub-index, which can never leave the block (bounds are enforced: out of
+  range it is masked off on the GPU and an error on the CPU executor). The first and last
+  blocks also take a position before or past the cache, so such a position reaches that
+  check. Only the new row's bytes are written.
 - ``kv_append_many`` (S tokens, prefill): ``k_new``, ``v_new`` are (Hkv, S, D), written at
   positions ``pos .. pos+S-1``. Program (h, b) owns a (1, BLOCK_S, D) block of the cache.
   Blocks the new rows do not touch do nothing; blocks wholly inside store the new rows
@@ -30,16 +32,20 @@ from . import host
 @st.kernel
 def kv_append_kernel(k_new: st.In[st.floats, 2], v_new: st.In[st.floats, 2],
                      pos: st.In[st.i32, 1], k_cache: st.Out[st.floats, 3],
-                     v_cache: st.Out[st.floats, 3]):
-    """k_cache[h, pos] = k_new[h]; v_cache[h, pos] = v_new[h] (each program one kv head)."""
-    h, _, _ = k_cache.index
+                     v_cache: st.Out[st.floats, 3], max_seq: int):
+    """k_cache[h, pos] = k_new[h]; v_cache[h, pos] = v_new[h] (program (h, b): block b of
+    head h's rows, storing when the block holds pos)."""
+    h, b, _ = k_cache.index
     p = pos.load_scalar((0,))
-    k_rows = k_cache.partition((1, 1, k_cache.shape[2]))
-    v_rows = v_cache.partition((1, 1, v_cache.shape[2]))
-    k_rows.store(sl.reshape(k_new.load((h, 0), (1, k_cache.shape[2])), (1, 1, k_cache.shape[2])),
-                 (0, p, 0))
-    v_rows.store(sl.reshape(v_new.load((h, 0), (1, v_cache.shape[2])), (1, 1, v_cache.shape[2])),
-                 (0, p, 0))
+    lo = b * k_cache.shape[1]
+    hi = lo + k_cache.shape[1]
+    if ((p >= lo) | (b == 0)) & ((p < hi) | (hi >= max_seq)):
+        k_rows = k_cache.partition((1, 1, k_cache.shape[2]))
+        v_rows = v_cache.partition((1, 1, v_cache.shape[2]))
+        k_rows.store(sl.reshape(k_new.load((h, 0), (1, k_cache.shape[2])),
+                                (1, 1, k_cache.shape[2])), (0, p - lo, 0))
+        v_rows.store(sl.reshape(v_new.load((h, 0), (1, v_cache.shape[2])),
+                                (1, 1, v_cache.shape[2])), (0, p - lo, 0))
 
 
 @st.kernel
@@ -87,34 +93,37 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
 
 
 def max_cache_positions(head_dim: int) -> int:
-    """The most positions a cache of ``head_dim`` may have for the append kernels
-    (``kv_append``, ``qk_norm_rope_kv_append``): each program owns its head's whole slab,
-    (1, positions rounded up to a power of two, head_dim), and a tile holds at most
-    ``MAX_TILE_ELEMENTS`` elements."""
+    """The most cache positions one append program owns at ``head_dim``: a tile holds at
+    most ``MAX_TILE_ELEMENTS`` elements. Longer caches are split into blocks of this many
+    rows (``kv_append``), and ``qk_norm_rope_kv_append`` runs as two kernels for them."""
     return MAX_TILE_ELEMENTS // host.next_pow2(head_dim)
 
 
-def check_cache_positions(name: str, max_seq: int, head_dim: int) -> None:
-    """``ArgumentError`` for a cache longer than ``max_cache_positions(head_dim)``."""
+def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) -> int:
+    """The rows one append program owns: ``block_s``, else the whole cache rounded up to a
+    power of two, or ``max_cache_positions(head_dim)`` rows where that is fewer."""
     limit = max_cache_positions(head_dim)
-    if max_seq > limit:
-        raise ArgumentError(f"{name}: a cache of {max_seq} positions is over the {limit} an "
-                            f"append kernel takes at head_dim {head_dim} (each program owns "
-                            f"its head's whole slab); use a cache of at most {limit} positions")
+    if block_s is None:
+        return min(host.next_pow2(max_seq), limit)
+    if isinstance(block_s, bool) or not isinstance(block_s, int) or not 1 <= block_s <= limit:
+        raise ArgumentError(f"{name}: block_s must be an int in [1, {limit}] at head_dim "
+                            f"{head_dim}, got {block_s!r}")
+    return block_s
 
 
-def kv_append(k_new, v_new, pos, k_cache, v_cache):
+def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None):
     """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
 
-    Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A position outside the
-    cache writes nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
+    ``block_s``: cache rows one program owns (default: :func:`append_block`). Returns a
+    ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A position outside the cache writes
+    nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
-    check_cache_positions("ops.kv_append", max_seq, d)
-    slab = (1, host.next_pow2(max_seq), d)
+    block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
     op = kv_append_kernel(k_new, v_new, pos,
-                          host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
-                          host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab))
+                          host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
+                          host.owned_view(v_cache, tuple(v_cache.shape)).partition(block),
+                          max_seq)
     return host.returning(op, (k_cache, v_cache))
 
 

@@ -14,6 +14,10 @@ from the whole row, the normalized value rounded, times the weight, rounded), ``
 rotate-half on the two halves of each head (cos and sin rounded to the dtype), and
 ``ops.kv_append``'s copy. So the result equals ``rmsnorm -> rope -> kv_append``.
 
+A cache longer than ``max_cache_positions(D)`` rows (the most one program owns) takes two
+kernels: this one without the append, writing the rotated k rows to a small buffer, then
+``ops.kv_append``, whose programs own blocks of the cache.
+
 Under programmatic dependent launch the norm weights, the position and ``inv_freq`` (written
 by no kernel of a decode step; the launcher checks it at each launch) are read before the
 wait; qkv, which the projection just wrote, after it.
@@ -26,7 +30,7 @@ import safetile.lang as sl
 from ..errors import ArgumentError
 from . import host
 from .fused_gemv import rms_scale
-from .kv_cache import check_cache_positions
+from .kv_cache import append_block, kv_append
 
 
 @st.function
@@ -84,21 +88,53 @@ def qk_norm_rope_append_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floa
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
 
 
+@st.kernel
+def qk_norm_rope_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
+                        k_weight: st.In[st.floats, 1], pos: st.In[st.i32, 1],
+                        inv_freq: st.In[st.f32, 1], q_out: st.Out[st.floats, 3],
+                        k_out: st.Out[st.floats, 3], eps: float, GROUP: st.Const[int],
+                        Q_HEADS: st.Const[int]):
+    """q_out[h] = rope(norm(q rows of group h)); k_out[h] = rope(norm(k row h)): the kernel
+    above without the append, for caches longer than one program's block."""
+    h, _, _ = k_out.index
+    D = k_out.shape[2]
+    HALF = k_out.shape[2] // 2
+    GP = q_out.shape[1]
+    angle = pos.load((0,), (1,)).astype(st.f32)[:, None] * inv_freq.load((0,), (HALF,))[None, :]
+    q0 = h * GROUP
+    rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
+    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), q_weight.load((0,), (HALF,)), rq)
+    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), q_weight.load((1,), (HALF,)), rq)
+    kr = Q_HEADS + h
+    rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
+    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), k_weight.load((0,), (HALF,)), rk)
+    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), k_weight.load((1,), (HALF,)), rk)
+    c = sl.cos(angle).astype(q1.dtype)
+    s = sl.sin(angle).astype(q1.dtype)
+    q_halves = q_out.partition((1, GP, HALF))
+    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
+    k_halves = k_out.partition((1, 1, HALF))
+    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, 0, 0))
+    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, 0, 1))
+
+
 EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
 _CONFIGURED: dict = {}
 
 
-def _kernel(num_warps: int, pdl: bool):
-    key = (num_warps, pdl)
+def _kernel(kernel, num_warps: int, pdl: bool):
+    key = (kernel.name, num_warps, pdl)
     if key not in _CONFIGURED:
-        _CONFIGURED[key] = qk_norm_rope_append_kernel.options(
-            num_warps=num_warps, pdl=pdl, early=EARLY if pdl else ())
+        _CONFIGURED[key] = kernel.options(num_warps=num_warps, pdl=pdl,
+                                          early=EARLY if pdl else ())
     return _CONFIGURED[key]
 
 
 def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
                            eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
-                           num_warps: int = 4) -> st.DeviceOp:
+                           num_warps: int = 4, k_rows=None,
+                           block_s: int | None = None) -> st.DeviceOp:
     """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
     ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
     (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
@@ -110,7 +146,12 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     position and table read before the wait. Returns a ``DeviceOp`` whose output is
     ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype (allocated when not
     given). A position outside the cache writes nothing on the GPU and raises
-    ``OutOfBoundsError`` on the CPU executor."""
+    ``OutOfBoundsError`` on the CPU executor.
+
+    ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
+    one append program owns; a cache longer than one block takes two kernels, the rotated k
+    rows going through ``k_rows``, an (Hkv, D) tensor in qkv's dtype (allocated when not
+    given, so inside a graph scope it must be given)."""
     name = "ops.qk_norm_rope_kv_append"
     for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
                     ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq),
@@ -146,16 +187,30 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         rows = qkv.view(width // d, d)
     else:
         raise ArgumentError(f"{name}: a Shared qkv must be 2-D (rows, {d})")
+    block = append_block(name, max_seq, d, block_s)
+    if block < max_seq and not isinstance(qkv, st.Tensor):
+        raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
+                            f"st.Tensor (its v rows are read by a second kernel), got a Shared")
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
     gp = host.next_pow2(group)
-    check_cache_positions(name, max_seq, d)
-    slab = (1, host.next_pow2(max_seq), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
-    op = _kernel(num_warps, pdl)(
+    q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, gp, d))
+    if block >= max_seq:
+        slab = (1, host.next_pow2(max_seq), d)
+        op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl)(
+            rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
+            host.borrow(inv_freq), q_tiles,
+            host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
+            host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group,
+            hq, hkv)
+        return host.returning(op, (q, k_cache, v_cache))
+    k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
+    v = (qkv.view(width // d, d) if qkv.ndim == 1 else qkv).slice(0, hq + hkv, hq + 2 * hkv)
+    op = _kernel(qk_norm_rope_kernel, num_warps, pdl)(
         rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), host.owned_view(q, (hkv, group, d)).partition((1, gp, d)),
-        host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
-        host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group, hq,
-        hkv)
-    return host.returning(op, (q, k_cache, v_cache))
+        host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
+        float(eps), group, hq)
+    return op.then(lambda *_: host.returning(
+        kv_append(host.borrow(k), v, host.borrow(pos), k_cache, v_cache, block_s=block),
+        (q, k_cache, v_cache)))
