@@ -11,6 +11,8 @@ grout's chunked decode exactly the tokens of its single steps.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from harness import check_close
@@ -93,9 +95,12 @@ class Reference:
 
 class Variant:
     """An engine under test: ``check`` raises unless it agrees with the reference;
-    ``generate(prompt, n)`` produces n tokens (prefill included) and returns them."""
+    ``generate(prompt, n)`` produces n tokens (prefill included) and returns them, setting
+    ``first_token_at`` (``time.perf_counter()`` once the first token is on the host) where
+    the engine hands it over before the rest (else None)."""
 
     slow = False            # timed once per length (transformers eager runs ~10 tok/s)
+    first_token_at: float | None = None
 
     def __init__(self, model, max_seq: int):
         self.model, self.max_seq = model, max_seq
@@ -161,7 +166,13 @@ class TorchGraph(Variant):
         return dict(tokens_agreeing=agree)
 
     def generate(self, prompt, n):
-        return self.dec.generate(prompt, n)
+        self.dec.prefill(prompt)
+        first = int(self.dec.token)                     # the host waits for the prefill
+        self.first_token_at = time.perf_counter()
+        self.dec.decode(n)
+        tokens = self.dec.out[:n].tolist()
+        assert tokens[0] == first
+        return tokens
 
 
 class TorchCompile(TorchGraph):
@@ -205,8 +216,12 @@ class Grout(Variant):
         return dict(tokens_agreeing=agree, fused=r.fused, decode_chunk=r.max_chunk)
 
     def generate(self, prompt, n):
-        return [p.token_id for p in self.eng.stream(prompt.tolist(), max_new_tokens=n,
-                                                    ignore_eos=True)]
+        tokens = []
+        for piece in self.eng.stream(prompt.tolist(), max_new_tokens=n, ignore_eos=True):
+            if not tokens:
+                self.first_token_at = time.perf_counter()
+            tokens.append(piece.token_id)
+        return tokens
 
 
 class GroutUnfused(Grout):

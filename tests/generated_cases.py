@@ -21,6 +21,7 @@ from safetile.ops.gemv_argmax import rmsnorm_gemv_argmax_kernel
 from safetile.ops.matmul import MatmulConfig, _configured, _kernels
 from safetile.ops.norm import add_rmsnorm_kernel, rmsnorm_kernel
 from safetile.ops.qk_rope_append import _kernel as qk_rope_kernel
+from safetile.ops.qk_rope_append import qk_norm_rope_append_kernel
 from safetile.ops.rope import rope_kernel
 from safetile.ops.softmax import softmax_kernel, softmax_online_kernel
 
@@ -83,7 +84,7 @@ CASES = {
         rmsnorm_gemv_argmax_kernel, 151936, 2560, lambda c, b: (
             z((2560,)), z((2560,)), z((151936, 2560)), out((151936,), (c.bn,)),
             out((18992,), (1,), st.f32), out((18992,), (1,), st.i64), 1e-6, b, 4096)),
-    "qk_norm_rope_append": lambda: (qk_rope_kernel(4, True), (
+    "qk_norm_rope_append": lambda: (qk_rope_kernel(qk_norm_rope_append_kernel, 4, True), (
         z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
         out((8, 4, 128), (1, 4, 128)), out((8, 4096, 128), (1, 4096, 128)),
         out((8, 4096, 128), (1, 4096, 128)), 1e-6, 4, 32, 8)),

@@ -113,6 +113,22 @@ def test_kernel_options_copies_get_their_own_variants():
     assert _variant(mm.options(num_warps=8), bound) is not _variant(mm, bound)
 
 
+def test_the_same_options_give_the_same_copy_with_its_warm_caches():
+    k = mm.options(num_warps=8, num_stages=2)
+    assert mm.options(num_stages=2, num_warps=8) is k
+    assert k.options(num_warps=8) is k
+    assert mm.options(num_warps=4) is not k and mm.options() is not mm
+
+
+def test_an_options_copy_launches_after_a_failed_launch_of_the_same_copy():
+    k = add.options(num_warps=4)
+    with pytest.raises(st.LaunchError, match="dtype"):
+        k(st.ones((8,)), st.ones((8,), dtype=st.f16), st.empty((8,)).partition((4,)))
+    z = add.options(num_warps=4)(st.ones((8,)), st.ones((8,)),
+                                 st.empty((8,)).partition((4,))).sync()[2]
+    assert torch.equal(z.unpartition().to_torch(), torch.full((8,), 2.0))
+
+
 def test_a_repeat_launch_with_other_handles_is_checked_again():
     x, y = st.ones((8,)), st.ones((8,))
     z = st.empty((8,)).partition((4,))

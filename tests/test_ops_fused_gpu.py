@@ -53,10 +53,12 @@ def test_gemv_add_and_silu_mul_gemv_add_match_their_chains():
     assert rel_err(fused, chain) < 2e-3
 
 
-def test_qk_norm_rope_kv_append_matches_the_unfused_chain():
+@pytest.mark.parametrize("max_seq,p", [(4096, 1000), (8200, 8199), (40960, 20000)],
+                         ids=["one-kernel", "two-kernel-last-row", "two-kernel-40k"])
+def test_qk_norm_rope_kv_append_matches_the_unfused_chain(max_seq, p):
     qkv, qw, kw = rand((HQ + 2 * HKV) * D, 9, 2.0), rand(D, 10, 0.1, 1.0), rand(D, 11, 0.1, 1.0)
-    kc, vc = rand((HKV, 4096, D), 12), rand((HKV, 4096, D), 13)
-    pos = lambda: st.from_torch(torch.tensor([1000], dtype=torch.int32, device="cuda"))  # noqa
+    kc, vc = rand((HKV, max_seq, D), 12), rand((HKV, max_seq, D), 13)
+    pos = lambda: st.from_torch(torch.tensor([p], dtype=torch.int32, device="cuda"))  # noqa
     inv = ops.inv_freq_table(D)
     q, k_cache, v_cache = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
                                                      wrap(kc), wrap(vc)).sync()
@@ -67,9 +69,9 @@ def test_qk_norm_rope_kv_append_matches_the_unfused_chain():
     k_ref = ops.rope(kn.view(1, HKV, D), pos(), inv).sync().to_torch().view(HKV, D)
     assert rel_err(q.to_torch(), q_ref) < 2e-3
     kt, vt = k_cache.to_torch(), v_cache.to_torch()
-    assert rel_err(kt[:, 1000], k_ref) < 2e-3
-    assert torch.equal(vt[:, 1000], rows[HQ + HKV:])
-    assert torch.equal(kt[:, :1000], kc[:, :1000]) and torch.equal(vt[:, 1001:], vc[:, 1001:])
+    assert rel_err(kt[:, p], k_ref) < 2e-3
+    assert torch.equal(vt[:, p], rows[HQ + HKV:])
+    assert torch.equal(kt[:, :p], kc[:, :p]) and torch.equal(vt[:, p + 1:], vc[:, p + 1:])
 
 
 def test_rmsnorm_gemv_argmax_gives_the_argmax_of_its_logits():

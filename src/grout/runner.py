@@ -15,6 +15,11 @@
   sampler's step counter advances on the device).
   With ``gemm="cublas"`` the step runs eagerly, since torch work cannot be recorded into a
   safetile graph.
+- On the GPU a prompt of up to ``PREFILL_GRAPH_MAX`` tokens is prefilled by a recorded graph
+  of its length *bucket* (:func:`prefill_bucket`; recorded on first use): the prompt is
+  padded to the bucket, whose extra rows attend only to earlier rows (causal) and whose
+  K/V rows past the prompt are overwritten by decode before any step reads them. The host
+  then launches one graph instead of every op of every layer.
 - ``fused=True`` (the default with safetile's gemm) builds the fused step
   (model.decode_step_fused); ``fused=False`` the unfused one, the comparison and fallback.
 """
@@ -88,6 +93,39 @@ def record_steps(steps: list, desc: str, progress: bool) -> st.Graph:
     return scope.graph
 
 
+# The longest prompt prefilled by a recorded graph (the buckets' activations stay allocated).
+PREFILL_GRAPH_MAX = 2048
+
+
+def prefill_bucket(s: int) -> int:
+    """The padded length a prompt of ``s`` tokens is prefilled at by a graph: the smallest of
+    16, 24, 32, 48, 64, 96, ... (powers of two and their 1.5 multiples) >= s."""
+    b = 16
+    while True:
+        if b >= s:
+            return b
+        if b + b // 2 >= s:
+            return b + b // 2
+        b *= 2
+
+
+class PrefillGraph:
+    """The prefill of one bucket: its buffers, fixed positions 0..n-1, and the recorded graph
+    reading the padded prompt from ``ids``."""
+
+    def __init__(self, runner: "Runner", n: int):
+        dev = runner.device
+        self.n = n
+        self.ids = _small([0] * n, torch.int32, dev)
+        self.positions = _small(list(range(n)), torch.int32, dev)
+        self.start = _small([0], torch.int32, dev)
+        self.p = PrefillBuffers(runner.cfg, n, runner.dtype, dev)
+        steps = prefill(runner.cfg, runner.w, runner.cache, self.p, self.ids, self.positions,
+                        self.start, runner.buf.inv_freq, runner.gemm)
+        self.graph = record_steps(steps, f"recording the prefill of {n} tokens",
+                                  runner.progress)
+
+
 def _small(values, dtype, device) -> st.Tensor:
     return st.from_torch(torch.tensor(values, dtype=dtype, device=device))
 
@@ -110,6 +148,10 @@ class Runner:
             self.buf.fuse_head(weights.lm_head, self.gemm)
         self.graphs: dict = {}            # greedy -> the one-step graph
         self.chunks: dict = {}            # (greedy, n) -> the graph of n steps
+        self.prefills: dict = {}          # bucket -> PrefillGraph
+        # the longest prompt prefilled by a graph (0: every prefill runs op by op)
+        self.prefill_graph_max = PREFILL_GRAPH_MAX if device.type == "cuda" and \
+            self.graphable() else 0
 
     @property
     def max_seq_len(self) -> int:
@@ -134,11 +176,24 @@ class Runner:
         run_steps(steps + [self.gemm.mat(p.h, self.w.lm_head, out)])
         return out.to_torch().float().cpu()
 
+    def _prefill_graphed(self, ids: list) -> tuple[list, PrefillBuffers]:
+        """The steps that prefill ``ids`` through their bucket's graph (recorded on first
+        use): the padded prompt copied in, then the graph."""
+        n = prefill_bucket(len(ids))
+        g = self.prefills.get(n)
+        if g is None:
+            g = self.prefills[n] = PrefillGraph(self, n)
+        padded = _small(ids + [0] * (n - len(ids)), torch.int32, self.device)
+        return [lambda: ops.copy(padded, out=g.ids), g.graph.launch], g.p
+
     def begin(self, ids: list, params: st.Tensor, key: st.Tensor, greedy: bool) -> int:
         """Prefill ``ids`` (the cache starts over), set the sampling parameters and key, and
         sample the first new token; the cursor then points at position ``len(ids)``."""
         b, s, dev = self.buf, len(ids), self.device
-        steps, p = self._prefill_steps(ids)
+        if s <= self.prefill_graph_max and prefill_bucket(s) <= self.max_seq_len:
+            steps, p = self._prefill_graphed(ids)
+        else:
+            steps, p = self._prefill_steps(ids)
         last = p.h.slice(0, s - 1, s)
         setup = [lambda: ops.copy(params, out=b.params), lambda: ops.copy(key, out=b.key),
                  lambda t=_small([s, 0], torch.int32, dev): ops.copy(t, out=b.cursor)]

@@ -10,8 +10,11 @@
 * ``typed``: the kinds of arguments the kernel's types were checked for (``kernel/types.py``);
 * ``holder`` and ``moved_into``: the texts a launch's borrows and moves name.
 
-Everything but ``variants`` belongs to one set of options: ``Kernel.options`` makes a new
-cache sharing only ``variants``.
+* ``copies``: the kernel's ``options()`` copies by their options, so that an op configuring
+  its kernel on every call launches one copy with warm caches (shared, like ``variants``).
+
+Everything but ``variants`` and ``copies`` belongs to one set of options: ``Kernel.options``
+makes a new cache sharing only those two.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from . import types as _types
 
 #: Plans cached per kernel (and options) before the cache is emptied.
 PLAN_CACHE = 1024
+#: ``options()`` copies kept per kernel before they are forgotten.
+COPY_CACHE = 256
 
 
 def canonical_const(v):
@@ -96,10 +101,12 @@ def _type_facts(bound) -> tuple:
 class LaunchCache:
     """The launch caches of one kernel with one set of options (see the module docstring)."""
 
-    __slots__ = ("variants", "by_facts", "plans", "plan_at", "typed", "holder", "moved_into")
+    __slots__ = ("variants", "copies", "by_facts", "plans", "plan_at", "typed", "holder",
+                 "moved_into")
 
-    def __init__(self, kernel, variants: dict | None = None):
+    def __init__(self, kernel, variants: dict | None = None, copies: dict | None = None):
         self.variants: dict = {} if variants is None else variants
+        self.copies: dict = {} if copies is None else copies
         self.by_facts: dict = {}
         self.plans: dict = {}
         self.plan_at: int | None = None      # the position of the tensor plans are keyed by
@@ -109,8 +116,24 @@ class LaunchCache:
                            for n in kernel.params}
 
     def for_options(self, kernel) -> "LaunchCache":
-        """A fresh cache for ``kernel``, an ``options()`` copy, sharing the variants."""
-        return LaunchCache(kernel, self.variants)
+        """A fresh cache for ``kernel``, an ``options()`` copy, sharing the variants and the
+        copies."""
+        return LaunchCache(kernel, self.variants, self.copies)
+
+    def copy(self, opts: dict, make):
+        """The ``options()`` copy with options ``opts`` (``make()`` builds it on first use;
+        options that do not hash are never shared)."""
+        try:
+            key = tuple(sorted(opts.items()))
+            hash(key)
+        except TypeError:
+            return make()
+        k = self.copies.get(key)
+        if k is None:
+            if len(self.copies) >= COPY_CACHE:
+                self.copies.clear()
+            k = self.copies[key] = make()
+        return k
 
     def variant(self, kernel, bound) -> Variant:
         """The ``Variant`` of ``kernel`` for these bound arguments (made on first use)."""

@@ -177,11 +177,15 @@ class Kernel(_Frozen):
                                 f"{[n for n, p in self.params.items() if p.kind == 'In']})")
         if early:
             opts = {**opts, "early": tuple(early)}
-        k = object.__new__(Kernel)
-        k.__dict__.update(self.__dict__)
-        k.__dict__["opts"] = {**self.opts, **opts}
-        k.__dict__["_launches"] = self._launches.for_options(k)
-        return k
+        merged = {**self.opts, **opts}
+
+        def make() -> "Kernel":
+            k = object.__new__(Kernel)
+            k.__dict__.update(self.__dict__)
+            k.__dict__["opts"] = merged
+            k.__dict__["_launches"] = self._launches.for_options(k)
+            return k
+        return self._launches.copy(merged, make)
 
     def __call__(self, *args, **kwargs) -> DeviceOp:
         """Check the arguments and move them into a lazy op (see ``st.kernel``)."""
