@@ -11,6 +11,7 @@ from safetile.ops.fused_gemv import (configured, gemv_add_kernel, rmsnorm_gemv_k
                                      silu_mul_gemv_add_kernel)
 from safetile.ops.gemv_argmax import rmsnorm_gemv_argmax_kernel
 from safetile.ops.qk_rope_append import _kernel as qk_rope_kernel
+from safetile.ops.qk_rope_append import qk_norm_rope_append_kernel
 
 BF = st.bf16
 
@@ -75,7 +76,7 @@ def test_qk_norm_rope_append_compiles_and_reads_qkv_only_after_the_pdl_wait():
     args = (z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
             out((8, 4, 128), (1, 4, 128)), out((8, 4096, 128), (1, 4096, 128)),
             out((8, 4096, 128), (1, 4096, 128)), 1e-6, 4, 32, 8)
-    k = qk_rope_kernel(4, True)
+    k = qk_rope_kernel(qk_norm_rope_append_kernel, 4, True)
     src = k.source(*args)
     wait = src.index("_st_gdc_wait()")
     assert all(m.start() > wait for m in re.finditer(r"_st_loadat2\(_st_qkv_ptr", src))

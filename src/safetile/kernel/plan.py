@@ -66,8 +66,8 @@ variant, binary and packed arguments).
             if t is None:
                 scalars.append((i, b.value))
             else:
-                tensors.append((i, weakref.ref(b.value), weakref.ref(t), t.data_ptr(),
-                                tuple(t.shape), t.stride()))
+                tensors.append((i, weakref.ref(b.value, self._forget), weakref.ref(t),
+                                t.data_ptr(), tuple(t.shape), t.stride()))
                 moves.append((i, where[b.name]))
         self.tensors, self.scalars = tuple(tensors), tuple(scalars)
         self.moves, self.params = tuple(moves), tuple(params)
@@ -75,6 +75,11 @@ variant, binary and packed arguments).
         self.extents = extents
         self.groups = by_device(extents)
         self.holder = holder
+        self.gpu = None
+
+    def _forget(self, _ref) -> None:
+        """A handle of this plan is gone, so the plan never matches again: drop what the
+        backend derived, which may hold the handle's memory (tensor descriptors)."""
         self.gpu = None
 
     def bound(self, values: tuple) -> list:
