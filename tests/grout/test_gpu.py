@@ -27,7 +27,10 @@ def models(tmp_path_factory):
     path = tmp_path_factory.mktemp("q06")
     bf16.save_pretrained(path)
     eng = grout.load(path, device="cuda", max_seq_len=256, progress=False)
-    return eng, bf16, fp32
+    held = [eng, bf16, fp32]
+    del eng, bf16, fp32
+    yield held
+    held.clear()                  # pytest keeps a fixture's value: drop the engine's borrows
 
 
 def _logits(model, ids):
