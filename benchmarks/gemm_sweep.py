@@ -154,25 +154,26 @@ MODELS = {
 
 
 def sweep_shapes():
-    """The shapes swept, weakest first (ratios of the 2026-11-30 table in the comments)."""
+    """The shapes swept, weakest first (the order and the extra candidates: TUNING.md,
+    "GEMM sweep shapes")."""
     shapes = []
-    for m in (128, 16):                                  # 0.64-0.94 and 0.69-0.98
+    for m in (128, 16):
         for model in ("4B", "32B"):
             for proj in ("o", "qkv", "down", "gate_up", "lm_head"):
                 n, k = MODELS[model][proj]
                 shapes.append((f"{model} {proj}", m, n, k, skinny_candidates(m, n, k)))
     for model, proj in [("4B", "o"), ("4B", "down"), ("32B", "down"), ("32B", "o")]:
-        n, k = MODELS[model][proj]                        # 0.72, 0.78, 0.90, 0.91
+        n, k = MODELS[model][proj]
         shapes.append((f"{model} {proj}", 2048, n, k, head_tail_candidates(2048, n, k)))
-    n, k = MODELS["4B"]["o"]                              # 0.89 at M = 8192
+    n, k = MODELS["4B"]["o"]
     shapes.append(("4B o", 8192, n, k, head_tail_candidates(8192, n, k)
                    + [MatmulConfig(128, 256, 64, 8, 3, group_size=16, warp_specialize=True)]))
-    # the lm_heads at M = 16 / 128 are long (0.2-0.4 ms): few candidates, last
+    # the lm_heads at small M are the longest shapes: few candidates, and last
     shapes = [s for s in shapes if "lm_head" not in s[0]] + \
              [(a, m, n, k, c[:6] + ([MatmulConfig(128, 256, 64, 8, 3, warp_specialize=True)]
                                     if m > 64 else []))
               for a, m, n, k, c in shapes if "lm_head" in a]
-    # the best of the first tune (results/gemm_tune.json): 0.832 against the default's 0.682
+    # the best config of the first tune (results/gemm_tune.json) for this shape
     extra = {(16, 2560, 9728): [MatmulConfig(64, 128, 128, 4, 4, split_k=6)]}
     for i, (name, m, n, k, cands) in enumerate(shapes):
         cands = cands + extra.get((m, n, k), [])
