@@ -122,9 +122,10 @@ class LaunchCache:
 
     def copy(self, opts: dict, make):
         """The ``options()`` copy with options ``opts`` (``make()`` builds it on first use;
-        options that do not hash are never shared)."""
+        options that do not hash are never shared). Values are keyed with their types, so
+        ``num_warps=4.0`` is never ``num_warps=4``'s copy."""
         try:
-            key = tuple(sorted(opts.items()))
+            key = tuple((k, type(v), v) for k, v in sorted(opts.items(), key=lambda kv: kv[0]))
             hash(key)
         except TypeError:
             return make()
