@@ -42,12 +42,8 @@ PREFILL_LENGTHS = (1024, 8192)
 DECODE_LENGTHS = (1024, 8192, 32768)
 # (block_m, block_n, num_warps, num_stages)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
-# (num_splits, block_n, num_stages, pdl, trigger_early); None: the op's defaults. Earlier sweeps
-# (2026-11-30; results/archive/attention_decode_sweep1.json, results/attention_prefetch.json): 4/5 stages, 32
-# splits and 32-key blocks no faster; cyclic splits (the default) beat contiguous ones; L2
-# prefetch before the wait did not pay. Steady-state chains (this benchmark, 2026-11-30):
-# pdl with early reads of q, cache and length and both kernels signalling the next at their
-# start, with 64-key blocks, the best at 1k, 8k and 32k (the op's defaults since).
+# (num_splits, block_n, num_stages, pdl, trigger_early); None: the op's defaults (what earlier
+# sweeps found: benchmarks/TUNING.md, "decode attention defaults").
 DECODE_CONFIGS = [None, (16, 64, 3, False, False), (16, 128, 3, False, False),
                   (16, 64, 3, True, False), (16, 128, 3, True, False), (16, 64, 3, True, True),
                   (16, 128, 3, True, True)]

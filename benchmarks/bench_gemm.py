@@ -14,8 +14,8 @@ the replay of a CUDA graph holding its launches (so host launch cost is out of e
 cuBLAS's included), median of repeated runs with L2 flushed between them.
 
     python benchmarks/bench_gemm.py            # the table -> benchmarks/results/gemm.json
-    python benchmarks/bench_gemm.py --tune     # time candidate configs -> results/gemm_tune.json
-    python benchmarks/bench_gemm.py --sweep    # weak LLM shapes, many configs -> gemm_sweep.json
+    python benchmarks/bench_gemm.py --tune     # candidate configs -> results/archive/gemm_tune.json
+    python benchmarks/bench_gemm.py --sweep    # many configs per weak shape -> archive/gemm_sweep
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def tune(deadline):
                                  error=repr(e)[:300]))
             print(rows[-1], flush=True)
         del case
-    write_results("gemm_tune", {"rows": rows})
+    write_results("archive/gemm_tune", {"rows": rows})
 
 
 def bench(deadline):
@@ -257,7 +257,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tune", action="store_true")
     p.add_argument("--sweep", action="store_true",
-                   help="many configs per weak LLM shape, best per shape -> results/gemm_sweep.json")
+                   help="many configs per weak LLM shape, best per shape -> "
+                        "results/archive/gemm_sweep.json")
     p.add_argument("--budget-s", type=float, default=280.0)
     args = p.parse_args()
     if not start_gpu("bench_gemm"):

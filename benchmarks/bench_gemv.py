@@ -15,7 +15,7 @@ the previous kernel writes, the plain kernel simply trusts its author). Every va
 checked against cuBLAS before it is timed.
 
     python benchmarks/bench_gemv.py            # Qwen3-4B/32B shapes -> results/gemv.json
-    python benchmarks/bench_gemv.py --sweep    # configurations per 4B shape -> gemv_steady.json
+    python benchmarks/bench_gemv.py --sweep    # configs per 4B shape -> archive/gemv_steady.json
     python benchmarks/bench_gemv.py --plot-only   # redraw results/gemv.png from gemv.json
 """
 from __future__ import annotations
@@ -274,9 +274,10 @@ def plot(rows: list[dict], path) -> bool:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--sweep", action="store_true", help="configurations -> gemv_steady.json")
+    p.add_argument("--sweep", action="store_true", help="configurations -> "
+                   "results/archive/gemv_steady.json")
     p.add_argument("--budget-s", type=float, default=240.0)
-    p.add_argument("--name", default="gemv_steady", help="the sweep's results file name")
+    p.add_argument("--name", default="archive/gemv_steady", help="the sweep's results file name")
     p.add_argument("--plot-only", action="store_true", help="redraw gemv.png from gemv.json")
     p.add_argument("--shapes", default="qkv,o,gate_up,down",
                    help="Qwen3-4B projections to sweep (default: %(default)s)")

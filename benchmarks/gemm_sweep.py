@@ -1,6 +1,6 @@
 """Config sweep for the LLM-shape GEMMs where ``choose_config`` trails cuBLAS, in one process.
 
-    python benchmarks/bench_gemm.py --sweep --budget-s 200     # -> results/gemm_sweep.json
+    python benchmarks/bench_gemm.py --sweep --budget-s 200     # -> results/archive/gemm_sweep.json
 
 For each weak shape it builds a candidate list (tile height and width, K step, split-K
 factors that fill one, two or three waves of the SMs, the deepest pipeline that fits; for
@@ -173,7 +173,7 @@ def sweep_shapes():
              [(a, m, n, k, c[:6] + ([MatmulConfig(128, 256, 64, 8, 3, warp_specialize=True)]
                                     if m > 64 else []))
               for a, m, n, k, c in shapes if "lm_head" in a]
-    # the best config of the first tune (results/gemm_tune.json) for this shape
+    # the best config of the first tune (results/archive/gemm_tune.json) for this shape
     extra = {(16, 2560, 9728): [MatmulConfig(64, 128, 128, 4, 4, split_k=6)]}
     for i, (name, m, n, k, cands) in enumerate(shapes):
         cands = cands + extra.get((m, n, k), [])
@@ -255,7 +255,7 @@ def sweep(deadline, case_cls, write_results, print_table, pdl_top=3):
                   + "; ".join(f"{r:.3f} {short(c)}" for r, c in got[1:4]), flush=True)
         del case
         torch.cuda.empty_cache()
-        write_results("gemm_sweep", {"best": best, "rows": rows,
+        write_results("archive/gemm_sweep", {"best": best, "rows": rows,
                                      "method": "CUDA-graph replay, do_bench median (zero-fill L2 "
                                                "flush, as the gemm table), cuBLAS timed alike"})
     print_table([{**b, "best": short(eval_cfg(b["best"]))} for b in best],

@@ -158,7 +158,8 @@ def start_gpu(name: str) -> bool:
 
 
 def write_results(name: str, payload: dict) -> Path:
-    """Write ``{env, **payload}`` to benchmarks/results/<name>.json (and $OUT/<name>.json)."""
+    """Write ``{env, **payload}`` to benchmarks/results/<name>.json (and to $OUT under the
+    file's own name); a sweep's ``name`` is ``archive/<sweep>``."""
     data = {"benchmark": name, "env": env_info(), **payload}
     text = json.dumps(data, indent=2, default=str)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -166,7 +167,7 @@ def write_results(name: str, payload: dict) -> Path:
     path.write_text(text)
     out = os.environ.get("OUT")
     if out:
-        Path(out, f"{name}.json").write_text(text)
+        Path(out, path.name).write_text(text)
     return path
 
 

@@ -157,12 +157,11 @@ def _skinny(m: int, n: int, k: int, bk: int, in_bytes: int, out_bytes: int,
 def _head_tail(m: int, n: int, bk: int, sms: int) -> MatmulConfig | None:
     """128x256 tiles over the rows that fill whole waves, the rest in smaller tiles.
 
-    Used when 128x256 tiles need 1 to 3 waves and the last is at most half full: measured
-    on the H200 (2026-11-30, results/gemm_sweep.json) at M = 2048: 4B o 0.72 -> 0.87, 4B
-    down 0.73 -> 0.87, 32B down 0.83 -> 0.94-0.96, 32B o 0.89 -> 0.99, against 128x128
-    tiles. The tail tile is the one whose count comes closest to one wave without passing
-    it (64x128 for N = 2560, 128x128 for N = 5120); with ~5 waves (4B o at M = 8192, 0.998
-    plain) the split lost (0.975), so it is not used there."""
+    Used when 128x256 tiles need 1 to 3 waves and the last is at most half full: a half-
+    empty last wave of large tiles then costs more than smaller tiles over the rest. The
+    tail tile is the one whose count comes closest to one wave without passing it (64x128
+    for N = 2560, 128x128 for N = 5120). With many waves the idle share of the last one is
+    small and the split does not pay (benchmarks/TUNING.md, "head/tail GEMM rule")."""
     gn = _cdiv(n, 256)
     tiles = _cdiv(m, 128) * gn
     whole, rest = divmod(tiles, sms)
