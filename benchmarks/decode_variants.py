@@ -167,12 +167,10 @@ class TorchGraph(Variant):
 
     def generate(self, prompt, n):
         self.dec.prefill(prompt)
-        first = int(self.dec.token)                     # the host waits for the prefill
+        self.dec.token.item()                  # the first token reaches the host
         self.first_token_at = time.perf_counter()
         self.dec.decode(n)
-        tokens = self.dec.out[:n].tolist()
-        assert tokens[0] == first
-        return tokens
+        return self.dec.out[:n].tolist()
 
 
 class TorchCompile(TorchGraph):

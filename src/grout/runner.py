@@ -115,7 +115,6 @@ class PrefillGraph:
 
     def __init__(self, runner: "Runner", n: int):
         dev = runner.device
-        self.n = n
         self.ids = _small([0] * n, torch.int32, dev)
         self.positions = _small(list(range(n)), torch.int32, dev)
         self.start = _small([0], torch.int32, dev)

@@ -206,7 +206,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
             hq, hkv)
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
-    v = (qkv.view(width // d, d) if qkv.ndim == 1 else qkv).slice(0, hq + hkv, hq + 2 * hkv)
+    v = rows.slice(0, hq + hkv, hq + 2 * hkv)
     op = _kernel(qk_norm_rope_kernel, num_warps, pdl)(
         rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
         host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
