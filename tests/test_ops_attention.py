@@ -16,7 +16,7 @@ import safetile as st
 from safetile.errors import OutOfBoundsError
 from safetile.ops import (DecodeWorkspace, decode_attention, flash_attention, kv_append,
                           kv_append_many)
-from safetile.ops.decode_attention import decode_split_kernel
+from safetile.ops.decode_attention import decode_split_kernel, decode_whole_kernel
 from safetile.ops.flash_attention import flash_attention_kernel
 
 REL = {st.f32: 2e-6, st.bf16: 1.5e-2}
@@ -167,6 +167,32 @@ def test_decode_attention_length_offset_and_reused_buffers_follow_the_device_len
         assert rel_err(got.to_torch(), decode_reference(q, k, v, pos + 1)) < REL[st.f32]
 
 
+@pytest.mark.parametrize("dtype", [st.f32, st.bf16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("hq,hkv,max_seq,n", [(8, 2, 100, 1), (8, 2, 100, 37), (10, 2, 70, 70),
+                                              (32, 8, 200, 130)])
+def test_one_split_attends_in_one_kernel_and_leaves_the_workspace_alone(dtype, hq, hkv,
+                                                                        max_seq, n):
+    d = 16
+    q, k, v = rand((hq, d), dtype, 21), rand((hkv, max_seq, d), dtype, 22), \
+        rand((hkv, max_seq, d), dtype, 23)
+    ws = DecodeWorkspace(hkv, hq // hkv, d, 1, device="cpu")
+    ws.partial = st.from_torch(torch.full(tuple(ws.partial.shape), float("nan")))
+    op = decode_attention(st.from_torch(q), st.from_torch(k), st.from_torch(v), i32(n),
+                          workspace=ws, block_n=16)
+    graph = op.graph()
+    assert [r.kernel.name for r in graph.records] == ["decode_whole_kernel"]
+    graph.launch().sync()
+    assert rel_err(graph.output.to_torch(), decode_reference(q, k, v, n)) < REL[dtype]
+    assert torch.isnan(ws.partial.to_torch()).all()
+
+
+def test_one_split_attention_of_no_positions_is_zero():
+    q, k = rand((4, 16), st.f32, 1), rand((2, 40, 16), st.f32, 2)
+    out = decode_attention(st.from_torch(q), st.from_torch(k), st.from_torch(k.clone()), i32(0),
+                           block_n=16, num_splits=1).sync().to_torch()
+    assert (out == 0).all()
+
+
 def test_decode_kernel_source_does_not_depend_on_the_length():
     def source(n):
         ws = DecodeWorkspace(8, 4, 128, 32, device="cpu")
@@ -220,6 +246,16 @@ def test_decode_kernels_compile_for_sm90_with_tma_loads():
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
             ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1, False, 0)
     ptx = decode_split_kernel.options(num_warps=4, num_stages=3).compile(*args).asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "mma" in ptx
+
+
+def test_the_one_split_kernel_compiles_for_sm90_with_tma_loads_and_mma():
+    out = st.empty((32, 128), dtype=st.bf16, device="cpu")
+    args = (st.empty((32, 128), dtype=st.bf16, device="cpu"),
+            st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
+            st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
+            out.view(8, 4, 128).partition((1, 16, 128)), 0.1, 64, 1)
+    ptx = decode_whole_kernel.options(num_warps=4, num_stages=3).compile(*args).asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "mma" in ptx
 
 

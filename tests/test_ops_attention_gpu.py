@@ -69,6 +69,15 @@ def test_decode_attention_matches_reference(n):
     assert rel_err(out.to_torch(), decode_reference(q, k, v, n)) < 1e-2
 
 
+@pytest.mark.parametrize("n", [1, 63, 64, 200, 1024, 4096])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_one_split_decode_attention_matches_reference(n, pdl):
+    q, k, v = randn((32, 128), 4), randn((8, 4096, 128), 5), randn((8, 4096, 128), 6)
+    out = decode_attention(st.from_torch(q), st.from_torch(k), st.from_torch(v), i32(n),
+                           num_splits=1, pdl=pdl).sync()
+    assert rel_err(out.to_torch(), decode_reference(q, k, v, n)) < 1e-2
+
+
 def test_decode_graph_replays_follow_the_device_length():
     q, k, v = randn((32, 128), 7), randn((8, 2048, 128), 8), randn((8, 2048, 128), 9)
     qh, kh, vh = st.from_torch(q), st.from_torch(k), st.from_torch(v)

@@ -179,11 +179,18 @@ class DecodeBuffers:
         self.head_ws = ops.gemv_argmax_workspace(lm_head.w, st.i32, gemm.config(lm_head))
 
 
+def attention_args(b: DecodeBuffers, short: bool) -> dict:
+    """The decode attention's workspace arguments: one kernel per kv head for a ``short``
+    context (ops.decode_attention with one split), else the splits of ``b.attn_ws``."""
+    return dict(workspace=None, num_splits=1) if short else dict(workspace=b.attn_ws)
+
+
 def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
-                 b: DecodeBuffers, gemm, next_norm: st.Shared) -> list:
+                 b: DecodeBuffers, gemm, next_norm: st.Shared, short: bool = False) -> list:
     """One layer of the decode step, from the normed input ``b.h`` and the residual
     ``b.resid[0]`` to the next layer's normed input (``next_norm``: its input norm, or the
-    final norm) and residual, again in ``b.h`` and ``b.resid[0]``."""
+    final norm) and residual, again in ``b.h`` and ``b.resid[0]``; ``short``: see
+    :func:`attention_args`."""
     eps, hq, hkv, d = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, \
         cfg.head_dim
     return [
@@ -194,7 +201,7 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
         lambda: ops.rope(b.kn.view(1, hkv, d), b.pos, b.inv_freq, out=b.kr),
         lambda: ops.kv_append(b.kr.view(hkv, d), b.v, b.pos, k_cache, v_cache),
         lambda: ops.decode_attention(b.qr.view(hq, d), k_cache, v_cache, b.pos, out=b.attn,
-                                     workspace=b.attn_ws, length_offset=1),
+                                     length_offset=1, **attention_args(b, short)),
         gemm.vec(layer.o, b.attn.view(hq * d), b.o),
         lambda: ops.add_rmsnorm(b.o, b.resid[0], layer.post_norm, eps, out=b.h,
                                 residual_out=b.resid[1]),
@@ -207,11 +214,12 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
 
 
 def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
-                       v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm) -> list:
+                       v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm,
+                       short: bool = False) -> list:
     """One layer of the fused decode step (7 kernels), from the residual ``b.resid[0]``
     (not normed: each norm is folded into the gemv that consumes it) back to ``b.resid[0]``:
     the input norm in the qkv gemv; q/k norm, RoPE and the K/V append in one kernel;
-    attention (split, merge); the residual add in the o gemv (into ``b.resid[1]``); the
+    attention (split and merge, or one kernel when ``short``); the residual add in the o gemv (into ``b.resid[1]``); the
     post-attention norm in the gate/up gemv; silu*mul and the residual add around the down
     gemv (back into ``b.resid[0]``). It computes what :func:`decode_layer` computes."""
     eps = cfg.rms_norm_eps
@@ -223,7 +231,7 @@ def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
                                            k_rows=b.kn),
         # the attention's reads after its PDL wait, so it may launch during the append
         lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
-                                     workspace=b.attn_ws, length_offset=1, early=False),
+                                     length_offset=1, early=False, **attention_args(b, short)),
         gemm.vec_add(layer.o, b.attn.view(cfg.q_size), cur, mid),
         gemm.norm_vec(mid, layer.post_norm, eps, layer.gate_up, b.gate_up),
         gemm.silu_vec_add(layer.down, b.gate_up, mid, cur),
@@ -252,11 +260,11 @@ def advance_cursor(b: DecodeBuffers) -> list:
 
 
 def decode_step_fused(cfg: Qwen3Config, w: Weights, cache: KVCache, b: DecodeBuffers,
-                      gemm: SafetileGemm, greedy: bool) -> list:
+                      gemm: SafetileGemm, greedy: bool, short: bool = False) -> list:
     """The fused decode step: the same result as :func:`decode_step` in fewer kernels."""
     steps = [lambda: ops.embedding(b.token, w.embed, out=b.resid[0].view(1, cfg.hidden_size))]
     for n, layer in enumerate(w.layers):
-        steps += decode_layer_fused(cfg, layer, cache.k[n], cache.v[n], b, gemm)
+        steps += decode_layer_fused(cfg, layer, cache.k[n], cache.v[n], b, gemm, short)
     return steps + fused_head(cfg, w, b, gemm, greedy) + advance_cursor(b)
 
 
@@ -269,14 +277,14 @@ def sample_step(b: DecodeBuffers, greedy: bool) -> Step:
 
 
 def decode_step(cfg: Qwen3Config, w: Weights, cache: KVCache, b: DecodeBuffers, gemm,
-                greedy: bool) -> list:
+                greedy: bool, short: bool = False) -> list:
     """The whole decode step: embed ``b.token`` at ``b.pos``, every layer, the lm_head,
     sample into ``b.token``, advance the cursor."""
     steps = [lambda: ops.embedding(b.token, w.embed, out=b.resid[0].view(1, cfg.hidden_size)),
              lambda: ops.rmsnorm(b.resid[0], w.layers[0].input_norm, cfg.rms_norm_eps, out=b.h)]
     for n, layer in enumerate(w.layers):
         nxt = w.layers[n + 1].input_norm if n + 1 < len(w.layers) else w.final_norm
-        steps += decode_layer(cfg, layer, cache.k[n], cache.v[n], b, gemm, nxt)
+        steps += decode_layer(cfg, layer, cache.k[n], cache.v[n], b, gemm, nxt, short)
     return steps + [gemm.vec(w.lm_head, b.h, b.logits), sample_step(b, greedy)] + \
         advance_cursor(b)
 

@@ -20,6 +20,10 @@
   padded to the bucket, whose extra rows attend only to earlier rows (causal) and whose
   K/V rows past the prompt are overwritten by decode before any step reads them. The host
   then launches one graph instead of every op of every layer.
+- A step whose attention spans at most ``short_attention_max`` positions attends with one
+  kernel per kv head (model.attention_args); longer ones split the cache and merge. Each
+  kind is its own graph; the runner tracks the position on the host, and a chunk never
+  straddles the two, so a chunk's tokens stay exactly those of single steps.
 - ``fused=True`` (the default with safetile's gemm) builds the fused step
   (model.decode_step_fused); ``fused=False`` the unfused one, the comparison and fallback.
 """
@@ -93,6 +97,10 @@ def record_steps(steps: list, desc: str, progress: bool) -> st.Graph:
     return scope.graph
 
 
+# The longest context (positions attended) decoded with one attention kernel per kv head: a
+# short cache is too little work to split (benchmarks/TUNING.md, "short-context attention").
+SHORT_ATTENTION_MAX = 256
+
 # The longest prompt prefilled by a recorded graph (the buckets' activations stay allocated).
 PREFILL_GRAPH_MAX = 2048
 
@@ -145,8 +153,10 @@ class Runner:
         self.fused = bool(fused) and isinstance(self.gemm, SafetileGemm)
         if self.fused:
             self.buf.fuse_head(weights.lm_head, self.gemm)
-        self.graphs: dict = {}            # greedy -> the one-step graph
-        self.chunks: dict = {}            # (greedy, n) -> the graph of n steps
+        self.graphs: dict = {}            # (greedy, short) -> the one-step graph
+        self.chunks: dict = {}            # (greedy, n, short) -> the graph of n steps
+        self.short_attention_max = SHORT_ATTENTION_MAX
+        self.position = 0                 # the cursor's position, as the host knows it
         self.prefills: dict = {}          # bucket -> PrefillGraph
         # the longest prompt prefilled by a graph (0: every prefill runs op by op)
         self.prefill_graph_max = PREFILL_GRAPH_MAX if device.type == "cuda" and \
@@ -199,39 +209,50 @@ class Runner:
         after = [lambda t=_small([s, 1], torch.int32, dev): ops.copy(t, out=b.cursor)]
         run_steps(setup + steps + [self.gemm.vec(self.w.lm_head, last, b.logits.view(1, -1)),
                                    sample_step(b, greedy)] + after)
+        self.position = s
         return self.read_token()
 
     def read_token(self) -> int:
         return int(self.buf.token.numpy()[0])
 
-    def decode_steps(self, greedy: bool) -> list:
-        build = decode_step_fused if self.fused else decode_step
-        return build(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy)
+    def short(self, n: int = 1) -> bool:
+        """Whether the next ``n`` steps all attend at most ``short_attention_max`` positions
+        (the step at position p attends p + 1)."""
+        return self.position + n <= self.short_attention_max
 
-    def graph(self, greedy: bool) -> st.Graph:
-        """The recorded decode step of this sampling mode (recorded on first use)."""
-        g = self.graphs.get(greedy)
+    def decode_steps(self, greedy: bool, short: bool = False) -> list:
+        build = decode_step_fused if self.fused else decode_step
+        return build(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy, short)
+
+    def graph(self, greedy: bool, short: bool = False) -> st.Graph:
+        """The recorded decode step of this sampling mode and attention kind (recorded on
+        first use)."""
+        g = self.graphs.get((greedy, short))
         if g is None:
-            g = self.graphs[greedy] = record_steps(
-                self.decode_steps(greedy), f"recording the {'greedy' if greedy else 'sampling'}"
-                f" decode step", self.progress)
+            g = self.graphs[(greedy, short)] = record_steps(
+                self.decode_steps(greedy, short), f"recording the "
+                f"{'greedy' if greedy else 'sampling'} decode step"
+                f"{' (short context)' if short else ''}", self.progress)
         return g
 
-    def chunk(self, greedy: bool, n: int) -> st.Graph:
+    def chunk(self, greedy: bool, n: int, short: bool = False) -> st.Graph:
         """The graph of ``n`` decode steps, each token copied to ``history[i]``."""
-        g = self.chunks.get((greedy, n))
+        g = self.chunks.get((greedy, n, short))
         if g is None:
-            one, b = self.graph(greedy), self.buf
+            one, b = self.graph(greedy, short), self.buf
             with st.graph_scope() as scope:
                 for i in range(n):
                     scope.record(one.launch())
                     scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
-            g = self.chunks[(greedy, n)] = scope.graph
+            g = self.chunks[(greedy, n, short)] = scope.graph
         return g
 
     def chunk_size(self, wanted: int) -> int:
         """The largest chunk (a power of two up to ``max_chunk``) of at most ``wanted``
-        steps; 1 where the step cannot be a graph."""
+        steps that does not cross from short-context steps to long ones; 1 where the step
+        cannot be a graph."""
+        if self.short():
+            wanted = min(wanted, self.short_attention_max - self.position)
         if not self.graphable() or wanted <= 1:
             return 1
         n = 1
@@ -240,21 +261,30 @@ class Runner:
         return n
 
     def steps(self, greedy: bool, n: int) -> list:
-        """``n`` decode steps (:meth:`chunk_size` of them) with one read: their tokens."""
-        if n == 1:
-            return [self.step(greedy)]
-        self.chunk(greedy, n).launch().sync()
-        return [int(t) for t in self.buf.history.numpy()[:n]]
+        """``n`` decode steps, their tokens: in chunks of :meth:`chunk_size` (one read each;
+        ``n`` from chunk_size is one chunk)."""
+        tokens: list = []
+        while len(tokens) < n:
+            m = self.chunk_size(n - len(tokens))
+            if m == 1:
+                tokens.append(self.step(greedy))
+                continue
+            self.chunk(greedy, m, self.short(m)).launch().sync()
+            self.position += m
+            tokens += [int(t) for t in self.buf.history.numpy()[:m]]
+        return tokens
 
     def step(self, greedy: bool) -> int:
         """Feed the current token at the current position; return the next token."""
         if self.graphable():
-            self.graph(greedy).launch().sync()
+            self.graph(greedy, self.short()).launch().sync()
         else:
-            run_steps(self.decode_steps(greedy))
+            run_steps(self.decode_steps(greedy, self.short()))
+        self.position += 1
         return self.read_token()
 
     def step_eager(self, greedy: bool) -> int:
         """The same step as :meth:`step`, built and run op by op (no graph)."""
-        run_steps(self.decode_steps(greedy))
+        run_steps(self.decode_steps(greedy, self.short()))
+        self.position += 1
         return self.read_token()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import grout
+from grout import runner as runner_module
 from safetile import ops
 
 from test_model_vs_transformers import PROMPT, hf_logits
@@ -31,6 +32,19 @@ def single(checkpoints):
                      progress=False, decode_chunk=1)
     yield eng
     del eng
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def long_cache(checkpoints):
+    """Fused and unfused engines of the "untied" checkpoint whose cache is four key blocks,
+    so that a long-context step splits its attention (a 64-row cache is one block)."""
+    path = checkpoints["untied"][0]
+    engines = [grout.load(path, device="cpu", dtype="float32", max_seq_len=256,
+                          progress=False, fused=fused) for fused in (True, False)]
+    assert engines[0].runner.buf.attn_ws.num_splits == 4
+    yield engines
+    engines.clear()
     gc.collect()
 
 
@@ -67,7 +81,7 @@ def test_chunked_decode_gives_the_tokens_of_single_steps(engines, single):
     for kw in (dict(), dict(temperature=1.1, seed=3), dict(temperature=0.7, top_p=0.8, seed=5)):
         got = eng.generate(PROMPT, max_new_tokens=23, **kw).token_ids
         assert got == single.generate(PROMPT, max_new_tokens=23, **kw).token_ids
-    assert {n for _, n in eng.runner.chunks} >= {8, 4, 2}
+    assert {n for _, n, _ in eng.runner.chunks} >= {8, 4, 2}
 
 
 def test_chunked_stream_yields_the_pieces_of_single_steps(engines, single):
@@ -108,15 +122,52 @@ def test_logprobs_decode_one_step_at_a_time_with_the_same_tokens(engines, single
                           torch.tensor([lp for _, lp in want]), atol=1e-5)
 
 
-def test_a_fused_layer_is_seven_kernels(engines, unfused):
-    eng, plain = engines["untied"], unfused["untied"]
-    eng.generate(PROMPT, max_new_tokens=3)
-    plain.generate(PROMPT, max_new_tokens=3)
+def test_a_fused_layer_is_seven_kernels_and_six_at_a_short_context(long_cache):
+    eng, plain = long_cache
     layers = eng.config.num_hidden_layers
-    # embedding; per layer 7; lm_head with argmax (2); the cursor's advance (2)
-    assert len(eng.runner.graphs[True].records) == 1 + 7 * layers + 4
-    # embedding and the first norm; per layer 14; lm_head, argmax (2), the cursor (2)
-    assert len(plain.runner.graphs[True].records) == 2 + 14 * layers + 5
+    for e in long_cache:
+        e.runner.short_attention_max = 0
+    try:
+        eng.generate(PROMPT, max_new_tokens=3)
+        plain.generate(PROMPT, max_new_tokens=3)
+        # embedding; per layer 7; lm_head with argmax (2); the cursor's advance (2)
+        assert len(eng.runner.graphs[(True, False)].records) == 1 + 7 * layers + 4
+        # embedding and the first norm; per layer 14; lm_head, argmax (2), the cursor (2)
+        assert len(plain.runner.graphs[(True, False)].records) == 2 + 14 * layers + 5
+    finally:
+        for e in long_cache:
+            e.runner.short_attention_max = runner_module.SHORT_ATTENTION_MAX
+    eng.generate(PROMPT, max_new_tokens=3)
+    # a short context attends in one kernel: no merge
+    assert len(eng.runner.graphs[(True, True)].records) == 1 + 6 * layers + 4
+
+
+def test_short_and_long_context_steps_give_the_same_tokens(long_cache, unfused):
+    want = unfused["untied"].generate(PROMPT, max_new_tokens=12).token_ids
+    eng = long_cache[0]
+    start = len(PROMPT) + 1                         # the first decode step's position
+    try:
+        for limit in (0, start + 5):                # all long; short, then long mid-chunk
+            eng.runner.short_attention_max = limit
+            assert eng.generate(PROMPT, max_new_tokens=12).token_ids == want
+        assert eng.runner.position == start + 10
+    finally:
+        eng.runner.short_attention_max = runner_module.SHORT_ATTENTION_MAX
+    assert {short for _, _, short in eng.runner.chunks} == {True, False}
+
+
+def test_a_chunk_never_straddles_the_short_context_limit(long_cache):
+    r = long_cache[0].runner
+    r.position = 20
+    try:
+        r.short_attention_max = 23
+        assert r.chunk_size(8) == 2 and r.short(2) and not r.short(4)
+        r.short_attention_max = 21
+        assert r.chunk_size(8) == 1
+        r.short_attention_max = 20
+        assert r.chunk_size(8) == 8 and not r.short()
+    finally:
+        r.short_attention_max = runner_module.SHORT_ATTENTION_MAX
 
 
 @pytest.mark.parametrize("chunk", [0, 3, -2, 2.0, True])

@@ -52,7 +52,7 @@ def test_the_recorded_decode_graph_gives_the_tokens_of_eager_steps(engines):
     with st.backend("interpret"):
         first = runner.begin(PROMPT, params, key, greedy=True)
         graph = [first] + [runner.step(greedy=True) for _ in range(6)]
-        assert runner.graphs[True] is not None
+        assert runner.graphs[(True, True)] is not None
         first = runner.begin(PROMPT, params, key, greedy=True)
         eager = [first] + [runner.step_eager(greedy=True) for _ in range(6)]
     assert graph == eager

@@ -23,6 +23,11 @@ head, too little work for one program per head. Two kernels:
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
    partial rows weighted by ``exp2(lse_s - max lse)``.
 
+With one split (a short cache, or ``num_splits=1``) the two become one kernel,
+``decode_whole_kernel``: program (kv head) attends its group over the whole valid length and
+writes the group's output rows itself. A short context has too few key blocks to feed one
+program per split, and the merge's launch then costs more than the split saves.
+
 With programmatic dependent launch (the default on Hopper) the split kernel does all its
 reads before waiting for the kernel before it, so in a chain of attentions each split runs
 under the previous merge; when the kernel before writes the cache, the query or the length
@@ -148,6 +153,36 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
     out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.sum(w, 0), (1, out.shape[1])))
 
 
+@st.kernel
+def decode_whole_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
+                        length: st.In[st.i32, 1], o: st.Out[st.floats, 3], qk_scale: float,
+                        BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int]):
+    """Attention of one kv head's q group over the whole valid cache, normalized into the
+    group's rows of the output (one split: no partials, no merge). ``o`` is the output viewed
+    as (Hkv, G, D), its tiles (1, GP, D): the padding rows fall outside and are masked off."""
+    kvh, _, _ = o.index
+    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    qt = q.load_at((kvh * (q.shape[0] // k.shape[0]), 0), (o.shape[1], o.shape[2]))
+    m_i = sl.full((o.shape[1],), float("-inf"), st.f32)
+    l_i = sl.zeros((o.shape[1],), st.f32)
+    acc = sl.zeros((o.shape[1], o.shape[2]), st.f32)
+    for j in range(n // BLOCK_N):
+        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
+        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
+        m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i, acc)
+    if n % BLOCK_N != 0:
+        j = n // BLOCK_N
+        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
+        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
+        valid = j * BLOCK_N + sl.arange(BLOCK_N) < n
+        s = sl.where(valid[None, :], sl.matmul(qt, kt.T) * qk_scale, float("-inf"))
+        # Cache rows past the length may hold anything (even NaN): 0 * NaN would poison P @ V.
+        m_i, l_i, acc = online_softmax_step(s, sl.where(valid[:, None], vt, 0.0), m_i, l_i, acc)
+    # A length of 0 attends nothing: the rows stay 0 rather than 0 / 0.
+    l_safe = sl.where(l_i > 0.0, l_i, 1.0)
+    o.store(sl.reshape(acc / l_safe[:, None], (1, o.shape[1], o.shape[2])))
+
+
 def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
     """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
     than the cache has key blocks: more, shorter programs pay the per-program prologue (device
@@ -264,6 +299,26 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     return host.returning(op, out)
 
 
+def _decode_whole(q, k_cache, v_cache, length, out, scale, length_offset, block_n, num_warps,
+                  num_stages, pdl, trigger_early, early):
+    """The one-split attention: one program per kv head, straight into ``out``."""
+    _check_length(length)
+    hq, d = out.shape
+    hkv = k_cache.shape[0]
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    trigger_early = pdl if trigger_early is None else bool(trigger_early)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    rows = max(MIN_GROUP_ROWS, host.next_pow2(hq // hkv))
+    kernel = decode_whole_kernel.options(
+        num_warps=num_warps, num_stages=num_stages, pdl=pdl,
+        early=("q", "k", "v", "length") if pdl and early else (),
+        trigger_early=pdl and trigger_early)
+    op = kernel(q, k_cache, v_cache, length,
+                host.owned_view(out, (hkv, hq // hkv, d)).partition((1, rows, d)),
+                scale * LOG2E, block_n, length_offset)
+    return host.returning(op, out)
+
+
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0,
                      block_n: int | None = None, num_splits: int | None = None,
@@ -278,11 +333,18 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
     given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
     kernels), ``prefetch``/``cyclic``/``early`` as in :func:`decode_attention_split`. Returns a
-    ``DeviceOp`` whose output is ``out``.
+    ``DeviceOp`` whose output is ``out``. With one split (``num_splits=1``, a one-split
+    workspace, or a cache of one key block) a single kernel attends each kv head's whole
+    valid length and writes ``out`` directly: no partials, no merge, the workspace unused.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
     block_n = block_n or DEFAULT_BLOCK_N
+    splits = workspace.num_splits if workspace is not None else \
+        num_splits or default_splits(hkv, k_cache.shape[1], block_n)
+    if splits == 1:
+        return _decode_whole(q, k_cache, v_cache, length, z, scale, length_offset, block_n,
+                             num_warps, num_stages, pdl, trigger_early, early)
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
