@@ -72,10 +72,15 @@ def test_fused_gemv_compiles_with_the_gemvs_early_weight_loads(name):
     assert bool(early_loads(ptx)) == bool(c.head)
 
 
-def test_qk_norm_rope_append_compiles_and_reads_qkv_only_after_the_pdl_wait():
-    args = (z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
+def qk_rope_args() -> tuple:
+    """The attention prologue's arguments at Qwen3-4B's shapes, a 4096-row cache."""
+    return (z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
             out((8, 4, 128), (1, 4, 128)), out((8, 4096, 128), (1, 4096, 128)),
             out((8, 4096, 128), (1, 4096, 128)), 1e-6, 4, 32, 8)
+
+
+def test_qk_norm_rope_append_compiles_and_reads_qkv_only_after_the_pdl_wait():
+    args = qk_rope_args()
     k = qk_rope_kernel(qk_norm_rope_append_kernel, 4, True)
     src = k.source(*args)
     wait = src.index("_st_gdc_wait()")
@@ -83,6 +88,17 @@ def test_qk_norm_rope_append_compiles_and_reads_qkv_only_after_the_pdl_wait():
     assert src.index("_st_q_weight_ptr, _st_q_weight_n0, _st_q_weight_s0, 0") < wait
     ptx = k.compile(*args).asm["ptx"]
     assert ".target sm_90" in ptx and early_loads(ptx)
+
+
+def test_the_prologue_with_trigger_early_signals_first_and_still_waits_before_its_stores():
+    args = qk_rope_args()
+    src = qk_rope_kernel(qk_norm_rope_append_kernel, 4, True, True).source(*args)
+    body = src.split("def qk_norm_rope_append_kernel(")[1]
+    signal, wait = body.index("_st_gdc_launch_dependents()"), body.index("_st_gdc_wait()")
+    assert signal < wait < body.index("_st_substore")
+    plain = qk_rope_kernel(qk_norm_rope_append_kernel, 4, True).source(*args)
+    body = plain.split("def qk_norm_rope_append_kernel(")[1]
+    assert body.index("_st_gdc_wait()") < body.index("_st_gdc_launch_dependents()")
 
 
 def test_decode_split_without_early_reads_waits_before_every_load():

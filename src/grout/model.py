@@ -15,7 +15,7 @@ live on the device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -52,20 +52,29 @@ def _pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+# Decode steps of models up to this hidden size let each kernel's successor be scheduled as
+# soon as its programs start (gemvs and the attention prologue; benchmarks/TUNING.md, "early
+# triggers"): their kernels are short, so the successor's launch latency is a large share.
+EARLY_TRIGGER_MAX_HIDDEN = 4096
+
+
 class SafetileGemm:
     """Projections on safetile's gemv (decode) and matmul (prefill).
 
     On the CPU executor, which runs programs one after another, the tiles are as large as
-    possible (few programs); on the GPU the ops' own tuned configs apply."""
+    possible (few programs); on the GPU the ops' own tuned configs apply, with
+    ``trigger_early`` set on the gemvs when asked."""
 
     name = "safetile"
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, trigger_early: bool = False):
         self.cpu = device.type == "cpu"
+        self.trigger_early = trigger_early and not self.cpu
 
     def _gemv_config(self, n: int, k: int):
         if not self.cpu:
-            return None
+            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=True) if self.trigger_early \
+                else None
         bk = min(_pow2(k), 1024)
         return ops.GemvConfig(min(_pow2(n), max(4, (1 << 20) // bk)), bk, 4, 1, tma=False,
                               head=0)
@@ -228,7 +237,7 @@ def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
         gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
         lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
                                            b.inv_freq, k_cache, v_cache, eps, q_out=b.qn,
-                                           k_rows=b.kn),
+                                           k_rows=b.kn, trigger_early=gemm.trigger_early),
         # the attention's reads after its PDL wait, so it may launch during the append
         lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
                                      length_offset=1, early=False, **attention_args(b, short)),

@@ -38,7 +38,7 @@ from safetile import ops
 
 from .config import Qwen3Config
 from .kv_cache import KVCache
-from .model import (CublasGemm, DecodeBuffers, PrefillBuffers, SafetileGemm, TorchStep,
+from .model import (EARLY_TRIGGER_MAX_HIDDEN, CublasGemm, DecodeBuffers, PrefillBuffers, SafetileGemm, TorchStep,
                     decode_step, decode_step_fused, prefill, sample_step)
 from .weights import Weights
 
@@ -148,7 +148,8 @@ class Runner:
         self.cache = KVCache(cfg, max_seq_len, dtype, device)
         self.max_chunk = max_chunk
         self.buf = DecodeBuffers(cfg, self.cache, dtype, device, max_chunk)
-        self.gemm = CublasGemm() if gemm == "cublas" else SafetileGemm(device)
+        self.gemm = CublasGemm() if gemm == "cublas" else SafetileGemm(
+            device, trigger_early=cfg.hidden_size <= EARLY_TRIGGER_MAX_HIDDEN)
         # the fused kernels are safetile's gemvs: the torch comparison path stays unfused
         self.fused = bool(fused) and isinstance(self.gemm, SafetileGemm)
         if self.fused:

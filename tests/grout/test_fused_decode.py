@@ -216,3 +216,14 @@ def test_a_cache_longer_than_one_append_tile_decodes_the_tokens_of_a_short_one(c
     prompt = [5, 17, 42, 99]
     assert long.generate(prompt, max_new_tokens=4).token_ids == \
         short.generate(prompt, max_new_tokens=4).token_ids
+
+
+def test_decode_gemvs_trigger_early_on_the_gpu_when_asked_and_never_on_the_cpu():
+    from types import SimpleNamespace
+
+    from grout.model import SafetileGemm
+    lin = SimpleNamespace(w=torch.empty(6144, 2560))
+    assert SafetileGemm(torch.device("cuda"), trigger_early=True).config(lin).trigger_early
+    assert SafetileGemm(torch.device("cuda")).config(lin) is None      # the op's default
+    cpu = SafetileGemm(torch.device("cpu"), trigger_early=True)
+    assert not cpu.trigger_early and not cpu.config(lin).trigger_early

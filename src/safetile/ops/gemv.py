@@ -54,6 +54,11 @@ class GemvConfig:
     trigger_early: bool = False
     head: int = 2
 
+    @classmethod
+    def for_shape(cls, n: int, k: int) -> "GemvConfig":
+        """The default config of an ``(n, k)`` weight (:func:`choose_config`)."""
+        return choose_config(n, k)
+
 
 def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
     """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight (the

@@ -123,18 +123,19 @@ EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
 _CONFIGURED: dict = {}
 
 
-def _kernel(kernel, num_warps: int, pdl: bool):
-    key = (kernel.name, num_warps, pdl)
+def _kernel(kernel, num_warps: int, pdl: bool, trigger_early: bool = False):
+    key = (kernel.name, num_warps, pdl, trigger_early)
     if key not in _CONFIGURED:
         _CONFIGURED[key] = kernel.options(num_warps=num_warps, pdl=pdl,
-                                          early=EARLY if pdl else ())
+                                          early=EARLY if pdl else (),
+                                          trigger_early=pdl and trigger_early)
     return _CONFIGURED[key]
 
 
 def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
                            eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
-                           num_warps: int = 4, k_rows=None,
-                           block_s: int | None = None) -> st.DeviceOp:
+                           num_warps: int = 4, k_rows=None, block_s: int | None = None,
+                           trigger_early: bool = False) -> st.DeviceOp:
     """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
     ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
     (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
@@ -143,7 +144,8 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
     ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
     D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
-    position and table read before the wait. Returns a ``DeviceOp`` whose output is
+    position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
+    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp`` whose output is
     ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype (allocated when not
     given). A position outside the cache writes nothing on the GPU and raises
     ``OutOfBoundsError`` on the CPU executor.
@@ -198,7 +200,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, gp, d))
     if block >= max_seq:
         slab = (1, host.next_pow2(max_seq), d)
-        op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl)(
+        op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl, trigger_early)(
             rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
             host.borrow(inv_freq), q_tiles,
             host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
@@ -207,7 +209,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
     v = rows.slice(0, hq + hkv, hq + 2 * hkv)
-    op = _kernel(qk_norm_rope_kernel, num_warps, pdl)(
+    op = _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
         rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
         host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
         float(eps), group, hq)
