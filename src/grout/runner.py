@@ -225,28 +225,36 @@ class Runner:
         build = decode_step_fused if self.fused else decode_step
         return build(self.cfg, self.w, self.cache, self.buf, self.gemm, greedy, short)
 
+    def _kinds(self, short: bool) -> tuple:
+        """``short`` first, then the other attention kind where this cache decodes both:
+        both are recorded at once, so a stream does not stall mid-way to record."""
+        both = 0 < self.short_attention_max < self.max_seq_len
+        return (short, not short) if both else (short,)
+
     def graph(self, greedy: bool, short: bool = False) -> st.Graph:
         """The recorded decode step of this sampling mode and attention kind (recorded on
-        first use)."""
-        g = self.graphs.get((greedy, short))
-        if g is None:
-            g = self.graphs[(greedy, short)] = record_steps(
-                self.decode_steps(greedy, short), f"recording the "
-                f"{'greedy' if greedy else 'sampling'} decode step"
-                f"{' (short context)' if short else ''}", self.progress)
-        return g
+        first use, with the other kind's)."""
+        for kind in self._kinds(short):
+            if (greedy, kind) not in self.graphs:
+                self.graphs[(greedy, kind)] = record_steps(
+                    self.decode_steps(greedy, kind), f"recording the "
+                    f"{'greedy' if greedy else 'sampling'} decode step"
+                    f"{' (short context)' if kind else ''}", self.progress)
+        return self.graphs[(greedy, short)]
 
     def chunk(self, greedy: bool, n: int, short: bool = False) -> st.Graph:
-        """The graph of ``n`` decode steps, each token copied to ``history[i]``."""
-        g = self.chunks.get((greedy, n, short))
-        if g is None:
-            one, b = self.graph(greedy, short), self.buf
-            with st.graph_scope() as scope:
-                for i in range(n):
-                    scope.record(one.launch())
-                    scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
-            g = self.chunks[(greedy, n, short)] = scope.graph
-        return g
+        """The graph of ``n`` decode steps, each token copied to ``history[i]`` (recorded
+        on first use, with the other attention kind's)."""
+        b = self.buf
+        for kind in self._kinds(short):
+            if (greedy, n, kind) not in self.chunks:
+                one = self.graph(greedy, kind)
+                with st.graph_scope() as scope:
+                    for i in range(n):
+                        scope.record(one.launch())
+                        scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
+                self.chunks[(greedy, n, kind)] = scope.graph
+        return self.chunks[(greedy, n, short)]
 
     def chunk_size(self, wanted: int) -> int:
         """The largest chunk (a power of two up to ``max_chunk``) of at most ``wanted``

@@ -227,3 +227,21 @@ def test_decode_gemvs_trigger_early_on_the_gpu_when_asked_and_never_on_the_cpu()
     assert SafetileGemm(torch.device("cuda")).config(lin) is None      # the op's default
     cpu = SafetileGemm(torch.device("cpu"), trigger_early=True)
     assert not cpu.trigger_early and not cpu.config(lin).trigger_early
+
+
+def test_a_cache_that_decodes_both_attention_kinds_records_both_at_first_use(long_cache):
+    r = long_cache[0].runner
+    saved = r.graphs, r.chunks
+    r.graphs, r.chunks = {}, {}
+    r.short_attention_max = 40
+    try:
+        r.graph(True, short=True)
+        assert set(r.graphs) == {(True, True), (True, False)}
+        r.chunk(True, 2, short=False)
+        assert set(r.chunks) == {(True, 2, True), (True, 2, False)}
+        r.short_attention_max = r.max_seq_len        # every step is short: one kind
+        r.graph(False, short=True)
+        assert (False, False) not in r.graphs
+    finally:
+        r.graphs, r.chunks = saved
+        r.short_attention_max = runner_module.SHORT_ATTENTION_MAX
