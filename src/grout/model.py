@@ -73,8 +73,9 @@ class SafetileGemm:
 
     def _gemv_config(self, n: int, k: int):
         if not self.cpu:
-            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=True) if self.trigger_early \
-                else None
+            if not self.trigger_early:
+                return None
+            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=True)
         bk = min(_pow2(k), 1024)
         return ops.GemvConfig(min(_pow2(n), max(4, (1 << 20) // bk)), bk, 4, 1, tma=False,
                               head=0)
@@ -225,12 +226,13 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
 def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
                        v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm,
                        short: bool = False) -> list:
-    """One layer of the fused decode step (7 kernels), from the residual ``b.resid[0]``
-    (not normed: each norm is folded into the gemv that consumes it) back to ``b.resid[0]``:
-    the input norm in the qkv gemv; q/k norm, RoPE and the K/V append in one kernel;
-    attention (split and merge, or one kernel when ``short``); the residual add in the o gemv (into ``b.resid[1]``); the
-    post-attention norm in the gate/up gemv; silu*mul and the residual add around the down
-    gemv (back into ``b.resid[0]``). It computes what :func:`decode_layer` computes."""
+    """One layer of the fused decode step (7 kernels, 6 when ``short``), from the residual
+    ``b.resid[0]`` (not normed: each norm is folded into the gemv that consumes it) back to
+    ``b.resid[0]``: the input norm in the qkv gemv; q/k norm, RoPE and the K/V append in one
+    kernel; attention (split and merge, or one kernel when ``short``); the residual add in
+    the o gemv (into ``b.resid[1]``); the post-attention norm in the gate/up gemv; silu*mul
+    and the residual add around the down gemv (back into ``b.resid[0]``). It computes what
+    :func:`decode_layer` computes."""
     eps = cfg.rms_norm_eps
     cur, mid = b.resid
     return [

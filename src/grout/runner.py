@@ -38,8 +38,9 @@ from safetile import ops
 
 from .config import Qwen3Config
 from .kv_cache import KVCache
-from .model import (EARLY_TRIGGER_MAX_HIDDEN, CublasGemm, DecodeBuffers, PrefillBuffers, SafetileGemm, TorchStep,
-                    decode_step, decode_step_fused, prefill, sample_step)
+from .model import (EARLY_TRIGGER_MAX_HIDDEN, CublasGemm, DecodeBuffers, PrefillBuffers,
+                    SafetileGemm, TorchStep, decode_step, decode_step_fused, prefill,
+                    sample_step)
 from .weights import Weights
 
 

@@ -145,10 +145,10 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
     D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
     position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
-    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp`` whose output is
-    ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype (allocated when not
-    given). A position outside the cache writes nothing on the GPU and raises
-    ``OutOfBoundsError`` on the CPU executor.
+    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
+    whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
+    (allocated when not given). A position outside the cache writes nothing on the GPU and
+    raises ``OutOfBoundsError`` on the CPU executor.
 
     ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
     one append program owns; a cache longer than one block takes two kernels, the rotated k
