@@ -2,8 +2,9 @@
 every layer, against the whole step.
 
 A stage is one position of the fused layer (model.decode_layer_fused): the qkv gemv with
-the input norm, the attention prologue (q/k norm, RoPE, KV append), decode attention (split
-and merge), the o gemv with the residual add, the gate/up gemv with the post-attention norm,
+the input norm, the attention prologue (q/k norm, RoPE, KV append), decode attention (one
+kernel per kv head at a short context, else split and merge: the kind the engine decodes
+this context with), the o gemv with the residual add, the gate/up gemv with the post-attention norm,
 the down gemv with silu*mul and the residual add; plus the embedding, the lm_head with its
 argmax, and the cursor's advance. Each stage's launches over all layers (distinct weights,
 so nothing stays in L2 from one to the next) are recorded as one graph and replayed back to
@@ -50,7 +51,7 @@ def stage_bytes(eng, context: int) -> dict:
 def stages(eng) -> dict:
     """Stage name -> the step functions of the fused greedy step at that position."""
     r = eng.runner
-    steps = r.decode_steps(True)
+    steps = r.decode_steps(True, r.short())
     L = eng.config.num_hidden_layers
     layer_steps = steps[1:1 + 6 * L]
     if not r.fused or len(steps) != 1 + 6 * L + 3:
@@ -91,7 +92,7 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
     with st.backend(eng.backend):
         r.begin(ids, params, key, greedy=True)          # the step then attends CONTEXT rows
         graphs = {name: record(fns) for name, fns in stages(eng).items()}
-        whole, chunk = r.graph(True), r.chunk(True, 8)
+        whole, chunk = r.graph(True, r.short()), r.chunk(True, 8, r.short(8))
 
         def timed(g, per=1):
             return None if smoke else time_replays(g) / per
@@ -107,7 +108,8 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
             rows.append(row)
         step_ms, chunk_ms = timed(whole), timed(chunk, 8)
     total = sum(nbytes.values())
-    summary = dict(model=model, context=CONTEXT, kernels_per_step=len(whole.records),
+    summary = dict(model=model, context=CONTEXT, short_attention=r.short(),
+                   kernels_per_step=len(whole.records),
                    kernels_per_layer=sum(len(graphs[n].records) for n in LAYER_STAGES)
                    // eng.config.num_hidden_layers, bytes_per_step=total)
     if step_ms is not None:
