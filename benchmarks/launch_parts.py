@@ -11,10 +11,14 @@ Each row is the median over REPEATS of (1000 iterations, then one device synchro
   d  stream lookups, stream context entry, event creation and record, idle synchronize
   e  the scenarios with Python's garbage collector off
   f  CUDA synchronizing calls per op in sync / then / submit (counted by wrapping torch's)
+  g  the driver's floor: the plan's binary launched through ctypes with a parameter array
+     built once (cuLaunchKernel, cuLaunchKernelEx with and without the PDL attribute, with
+     and without releasing the GIL), and a ctypes call of a C function that does nothing
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import statistics
 import time
@@ -190,4 +194,72 @@ def breakdown(add, state: dict, triples: list) -> dict:
     finally:
         for owner, attr, orig in reversed(patched):
             setattr(owner, attr, orig)
+    driver_floor(d, [t._torch for t in state["v"]], row)
     return {"rows": rows, "sync_calls_per_op": calls}
+
+
+_C_TYPES = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16,
+            "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u1": ctypes.c_uint8,
+            "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+            "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def driver_floor(d, tensors: list, row) -> None:
+    """Group g: the plan's binary launched through the driver from ctypes, with its kernel
+    parameter array built once (the launch a compiled fast path would make), checked first."""
+    compiled = d.compiled
+    sig = list(compiled.src.signature.values())
+    values = d.tail[9:]
+    slots = [_C_TYPES["u64" if ty.startswith("*") else ty](v)
+             for ty, v in zip(sig, values) if ty != "constexpr"]
+    slots += [ctypes.c_uint64(0), ctypes.c_uint64(0)]          # global and profile scratch
+    params = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(s) for s in slots])
+    warps, ctas, shared = compiled.packed_metadata
+    gx, gy, gz = d.grid
+    h = torch.cuda.current_stream().cuda_stream
+    launches, keep = {}, []
+    for name, lib in (("releases the GIL", ctypes.CDLL("libcuda.so.1")),
+                      ("holds the GIL", ctypes.PyDLL("libcuda.so.1"))):
+        f = lib.cuLaunchKernel
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        launches[f"cuLaunchKernel, {name}"] = (lambda f=f: f(compiled.function, gx, gy, gz,
+                                                            32 * warps, 1, 1, shared, h,
+                                                            params, None))
+        fx = lib.cuLaunchKernelEx
+        fx.restype = ctypes.c_int
+        fx.argtypes = [ctypes.c_void_p] * 4
+        for pdl in (False, True):
+            attr = (_LaunchAttribute * 1)()
+            attr[0].id, attr[0].value[0] = 6, 1      # PROGRAMMATIC_STREAM_SERIALIZATION = 1
+            cfg = _LaunchConfig((gx * ctas, gy, gz), (32 * warps, 1, 1), shared, h, attr,
+                                1 if pdl else 0)
+            keep.append((attr, cfg))
+            ref = ctypes.byref(cfg)
+            launches[f"cuLaunchKernelEx{' + PDL' if pdl else ''}, {name}"] = \
+                (lambda fx=fx, ref=ref: fx(ref, compiled.function, params, None))
+    x, y, z = tensors
+    for name, launch in launches.items():
+        z.fill_(-1.0)
+        rc = launch()
+        torch.cuda.synchronize()
+        if rc != 0 or not torch.equal(z, x + y):
+            raise AssertionError(f"driver floor: {name} returned {rc} or a wrong sum")
+
+        def loop(n, launch=launch):
+            for _ in range(n):
+                launch()
+        row("g", name, timed(loop))
+    nothing = ctypes.CDLL(None).getpid
+    row("g", "ctypes call of getpid (the ctypes floor)", timed(lambda n: [nothing()
+                                                                          for _ in range(n)]))
