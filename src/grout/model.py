@@ -73,9 +73,7 @@ class SafetileGemm:
 
     def _gemv_config(self, n: int, k: int):
         if not self.cpu:
-            if not self.trigger_early:
-                return None
-            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=True)
+            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=self.trigger_early)
         bk = min(_pow2(k), 1024)
         return ops.GemvConfig(min(_pow2(n), max(4, (1 << 20) // bk)), bk, 4, 1, tma=False,
                               head=0)
@@ -99,7 +97,7 @@ class SafetileGemm:
         return lambda: ops.linear(x, lin.w, out=out, config=cfg)
 
     def config(self, lin: Linear):
-        """The gemv config of ``lin`` (None: the op's tuned default)."""
+        """The gemv config of ``lin``."""
         return self._gemv_config(*lin.w.shape)
 
     def norm_vec(self, x: st.Tensor, norm: st.Shared, eps: float, lin: Linear,

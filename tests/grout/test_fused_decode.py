@@ -224,7 +224,7 @@ def test_decode_gemvs_trigger_early_on_the_gpu_when_asked_and_never_on_the_cpu()
     from grout.model import SafetileGemm
     lin = SimpleNamespace(w=torch.empty(6144, 2560))
     assert SafetileGemm(torch.device("cuda"), trigger_early=True).config(lin).trigger_early
-    assert SafetileGemm(torch.device("cuda")).config(lin) is None      # the op's default
+    assert not SafetileGemm(torch.device("cuda")).config(lin).trigger_early
     cpu = SafetileGemm(torch.device("cpu"), trigger_early=True)
     assert not cpu.trigger_early and not cpu.config(lin).trigger_early
 
