@@ -98,14 +98,14 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
                "gate_up": r.w.layers[0].gate_up.w, "down": r.w.layers[0].down.w}
     graphs, tokens, failed, errors = {}, {}, [], {}
     for i, (role, shape, override) in enumerate(variants):
-        def for_shape(cls, n, k, shape=shape, override=override):
-            base = default_for_shape(cls, n, k)
+        def for_shape(cls, n, k, swiglu=False, shape=shape, override=override):
+            base = default_for_shape(cls, n, k, swiglu)
             return dataclasses.replace(base, **override) if (n, k) == shape else base
         ops.GemvConfig.for_shape = classmethod(for_shape)
         r.graphs, r.chunks = {}, {}
         try:
             if shape is not None:
-                base_cfg = default_for_shape(ops.GemvConfig, *shape)
+                base_cfg = default_for_shape(ops.GemvConfig, *shape, role == "down")
                 errors[i] = (role_error(role, weights[role],
                                         dataclasses.replace(base_cfg, **override)),
                              role_error(role, weights[role], base_cfg))
@@ -130,9 +130,9 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
     for i, samples in times.items():
         role, shape, override = variants[i]
         us = statistics.median(samples) * 1e6
+        cfg = ops.GemvConfig.for_shape(*shape, role == "down") if shape else None
         rows.append(dict(role=role, shape=list(shape) if shape else None,
-                         config=dataclasses.asdict(ops.GemvConfig.for_shape(*shape))
-                         if shape else None,
+                         config=dataclasses.asdict(cfg) if cfg else None,
                          override=override, us_per_step=us, default_over_this=base * 1e6 / us,
                          rel_error=errors.get(i, (None,))[0],
                          default_rel_error=errors.get(i, (None, None))[1],

@@ -24,31 +24,31 @@ def out(shape, tile, dtype=BF):
     return st.empty(shape, dtype=dtype, device="cpu").partition(tile)
 
 
-def cfg(n, k):
-    return choose_config(n, k, pdl=True)
+def cfg(n, k, swiglu=False):
+    return choose_config(n, k, pdl=True, swiglu=swiglu)
 
 
-def blocks(n, k):
-    return -(-k // cfg(n, k).bk)
+def blocks(c, k):
+    return -(-k // c.bk)
 
 
 # (kernel factory, arguments, the plain gemv's (N, K)) at Qwen3-4B's projections
 CASES = {
     "rmsnorm_gemv_qkv": (rmsnorm_gemv_kernel, (6144, 2560), lambda c: (
         z((2560,)), z((2560,)), z((6144, 2560)), out((6144,), (c.bn,)), 1e-6,
-        blocks(6144, 2560), 4096)),
+        blocks(c, 2560), 4096)),
     "gemv_add_o": (gemv_add_kernel, (2560, 4096), lambda c: (
-        z((2560, 4096)), z((4096,)), z((2560,)), out((2560,), (c.bn,)), blocks(2560, 4096))),
+        z((2560, 4096)), z((4096,)), z((2560,)), out((2560,), (c.bn,)), blocks(c, 4096))),
     "silu_mul_gemv_add_down": (silu_mul_gemv_add_kernel, (2560, 9728), lambda c: (
         z((2560, 9728)), z((2, 9728)), z((2560,)), out((2560,), (c.bn,)),
-        blocks(2560, 9728))),
+        blocks(c, 9728))),
     "silu_mul_gemv_add_flat_down_32b": (
         lambda bk, head: silu_mul_gemv_add_kernel(bk, head, True), (5120, 25600), lambda c: (
             z((5120, 25600)), z((2 * 25600,)), z((5120,)), out((5120,), (c.bn,)),
-            blocks(5120, 25600))),
+            blocks(c, 25600))),
     "rmsnorm_gemv_argmax_lm_head": (rmsnorm_gemv_argmax_kernel, (151936, 2560), lambda c: (
         z((2560,)), z((2560,)), z((151936, 2560)), out((151936,), (c.bn,)),
-        out((18992,), (1,), st.f32), out((18992,), (1,), st.i64), 1e-6, blocks(151936, 2560),
+        out((18992,), (1,), st.f32), out((18992,), (1,), st.i64), 1e-6, blocks(c, 2560),
         4096)),
 }
 
@@ -60,13 +60,13 @@ def early_loads(ptx: str) -> list:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fused_gemv_compiles_with_the_gemvs_early_weight_loads(name):
     factory, (n, k), args = CASES[name]
-    c = cfg(n, k)
+    c = cfg(n, k, swiglu=name.startswith("silu_mul"))
     ptx = configured(factory(c.bk, c.head), c).compile(*args(c)).asm["ptx"]
     assert ".target sm_90" in ptx
     plain = gemv_kernel(c.bk, c.head).options(
         num_warps=c.num_warps, loop_stages=c.num_stages, tma=False, pdl=True,
         early=("w",) if c.head else ()).compile(
-        z((n, k)), z((k,)), out((n,), (c.bn,)), blocks(n, k)).asm["ptx"]
+        z((n, k)), z((k,)), out((n,), (c.bn,)), blocks(c, k)).asm["ptx"]
     # the same weight blocks start before the PDL wait as in ops.gemv (none with head 0)
     assert early_loads(ptx) == early_loads(plain)
     assert bool(early_loads(ptx)) == bool(c.head)

@@ -111,6 +111,25 @@ def test_silu_mul_gemv_add_of_a_long_k_reads_gate_and_up_as_one_vector(dtype):
                               wrap(r), config=cfg)
 
 
+def test_the_down_projections_default_takes_1024_wide_blocks_and_a_head_for_a_long_k():
+    from safetile.ops.gemv import choose_config
+    down = choose_config(2560, 9728, swiglu=True)            # Qwen3-4B's down projection
+    assert (down.bk, down.num_stages, down.head) == (1024, 4, 2)
+    assert (choose_config(2560, 9728).bk, choose_config(2560, 9728).head) == (512, 0)
+    for n, k in ((2560, 4096), (5120, 25600)):               # a short loop; many rows
+        assert choose_config(n, k, swiglu=True) == choose_config(n, k)
+    assert GemvConfig.for_shape(2560, 9728, swiglu=True) == down
+
+
+def test_silu_mul_gemv_add_of_a_long_k_with_its_default_config_matches_torch():
+    # 8 full 1024-wide blocks and a partial one, two of them loaded ahead of the loop
+    k = 8 * 1024 + 300
+    gu, w, r = rand(2 * k, st.f32, 52, 2.0), rand((6, k), st.f32, 53), rand(6, st.f32, 54)
+    got = ops.silu_mul_gemv_add(wrap(w), wrap(gu), wrap(r)).sync().to_torch()
+    act = torch.nn.functional.silu(gu[:k].double()) * gu[k:].double()
+    assert rel_err(got, w.double() @ act + r.double()) < TOL[st.f32]
+
+
 def test_fused_gemvs_at_qwen3_like_shapes_with_the_default_config():
     # hidden 256, 4 q heads and 2 kv heads of 64 (a GQA group of 2), intermediate 768
     h, qkv_n, inter = 256, (4 + 2 * 2) * 64, 768

@@ -71,9 +71,10 @@ class SafetileGemm:
         self.cpu = device.type == "cpu"
         self.trigger_early = trigger_early and not self.cpu
 
-    def _gemv_config(self, n: int, k: int):
+    def _gemv_config(self, n: int, k: int, swiglu: bool = False):
         if not self.cpu:
-            return replace(ops.GemvConfig.for_shape(n, k), trigger_early=self.trigger_early)
+            return replace(ops.GemvConfig.for_shape(n, k, swiglu),
+                           trigger_early=self.trigger_early)
         bk = min(_pow2(k), 1024)
         return ops.GemvConfig(min(_pow2(n), max(4, (1 << 20) // bk)), bk, 4, 1, tma=False,
                               head=0)
@@ -114,7 +115,7 @@ class SafetileGemm:
     def silu_vec_add(self, lin: Linear, gate_up: st.Tensor, residual: st.Tensor,
                      out: st.Tensor) -> Step:
         """``out = W @ silu_mul(gate, up) + residual``: SwiGLU in the gemv's prologue."""
-        cfg = self.config(lin)
+        cfg = self._gemv_config(*lin.w.shape, swiglu=True)
         return lambda: ops.silu_mul_gemv_add(lin.w, gate_up, residual, out=out, config=cfg)
 
 

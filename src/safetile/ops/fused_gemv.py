@@ -269,7 +269,7 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     ``ops.silu_mul`` + ``ops.gemv`` + ``ops.add``.
 
     Returns a ``DeviceOp`` whose output is ``y`` (N,) in the residual's dtype (``out`` when
-    given)."""
+    given); ``config`` defaults to ``gemv.choose_config(N, K, swiglu=True)``."""
     n, k = check_weight("ops.silu_mul_gemv_add", w)
     host.check_value("ops.silu_mul_gemv_add: gate_up", gate_up)
     if tuple(gate_up.shape) not in ((2 * k,), (2, k)):
@@ -290,7 +290,7 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     host.same_dtype("ops.silu_mul_gemv_add", w, gate_up)
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
-    cfg = config or choose_config(n, k)
+    cfg = config or choose_config(n, k, swiglu=True)
     kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
     op = kern(host.borrow(w), gu, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

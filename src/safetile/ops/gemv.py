@@ -55,12 +55,13 @@ class GemvConfig:
     head: int = 2
 
     @classmethod
-    def for_shape(cls, n: int, k: int) -> "GemvConfig":
+    def for_shape(cls, n: int, k: int, swiglu: bool = False) -> "GemvConfig":
         """The default config of an ``(n, k)`` weight (:func:`choose_config`)."""
-        return choose_config(n, k)
+        return choose_config(n, k, swiglu=swiglu)
 
 
-def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> GemvConfig:
+def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None,
+                  swiglu: bool = False) -> GemvConfig:
     """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight (the
     measurements behind each rule: benchmarks/TUNING.md, "gemv defaults"; ``sms`` is accepted
     for other GPUs' tables):
@@ -70,7 +71,12 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
       blocks (a short loop needs deep, wide loads to stream); else 512-wide blocks, 4 stages;
     - head 2 (the first two blocks loaded ahead of the loop, early under PDL) for fewer than
       8 blocks, else 0: a long loop gains nothing from them and the pipelined loop streams
-      better.
+      better;
+    - with ``swiglu`` (the down projection's ``ops.silu_mul_gemv_add``), for N <= 4096 and
+      K of 8 or more 1024-wide blocks: 1024-wide blocks, 4 stages and head 2. Inside the
+      decode step, right after the gate/up projection, these stream the long loop faster
+      than the plain gemv's rule (measured on whole steps, TUNING.md "gemv tilings inside
+      the step").
 
     ``pdl`` (default: on Hopper and later) launches with programmatic dependent launch and
     early weight loads, so the weight stream starts while the previous kernel drains.
@@ -79,8 +85,11 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None) -> Ge
     del sms
     small = n <= 4096
     bn = 4 if small else 8
-    bk, stages = (1024, 5) if small and k % 1024 == 0 and k // 1024 < 8 else (512, 4)
-    head = 2 if -(-k // bk) < 8 else 0
+    if small and swiglu and k // 1024 >= 8:
+        bk, stages, head = 1024, 4, 2
+    else:
+        bk, stages = (1024, 5) if small and k % 1024 == 0 and k // 1024 < 8 else (512, 4)
+        head = 2 if -(-k // bk) < 8 else 0
     return GemvConfig(bn, bk, 4, stages, tma=False, head=head,
                       pdl=host.pdl_available() if pdl is None else pdl)
 
