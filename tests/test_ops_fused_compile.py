@@ -72,17 +72,6 @@ def test_fused_gemv_compiles_with_the_gemvs_early_weight_loads(name):
     assert bool(early_loads(ptx)) == bool(c.head)
 
 
-@pytest.mark.parametrize("head", [0, 2])
-def test_fused_gemv_l2_prefetches_come_before_the_pdl_wait(head):
-    from dataclasses import replace
-    factory, (n, k), args = CASES["gemv_add_o"]
-    c = replace(cfg(n, k), head=head, prefetch=2)
-    ptx = configured(factory(c.bk, c.head, c.prefetch), c).compile(*args(c)).asm["ptx"]
-    before = ptx[:ptx.index("griddepcontrol.wait")]
-    assert "prefetch.global.L2" in before
-    assert bool(early_loads(ptx)) == bool(head)
-
-
 def qk_rope_args() -> tuple:
     """The attention prologue's arguments at Qwen3-4B's shapes, a 4096-row cache."""
     return (z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),

@@ -66,18 +66,14 @@ def plus_residual(acc, rt):
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_gemv_kernel(BK: int, HEAD: int, PREFETCH: int = 0):
-    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead,
-    the ``PREFETCH`` after them prefetched into L2."""
+def rmsnorm_gemv_kernel(BK: int, HEAD: int):
+    """y = W @ rmsnorm(x) with K blocks of ``BK``; the first ``HEAD`` (0 or 2) loaded ahead."""
     @st.kernel
     def rmsnorm_gemv(x: st.In[IN_DTYPES, 1], norm_w: st.In[IN_DTYPES, 1],
                      w: st.In[IN_DTYPES, 2], y: st.Out[OUT_DTYPES, 1], eps: float,
                      K_BLOCKS: st.Const[int], K_POW2: st.Const[int]):
         """y[rows] = W[rows] @ (rmsnorm(x) * norm_w), ``K_POW2`` >= K a power of two."""
         i = y.index[0]
-        if PREFETCH > 0:                            # L2 hints: before the PDL wait
-            for p in range(PREFETCH):
-                w.prefetch((i, HEAD + p), (y.shape[0], BK))
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
@@ -97,18 +93,14 @@ def rmsnorm_gemv_kernel(BK: int, HEAD: int, PREFETCH: int = 0):
 
 
 @functools.lru_cache(maxsize=None)
-def gemv_add_kernel(BK: int, HEAD: int, PREFETCH: int = 0):
-    """y = W @ x + residual with K blocks of ``BK``; the first ``HEAD`` loaded ahead, the
-    ``PREFETCH`` after them prefetched into L2."""
+def gemv_add_kernel(BK: int, HEAD: int):
+    """y = W @ x + residual with K blocks of ``BK``; the first ``HEAD`` loaded ahead."""
     @st.kernel
     def gemv_add(w: st.In[IN_DTYPES, 2], x: st.In[IN_DTYPES, 1],
                  residual: st.In[OUT_DTYPES, 1], y: st.Out[OUT_DTYPES, 1],
                  K_BLOCKS: st.Const[int]):
         """y[rows] = round(W[rows] @ x) + residual[rows]."""
         i = y.index[0]
-        if PREFETCH > 0:                            # L2 hints: before the PDL wait
-            for p in range(PREFETCH):
-                w.prefetch((i, HEAD + p), (y.shape[0], BK))
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
@@ -125,9 +117,8 @@ def gemv_add_kernel(BK: int, HEAD: int, PREFETCH: int = 0):
 
 
 @functools.lru_cache(maxsize=None)
-def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False, PREFETCH: int = 0):
-    """y = W @ silu_mul(gate, up) + residual with K blocks of ``BK``; ``HEAD`` ahead, the
-    ``PREFETCH`` after them prefetched into L2.
+def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False):
+    """y = W @ silu_mul(gate, up) + residual with K blocks of ``BK``; ``HEAD`` ahead.
     ``FLAT``: gate_up is read as one (2K,) vector in 1-D blocks, else as (2, K) rows in
     (1, BK) blocks (``FLAT_MIN_K`` says when each is used)."""
     if FLAT:
@@ -138,9 +129,6 @@ def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False, PREFETCH: i
             """y[rows] = round(W[rows] @ silu_mul(gate_up[:K], gate_up[K:])) + residual[rows];
             gate blocks past K read as 0."""
             i = y.index[0]
-            if PREFETCH > 0:                            # L2 hints: before the PDL wait
-                for p in range(PREFETCH):
-                    w.prefetch((i, HEAD + p), (y.shape[0], BK))
             if HEAD == 2:
                 w0 = w.load((i, 0), (y.shape[0], BK))
                 w1 = w.load((i, 1), (y.shape[0], BK))
@@ -168,9 +156,6 @@ def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False, PREFETCH: i
                           K_BLOCKS: st.Const[int]):
         """y[rows] = round(W[rows] @ silu_mul(gate_up[0], gate_up[1])) + residual[rows]."""
         i = y.index[0]
-        if PREFETCH > 0:                            # L2 hints: before the PDL wait
-            for p in range(PREFETCH):
-                w.prefetch((i, HEAD + p), (y.shape[0], BK))
         if HEAD == 2:
             w0 = w.load((i, 0), (y.shape[0], BK))
             w1 = w.load((i, 1), (y.shape[0], BK))
@@ -194,6 +179,9 @@ def configured(kernel, cfg: GemvConfig):
     if cfg.head not in (0, 2):
         raise ArgumentError(f"fused gemv: head must be 0 or 2 K blocks loaded ahead of the "
                             f"loop, got {cfg.head}")
+    if cfg.prefetch:
+        raise ArgumentError("fused gemv: prefetch is not supported (early weight loads "
+                            "replace it); use prefetch=0")
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     return kernel.options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma,
                           pdl=cfg.pdl, early=early, trigger_early=cfg.pdl and cfg.trigger_early)
@@ -242,7 +230,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head, cfg.prefetch), cfg)
+    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
     op = kern(xv, host.borrow(norm_weight), host.borrow(w), yv.partition((cfg.bn,)), float(eps),
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
@@ -268,7 +256,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     rv = _residual("ops.gemv_add", residual, n)
     y, yv = result("ops.gemv_add", out, n, residual.dtype, w.device)
     cfg = config or choose_config(n, k)
-    kern = configured(gemv_add_kernel(cfg.bk, cfg.head, cfg.prefetch), cfg)
+    kern = configured(gemv_add_kernel(cfg.bk, cfg.head), cfg)
     op = kern(host.borrow(w), xv, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)
 
@@ -303,6 +291,6 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
     cfg = config or choose_config(n, k, swiglu=True)
-    kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat, cfg.prefetch), cfg)
+    kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
     op = kern(host.borrow(w), gu, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

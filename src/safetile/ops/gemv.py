@@ -35,14 +35,13 @@ class GemvConfig:
     """Rows per program ``bn``, K block ``bk``, warps, and the K loop's pipeline depth;
     ``pdl``: programmatic dependent launch (scheduled during the previous kernel's tail,
     waiting for it on the device; see ``Kernel.options``); ``prefetch``: how many of the
-    program's ``(bn, bk)`` blocks of ``W`` after the ``head`` it prefetches into L2 before
-    that wait, so its weight stream starts while the previous kernel still runs (with
-    ``pdl`` off they are only issued at the program's start); ``early``: with ``pdl``, load
-    the ``head`` blocks of ``W`` before the wait (see the module docstring);
-    ``trigger_early``: with ``pdl``, let the next kernel be scheduled as soon as this one's
-    programs start (``Kernel.options``); ``head``: how many leading ``W`` blocks are loaded
-    ahead of the pipelined loop (0 or 2; with ``pdl`` and ``early`` they are the early
-    loads)."""
+    program's first ``(bn, bk)`` blocks of ``W`` it prefetches into L2 before that wait, so
+    its weight stream starts while the previous kernel still runs (with ``pdl`` off they are
+    only issued at the program's start); ``early``: with ``pdl``, load the ``head`` blocks
+    of ``W`` before the wait (see the module docstring); ``trigger_early``: with ``pdl``,
+    let the next kernel be scheduled as soon as this one's programs start (``Kernel.options``);
+    ``head``: how many leading ``W`` blocks are loaded ahead of the pipelined loop (0 or 2;
+    with ``pdl`` and ``early`` they are the early loads)."""
 
     bn: int
     bk: int
@@ -98,8 +97,8 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None,
 @functools.lru_cache(maxsize=None)
 def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
     """The gemv kernel for K block ``BK``: its first ``HEAD`` blocks of ``W`` (0 or 2) loaded
-    ahead of the pipelined loop over the rest, and L2 prefetches of the ``PREFETCH`` blocks
-    after them (compile-time constants)."""
+    ahead of the pipelined loop over the rest, after L2 prefetches of the first ``PREFETCH``
+    blocks (compile-time constants)."""
     if HEAD not in (0, 2):
         raise ArgumentError(f"ops.gemv: head must be 0 or 2 K blocks loaded ahead of the loop, "
                             f"got {HEAD}")
@@ -130,7 +129,7 @@ def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
         # W is an In: nothing this launch can observe depends on when it reaches L2, so
         # these hints go before the programmatic-launch wait (blocks past K are masked off).
         for p in range(PREFETCH):
-            w.prefetch((i, 2 + p), (y.shape[0], BK))
+            w.prefetch((i, p), (y.shape[0], BK))
         # With the `early` option these two loads also precede the wait (blocks past K load
         # zeros): the weight stream starts while the previous kernel drains. (Two (BN, BK)
         # tiles, not one (BN, 2 * BK): the wider tile took 14 more registers and was slower.)
