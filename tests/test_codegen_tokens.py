@@ -133,6 +133,42 @@ def test_sub_partition_stores_in_a_loop_are_ordered():
 
 
 @st.kernel
+def reads_back_after_one_barrier(x: st.In[st.f32], z: st.Out[st.f32], w: st.Out[st.f32]):
+    z.store(sl.load_like(x, z))
+    a = z.load()
+    b = z.load()
+    w.store(a + b)
+
+
+def test_a_barrier_orders_every_access_before_it_so_later_reads_need_none():
+    body = entry_body(reads_back_after_one_barrier.source(cpu(), owned(), owned()),
+                      "reads_back_after_one_barrier")
+    (store, _), (first, _), (second, _) = accesses(body, "z")
+    assert barrier_between(body, store, first)
+    assert len(barriers(body)) == 1
+
+
+@st.kernel
+def reads_back_in_a_loop(x: st.In[st.f32], z: st.Out[st.f32], w: st.Out[st.f32], n: int):
+    z.store(sl.load_like(x, z))
+    halves = z.partition((8,))
+    acc = sl.zeros((8,), st.f32)
+    for j in range(n):
+        acc = acc + halves.load((j,))
+    w.store(sl.load_like(x, w) + sl.sum(acc, 0))
+
+
+def test_a_loop_that_only_reads_back_gets_one_barrier_before_it():
+    body = entry_body(reads_back_in_a_loop.source(cpu(), owned(), owned(), 2),
+                      "reads_back_in_a_loop")
+    loop = next(i for i, text in enumerate(body) if text.strip().startswith("for j in "))
+    (store, _), (load, _) = accesses(body, "z")
+    assert barrier_between(body, store, loop)
+    assert not barrier_between(body, loop, load)
+    assert len(barriers(body)) == 1
+
+
+@st.kernel
 def reads_inputs_only(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32], n: int):
     acc = sl.load_like(x, z)
     for k in range(n):

@@ -88,13 +88,19 @@ class Emitter(ViewEmitter):
         return lines or [indent + "pass"], state
 
     def barrier_check(self, state, accesses):
-        """Which accesses of this statement need a barrier before them."""
+        """Which accesses of this statement need a barrier before them, and the owned-tile
+        accesses not yet ordered by a barrier after it (``state``: those before it). A
+        barrier orders every access before it, so after one only this statement's count."""
         need = []
         seen = {k: set(v) for k, v in state.items()}
         for out, kind in accesses:
             prev = seen.setdefault(out, set())
             need.append("store" in prev or (kind == "store" and bool(prev)))
             prev.add(kind)
+        if any(need):
+            seen = {}
+            for out, kind in accesses:
+                seen.setdefault(out, set()).add(kind)
         return need, {k: frozenset(v) for k, v in seen.items()}
 
     def stmt(self, node, state, ind) -> tuple[list, dict]:
@@ -221,6 +227,13 @@ class Emitter(ViewEmitter):
         need, state = self.barrier_check(state, self.accesses)
         pre = [f"{ind}tl.debug_barrier()  # token: read of an owned tile after a store"] \
             if any(need) else []
+        if not pre and any("store" in v for v in state.values()):
+            _, alone = self.block(node.body, {}, ind + "    ")
+            if not any("store" in v for v in alone.values()):
+                # A body that stores no owned tile: one barrier before the loop orders the
+                # stores before it, instead of one in every iteration.
+                pre = [f"{ind}tl.debug_barrier()  # token: reads of owned tiles after a store"]
+                state = {}
         _, end = self.block(node.body, state, ind + "    ")        # first pass: loop-carried state
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
