@@ -22,11 +22,8 @@ import torch
 from harness import print_table, write_results
 
 COPY_TBS = 4.26
-# a layer's step functions, by their count: the short step fuses prologue and attention
-LAYER_STAGES = {6: ["qkv+norm", "qk_norm_rope_append", "attention", "o+residual",
-                    "gate_up+norm", "down+silu_mul+residual"],
-                5: ["qkv+norm", "prologue+attention", "o+residual", "gate_up+norm",
-                    "down+silu_mul+residual"]}
+LAYER_STAGES = ["qkv+norm", "qk_norm_rope_append", "attention", "o+residual",
+                "gate_up+norm", "down+silu_mul+residual"]
 CONTEXT = 128
 REPS = 8
 
@@ -45,8 +42,6 @@ def stage_bytes(eng, context: int) -> dict:
             "qkv+norm": L * nbytes(first.qkv),
             "qk_norm_rope_append": L * (cfg.q_size + 2 * cfg.kv_size) * item,
             "attention": L * 2 * cfg.kv_size * context * item,
-            "prologue+attention": L * ((cfg.q_size + 2 * cfg.kv_size) +
-                                       2 * cfg.kv_size * context) * item,
             "o+residual": L * nbytes(first.o),
             "gate_up+norm": L * nbytes(first.gate_up),
             "down+silu_mul+residual": L * nbytes(first.down),
@@ -58,15 +53,14 @@ def stages(eng) -> dict:
     r = eng.runner
     steps = r.decode_steps(True, r.short())
     L = eng.config.num_hidden_layers
-    per = (len(steps) - 4) // L          # besides the layers: embedding, lm_head, cursor (2)
-    if not r.fused or per not in LAYER_STAGES or len(steps) != 1 + per * L + 3:
+    layer_steps = steps[1:1 + 6 * L]
+    if not r.fused or len(steps) != 1 + 6 * L + 3:
         raise RuntimeError("decode_breakdown takes the fused greedy step (fused=True)")
-    layer_steps = steps[1:1 + per * L]
     out = {"embedding": [steps[0]]}
-    for i, name in enumerate(LAYER_STAGES[per]):
-        out[name] = layer_steps[i::per]
-    out["lm_head+argmax"] = [steps[1 + per * L]]
-    out["cursor"] = steps[2 + per * L:]
+    for i, name in enumerate(LAYER_STAGES):
+        out[name] = layer_steps[i::6]
+    out["lm_head+argmax"] = [steps[1 + 6 * L]]
+    out["cursor"] = steps[2 + 6 * L:]
     return out
 
 
@@ -122,8 +116,7 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
     total = sum(nbytes.values())
     summary = dict(model=model, context=CONTEXT, short_attention=r.short(),
                    kernels_per_step=len(whole.records),
-                   kernels_per_layer=sum(len(g.records) for n, g in graphs.items()
-                                         if n not in ("embedding", "lm_head+argmax", "cursor"))
+                   kernels_per_layer=sum(len(graphs[n].records) for n in LAYER_STAGES)
                    // eng.config.num_hidden_layers, bytes_per_step=total)
     if step_ms is not None:
         stage_sum = sum(row["us"] for row in rows)

@@ -101,24 +101,6 @@ def test_the_prologue_with_trigger_early_signals_first_and_still_waits_before_it
     assert body.index("_st_gdc_wait()") < body.index("_st_gdc_launch_dependents()")
 
 
-def test_qk_norm_rope_attend_compiles_with_mma_and_reads_its_slab_after_one_barrier():
-    from safetile.ops.prologue_attention import qk_norm_rope_attend_kernel
-    from safetile.ops.qk_rope_append import EARLY
-    k = qk_norm_rope_attend_kernel.options(num_warps=4, loop_stages=3, pdl=True, early=EARLY,
-                                           trigger_early=True)
-    args = (z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
-            out((8, 4, 128), (1, 16, 128)), out((8, 4096, 128), (1, 4096, 128)),
-            out((8, 4096, 128), (1, 4096, 128)), 1e-6, 0.1, 4, 32, 8, 64)
-    body = k.source(*args).split("def qk_norm_rope_attend_kernel(")[1]
-    wait = body.index("_st_gdc_wait()")
-    assert all(m.start() > wait for m in re.finditer(r"_st_loadat2\(_st_qkv_ptr", body))
-    loop = body.index("for j in tl.range(")
-    assert body.count("tl.debug_barrier()", body.rindex("_st_substore3", 0, loop), loop) == 1
-    assert "tl.debug_barrier()" not in body[loop:]
-    ptx = k.compile(*args).asm["ptx"]
-    assert ".target sm_90" in ptx and "mma" in ptx and early_loads(ptx)
-
-
 def test_decode_split_without_early_reads_waits_before_every_load():
     # After a KV append (which writes q and the cache) the split keeps programmatic launch
     # only if none of its reads precede the wait.

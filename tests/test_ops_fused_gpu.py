@@ -74,24 +74,6 @@ def test_qk_norm_rope_kv_append_matches_the_unfused_chain(max_seq, p):
     assert torch.equal(kt[:, :p], kc[:, :p]) and torch.equal(vt[:, p + 1:], vc[:, p + 1:])
 
 
-@pytest.mark.parametrize("p", [0, 63, 64, 127, 255, 4095])
-@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no-pdl"])
-def test_qk_norm_rope_attend_matches_the_prologue_then_the_attention(p, pdl):
-    # a 4096-row cache (one program's slab); the new row lands in the last key block read
-    qkv, qw, kw = rand((HQ + 2 * HKV) * D, 20, 2.0), rand(D, 21, 0.1, 1.0), rand(D, 22, 0.1, 1.0)
-    kc, vc = rand((HKV, 4096, D), 23), rand((HKV, 4096, D), 24)
-    pos = lambda: st.from_torch(torch.tensor([p], dtype=torch.int32, device="cuda"))  # noqa
-    inv = ops.inv_freq_table(D)
-    out, k_cache, v_cache = ops.qk_norm_rope_attend(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
-                                                    wrap(kc), wrap(vc), pdl=pdl).sync()
-    q, k_ref, v_ref = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
-                                                 wrap(kc), wrap(vc)).sync()
-    want = ops.decode_attention(q, k_ref, v_ref, pos(), length_offset=1, num_splits=1).sync()
-    assert torch.equal(k_cache.to_torch(), k_ref.to_torch())
-    assert torch.equal(v_cache.to_torch(), v_ref.to_torch())
-    assert rel_err(out.to_torch(), want.to_torch()) < 2e-3
-
-
 def test_rmsnorm_gemv_argmax_gives_the_argmax_of_its_logits():
     x, nw, w = rand(H, 14, 3.0), rand(H, 15, 0.1, 1.0), rand((151936, H), 16, 0.02)
     logits, token = ops.rmsnorm_gemv_argmax(wrap(x), wrap(nw), wrap(w)).sync()

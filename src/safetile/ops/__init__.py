@@ -41,7 +41,6 @@ from .softmax import softmax  # noqa: F401
 from .fused_gemv import gemv_add, rmsnorm_gemv, silu_mul_gemv_add  # noqa: F401
 from .gemv_argmax import gemv_argmax_workspace, rmsnorm_gemv_argmax  # noqa: F401
 from .qk_rope_append import qk_norm_rope_kv_append  # noqa: F401
-from .prologue_attention import qk_norm_rope_attend, qk_norm_rope_attend_fits  # noqa: F401
 
 __all__ = [
     "add", "mul", "silu_mul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "inv_freq_table",
@@ -52,5 +51,4 @@ __all__ = [
     "sampling_key",
     "sampling_params", "copy", "add_scalar", "rmsnorm_gemv", "gemv_add", "silu_mul_gemv_add",
     "rmsnorm_gemv_argmax", "gemv_argmax_workspace", "qk_norm_rope_kv_append",
-    "qk_norm_rope_attend", "qk_norm_rope_attend_fits",
 ]

@@ -132,10 +132,29 @@ def _kernel(kernel, num_warps: int, pdl: bool, trigger_early: bool = False):
     return _CONFIGURED[key]
 
 
-def prologue_operands(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
-                      v_cache) -> tuple:
-    """The attention prologue's arguments checked (``name`` opens each error): returns the
-    qkv rows view (Hq + 2 Hkv, D), ``Hq`` and the caches' (Hkv, max_seq, D)."""
+def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
+                           eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
+                           num_warps: int = 4, k_rows=None, block_s: int | None = None,
+                           trigger_early: bool = False) -> st.DeviceOp:
+    """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
+    ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
+    (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
+
+    ``qkv``: ((Hq + 2 Hkv) * D,) or (Hq + 2 Hkv, D), the fused projection's output;
+    ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
+    ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
+    D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
+    position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
+    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
+    whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
+    (allocated when not given). A position outside the cache writes nothing on the GPU and
+    raises ``OutOfBoundsError`` on the CPU executor.
+
+    ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
+    one append program owns; a cache longer than one block takes two kernels, the rotated k
+    rows going through ``k_rows``, an (Hkv, D) tensor in qkv's dtype (allocated when not
+    given, so inside a graph scope it must be given)."""
+    name = "ops.qk_norm_rope_kv_append"
     for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
                     ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -170,34 +189,6 @@ def prologue_operands(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_fre
         rows = qkv.view(width // d, d)
     else:
         raise ArgumentError(f"{name}: a Shared qkv must be 2-D (rows, {d})")
-    return rows, hq, (hkv, max_seq, d)
-
-
-def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
-                           eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
-                           num_warps: int = 4, k_rows=None, block_s: int | None = None,
-                           trigger_early: bool = False) -> st.DeviceOp:
-    """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
-    ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
-    (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
-
-    ``qkv``: ((Hq + 2 Hkv) * D,) or (Hq + 2 Hkv, D), the fused projection's output;
-    ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
-    ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
-    D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
-    position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
-    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
-    whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
-    (allocated when not given). A position outside the cache writes nothing on the GPU and
-    raises ``OutOfBoundsError`` on the CPU executor.
-
-    ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
-    one append program owns; a cache longer than one block takes two kernels, the rotated k
-    rows going through ``k_rows``, an (Hkv, D) tensor in qkv's dtype (allocated when not
-    given, so inside a graph scope it must be given)."""
-    name = "ops.qk_norm_rope_kv_append"
-    rows, hq, (hkv, max_seq, d) = prologue_operands(name, qkv, q_norm_weight, k_norm_weight,
-                                                    pos, inv_freq, k_cache, v_cache)
     block = append_block(name, max_seq, d, block_s)
     if block < max_seq and not isinstance(qkv, st.Tensor):
         raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
