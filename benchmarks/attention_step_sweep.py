@@ -18,13 +18,11 @@ benchmarks/results/archive/attention_step_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import functools
-import statistics
 
-import harness
-from early_trigger_sweep import START, chunk
-from gemv_step_sweep import parse_variant
+import step_sweep
+from step_sweep import engine, median_us, record
 
 OPS = {"attention": "decode_attention", "prologue": "qk_norm_rope_kv_append"}
 VARIANTS = {
@@ -95,78 +93,31 @@ def patched(fn, role: str, override: dict):
 
 
 def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list, list]:
-    import grout
     from safetile import ops
-    eng = grout.load(name, max_seq_len=2048, progress=False)
+    eng, first = engine(name)
     r, c = eng.runner, eng.config
-    params, key = grout.SamplingParams().tensors(eng.device)
-    first = r.begin([(7 * i + 3) % c.vocab_size for i in range(START)], params, key, True)
     variants = [("default", {})] + chosen
-    originals = {role: getattr(ops, fn) for role, fn in OPS.items()}
     heads = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    graphs, tokens, failed, errors = {}, {}, [], {}
-    for i, (role, override) in enumerate(variants):
-        r.graphs, r.chunks = {}, {}
+
+    def check(role, override):
+        if role == "attention":
+            return attention_error(override, *heads), attention_error({}, *heads), 1e-4
+        return prologue_error(override, *heads), 0.0, 1e-2
+
+    @contextlib.contextmanager
+    def applied(role, override):
+        original = getattr(ops, OPS[role])
+        setattr(ops, OPS[role], patched(original, role, override))
         try:
-            if role == "attention":
-                errors[i] = attention_error(override, *heads), attention_error({}, *heads)
-            elif role == "prologue":
-                errors[i] = prologue_error(override, *heads), 0.0
-            if role != "default":
-                setattr(ops, OPS[role], patched(originals[role], role, override))
-            tokens[i] = chunk(r, first)[1]
-        except Exception as e:                # options the kernel refuses, or out of resources
-            failed.append(dict(role=role, override=override, error=f"{type(e).__name__}: {e}"))
-            print(f"{role} {override}: {type(e).__name__}: {e}", flush=True)
-            continue
+            yield
         finally:
-            for role_, fn in OPS.items():
-                setattr(ops, fn, originals[role_])
-        if i in errors and not errors[i][0] <= 2 * errors[i][1] + \
-                (1e-2 if role == "prologue" else 1e-4):
-            raise AssertionError(f"{role} {override}: relative error {errors[i][0]:.2e}, "
-                                 f"the default's {errors[i][1]:.2e}")
-        graphs[i] = (r.graphs, r.chunks)
-    times: dict = {i: [] for i in graphs}
-    for _ in range(repeats):
-        for i, g in graphs.items():
-            r.graphs, r.chunks = g
-            times[i].append(chunk(r, first)[0])
-    base = statistics.median(times[0])
-    rows = []
-    for i, samples in times.items():
-        role, override = variants[i]
-        us = statistics.median(samples) * 1e6
-        rows.append(dict(role=role, override=override, us_per_step=us,
-                         default_over_this=base * 1e6 / us,
-                         rel_error=errors.get(i, (None,))[0],
-                         default_rel_error=errors.get(i, (None, None))[1],
-                         tokens_equal=tokens[i] == tokens[0]))
-    return rows, failed
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen3-4b")
-    ap.add_argument("--roles", nargs="+", default=list(VARIANTS))
-    ap.add_argument("--variants", nargs="+", default=None,
-                    help="role:option=value,... (instead of the roles' default variants)")
-    ap.add_argument("--repeats", type=int, default=11)
-    ap.add_argument("--tag", default="1")
-    args = ap.parse_args()
-    chosen = [parse_variant(v) for v in args.variants] if args.variants else \
-        [(role, o) for role in args.roles for o in VARIANTS[role]]
-    if not harness.start_gpu("attention_step_sweep"):
-        return
-    rows, failed = sweep(args.model, args.repeats, chosen)
-    harness.print_table(rows, ["role", "override", "us_per_step", "default_over_this",
-                               "rel_error", "tokens_equal"])
-    harness.write_results(f"archive/attention_step_sweep_{args.model}_{args.tag}", dict(
-        model=args.model, chunk=8, start=START, repeats=args.repeats, rows=rows,
-        failed=failed, method=__doc__,
-        note="µs per decode step of the whole model, median of repeats; override: the "
-             "options the variant passed"))
+            setattr(ops, OPS[role], original)
+    graphs, tokens, failed, errors = record(r, first, variants, check, applied)
+    times = median_us(r, first, graphs, repeats)
+    return step_sweep.rows(variants, times, tokens, errors), failed
 
 
 if __name__ == "__main__":
-    main()
+    step_sweep.main("attention_step_sweep", __doc__, VARIANTS, sweep, 11,
+                    "µs per decode step of the whole model, median of repeats; override: the "
+                    "options the variant passed")

@@ -17,12 +17,11 @@ benchmarks/results/archive/gemv_step_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
-import statistics
 
-import harness
-from early_trigger_sweep import START, chunk
+import step_sweep
+from step_sweep import engine, median_us, record
 
 # role -> the overrides tried for it by default (fields of ops.GemvConfig)
 VARIANTS = {
@@ -36,12 +35,6 @@ VARIANTS = {
             dict(num_stages=5), dict(num_stages=3)],
     "gate_up": [dict(num_stages=5), dict(num_stages=3)],
 }
-
-
-def parse_variant(text: str) -> tuple[str, dict]:
-    """``"down:bk=1024,num_stages=4"`` -> ``("down", {"bk": 1024, "num_stages": 4})``."""
-    role, _, fields = text.partition(":")
-    return role, {k: int(v) for k, v in (f.split("=") for f in fields.split(",") if f)}
 
 
 def roles(cfg) -> dict:
@@ -84,84 +77,44 @@ def role_error(role: str, w, cfg) -> float:
 
 
 def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list, list]:
-    import grout
     from safetile import ops
-    eng = grout.load(name, max_seq_len=2048, progress=False)
+    eng, first = engine(name)
     r = eng.runner
-    params, key = grout.SamplingParams().tensors(eng.device)
-    vocab = eng.config.vocab_size
-    first = r.begin([(7 * i + 3) % vocab for i in range(START)], params, key, True)
     shapes = roles(eng.config)
     default_for_shape = ops.GemvConfig.for_shape.__func__
     variants = [("default", None, {})] + [(role, shapes[role], o) for role, o in chosen]
     weights = {"qkv": r.w.layers[0].qkv.w, "o": r.w.layers[0].o.w,
                "gate_up": r.w.layers[0].gate_up.w, "down": r.w.layers[0].down.w}
-    graphs, tokens, failed, errors = {}, {}, [], {}
-    for i, (role, shape, override) in enumerate(variants):
-        def for_shape(cls, n, k, swiglu=False, shape=shape, override=override):
+
+    def check(role, override):
+        base = default_for_shape(ops.GemvConfig, *shapes[role], role == "down")
+        return (role_error(role, weights[role], dataclasses.replace(base, **override)),
+                role_error(role, weights[role], base), 1e-4)
+
+    @contextlib.contextmanager
+    def applied(role, override):
+        def for_shape(cls, n, k, swiglu=False):
             base = default_for_shape(cls, n, k, swiglu)
-            return dataclasses.replace(base, **override) if (n, k) == shape else base
+            return dataclasses.replace(base, **override) if (n, k) == shapes[role] else base
         ops.GemvConfig.for_shape = classmethod(for_shape)
-        r.graphs, r.chunks = {}, {}
         try:
-            if shape is not None:
-                base_cfg = default_for_shape(ops.GemvConfig, *shape, role == "down")
-                errors[i] = (role_error(role, weights[role],
-                                        dataclasses.replace(base_cfg, **override)),
-                             role_error(role, weights[role], base_cfg))
-            tokens[i] = chunk(r, first)[1]
-        except Exception as e:                # a tiling the kernel refuses, or out of resources
-            failed.append(dict(role=role, override=override, error=f"{type(e).__name__}: {e}"))
-            print(f"{role} {override}: {type(e).__name__}: {e}", flush=True)
-            continue
+            yield
         finally:
             ops.GemvConfig.for_shape = classmethod(default_for_shape)
-        if i in errors and not errors[i][0] <= 2 * errors[i][1] + 1e-4:
-            raise AssertionError(f"{role} {override}: relative error {errors[i][0]:.2e}, "
-                                 f"the default's {errors[i][1]:.2e}")
-        graphs[i] = (r.graphs, r.chunks)
-    times: dict = {i: [] for i in graphs}
-    for _ in range(repeats):
-        for i, g in graphs.items():
-            r.graphs, r.chunks = g
-            times[i].append(chunk(r, first)[0])
-    base = statistics.median(times[0])
-    rows = []
-    for i, samples in times.items():
-        role, shape, override = variants[i]
-        us = statistics.median(samples) * 1e6
+    graphs, tokens, failed, errors = record(r, first, [(role, o) for role, _, o in variants],
+                                            check, applied)
+    times = median_us(r, first, graphs, repeats)
+
+    def config(i):
+        role, shape, _ = variants[i]
         cfg = ops.GemvConfig.for_shape(*shape, role == "down") if shape else None
-        rows.append(dict(role=role, shape=list(shape) if shape else None,
-                         config=dataclasses.asdict(cfg) if cfg else None,
-                         override=override, us_per_step=us, default_over_this=base * 1e6 / us,
-                         rel_error=errors.get(i, (None,))[0],
-                         default_rel_error=errors.get(i, (None, None))[1],
-                         tokens_equal=tokens[i] == tokens[0]))
-    return rows, failed
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="qwen3-4b")
-    ap.add_argument("--roles", nargs="+", default=list(VARIANTS))
-    ap.add_argument("--variants", nargs="+", default=None,
-                    help="role:field=value,... (instead of the roles' default variants)")
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--tag", default="1")
-    args = ap.parse_args()
-    chosen = [parse_variant(v) for v in args.variants] if args.variants else \
-        [(role, o) for role in args.roles for o in VARIANTS[role]]
-    if not harness.start_gpu("gemv_step_sweep"):
-        return
-    rows, failed = sweep(args.model, args.repeats, chosen)
-    harness.print_table(rows, ["role", "override", "us_per_step", "default_over_this",
-                               "rel_error", "tokens_equal"])
-    harness.write_results(f"archive/gemv_step_sweep_{args.model}_{args.tag}", dict(
-        model=args.model, chunk=8, start=START, repeats=args.repeats, rows=rows,
-        failed=failed, method=__doc__,
-        note="µs per decode step of the whole model, median of repeats; config is the "
-             "role's default, override what the variant changed"))
+        return dict(shape=list(shape) if shape else None,
+                    config=dataclasses.asdict(cfg) if cfg else None)
+    return step_sweep.rows([(role, o) for role, _, o in variants], times, tokens, errors,
+                           config), failed
 
 
 if __name__ == "__main__":
-    main()
+    step_sweep.main("gemv_step_sweep", __doc__, VARIANTS, sweep, 15,
+                    "µs per decode step of the whole model, median of repeats; config is the "
+                    "role's default, override what the variant changed")
