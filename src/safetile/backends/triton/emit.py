@@ -227,13 +227,12 @@ class Emitter(ViewEmitter):
         need, state = self.barrier_check(state, self.accesses)
         pre = [f"{ind}tl.debug_barrier()  # token: read of an owned tile after a store"] \
             if any(need) else []
-        if not pre and any("store" in v for v in state.values()):
-            _, alone = self.block(node.body, {}, ind + "    ")
-            if not any("store" in v for v in alone.values()):
-                # A body that stores no owned tile: one barrier before the loop orders the
-                # stores before it, instead of one in every iteration.
-                pre = [f"{ind}tl.debug_barrier()  # token: reads of owned tiles after a store"]
-                state = {}
+        if not pre and any("store" in v for v in state.values()) and \
+                not self.stores_owned(node.body):
+            # A body that stores no owned tile: one barrier before the loop orders the
+            # stores before it, instead of one in every iteration.
+            pre = [f"{ind}tl.debug_barrier()  # token: reads of owned tiles after a store"]
+            state = {}
         _, end = self.block(node.body, state, ind + "    ")        # first pass: loop-carried state
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
@@ -255,6 +254,14 @@ class Emitter(ViewEmitter):
         else:
             loop = f"range({args})"
         return pre + [f"{ind}for {node.target.id} in {loop}:"] + body, _join(state, end)
+
+    def stores_owned(self, stmts) -> bool:
+        """Whether ``stmts`` store to an owned tile (views cannot be passed to helpers, so
+        every such store is a ``.store`` call on an Out, its tile or a sub-partition)."""
+        return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+                   n.func.attr == "store" and
+                   self.view_kind(n.func.value) in ("Out", "tile", "sub")
+                   for s_ in stmts for n in ast.walk(s_))
 
     def tiles_loop(self, node, state, ind):
         if not self.persistent:
