@@ -232,7 +232,7 @@ class Emitter(ViewEmitter):
             # A body that stores no owned tile: one barrier before the loop orders the
             # stores before it, instead of one in every iteration.
             pre = [f"{ind}tl.debug_barrier()  # token: reads of owned tiles after a store"]
-            state = {}
+            state = self.barrier_check({}, self.accesses)[1]     # the range's own, after it
         _, end = self.block(node.body, state, ind + "    ")        # first pass: loop-carried state
         entry = _join(state, end)
         body, end = self.block(node.body, entry, ind + "    ")
