@@ -14,37 +14,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import time
 
 import torch
 
 import harness
-
-START = 127
-
-
-def chunk(runner, first: int) -> tuple[float, list]:
-    """Seconds per step of 8 steps from ``START`` fed ``first``, and their tokens."""
-    import safetile as st
-    from safetile import ops
-    runner.position = START
-    for values, out in (([START, 1], runner.buf.cursor), ([first], runner.buf.token)):
-        t = st.from_torch(torch.tensor(values, dtype=torch.int32, device="cuda"))
-        ops.copy(t, out=out).sync()
-    t0 = time.perf_counter()
-    tokens = runner.steps(True, 8)
-    return (time.perf_counter() - t0) / 8, tokens
+from step_sweep import START, chunk, engine, median_us
 
 
 def sweep(name: str, repeats: int) -> dict:
-    import grout
-    eng = grout.load(name, max_seq_len=2048, progress=False)
+    eng, first = engine(name)
     r = eng.runner
-    params, key = grout.SamplingParams().tensors(eng.device)
-    vocab = eng.config.vocab_size
-    first = r.begin([(7 * i + 3) % vocab for i in range(START)], params, key, True)
-    graphs, tokens, times = {}, {}, {False: [], True: []}
+    graphs, tokens = {}, {}
     for on in (False, True):
         r.gemm.trigger_early = on
         r.graphs, r.chunks = {}, {}
@@ -52,11 +32,8 @@ def sweep(name: str, repeats: int) -> dict:
         graphs[on] = (r.graphs, r.chunks)
     if tokens[True] != tokens[False]:
         raise AssertionError(f"{name}: early triggers changed the tokens: {tokens}")
-    for _ in range(repeats):
-        for on in (False, True):
-            r.graphs, r.chunks = graphs[on]
-            times[on].append(chunk(r, first)[0])
-    off, on = (statistics.median(times[v]) * 1e6 for v in (False, True))
+    times = median_us(r, first, graphs, repeats)
+    off, on = times[False], times[True]
     row = dict(model=name, hidden_size=eng.config.hidden_size, off_us=off, on_us=on,
                off_over_on=off / on)
     del eng, r, graphs

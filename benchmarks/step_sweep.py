@@ -1,5 +1,6 @@
-"""What the whole-step sweeps share (``gemv_step_sweep.py``, ``attention_step_sweep.py``):
-the engine at position ``START``, timing recorded variants in turn, and the command line.
+"""What the whole-step sweeps share (``gemv_step_sweep.py``, ``attention_step_sweep.py``,
+``early_trigger_sweep.py``): the engine at position ``START``, timing recorded variants in
+turn, and the command line.
 
 A variant is ``(role, override)``: ``role`` names what it changes in grout's decode step,
 ``override`` the options it passes (``role:option=value,...`` on the command line).
@@ -9,11 +10,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import time
+
+import torch
 
 import harness
-from early_trigger_sweep import START, chunk
+
+START = 127                  # the position a chunk starts at (after a 127-token prompt)
 
 __all__ = ["START", "chunk", "parse_variant", "engine", "record", "median_us", "rows", "main"]
+
+
+def chunk(runner, first: int) -> tuple[float, list]:
+    """Seconds per step of 8 steps from ``START`` fed ``first`` (cursor and token set back
+    first), and their tokens."""
+    import safetile as st
+    from safetile import ops
+    runner.position = START
+    for values, out in (([START, 1], runner.buf.cursor), ([first], runner.buf.token)):
+        t = st.from_torch(torch.tensor(values, dtype=torch.int32, device="cuda"))
+        ops.copy(t, out=out).sync()
+    t0 = time.perf_counter()
+    tokens = runner.steps(True, 8)
+    return (time.perf_counter() - t0) / 8, tokens
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
