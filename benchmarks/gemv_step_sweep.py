@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 
 import step_sweep
 from step_sweep import engine, median_us, record
@@ -82,37 +83,39 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
     r = eng.runner
     shapes = roles(eng.config)
     default_for_shape = ops.GemvConfig.for_shape.__func__
-    variants = [("default", None, {})] + [(role, shapes[role], o) for role, o in chosen]
-    weights = {"qkv": r.w.layers[0].qkv.w, "o": r.w.layers[0].o.w,
-               "gate_up": r.w.layers[0].gate_up.w, "down": r.w.layers[0].down.w}
+    variants = [("default", {})] + chosen
+    weights = {role: getattr(r.w.layers[0], role).w for role in shapes}
+
+    def base(role):
+        return default_for_shape(ops.GemvConfig, *shapes[role], role == "down")
+
+    @functools.cache
+    def default_error(role):
+        return role_error(role, weights[role], base(role))
 
     def check(role, override):
-        base = default_for_shape(ops.GemvConfig, *shapes[role], role == "down")
-        return (role_error(role, weights[role], dataclasses.replace(base, **override)),
-                role_error(role, weights[role], base), 1e-4)
+        return (role_error(role, weights[role], dataclasses.replace(base(role), **override)),
+                default_error(role), 1e-4)
 
     @contextlib.contextmanager
     def applied(role, override):
         def for_shape(cls, n, k, swiglu=False):
-            base = default_for_shape(cls, n, k, swiglu)
-            return dataclasses.replace(base, **override) if (n, k) == shapes[role] else base
+            cfg = default_for_shape(cls, n, k, swiglu)
+            return dataclasses.replace(cfg, **override) if (n, k) == shapes[role] else cfg
         ops.GemvConfig.for_shape = classmethod(for_shape)
         try:
             yield
         finally:
             ops.GemvConfig.for_shape = classmethod(default_for_shape)
-    graphs, tokens, failed, errors = record(r, first, [(role, o) for role, _, o in variants],
-                                            check, applied)
+    graphs, tokens, failed, errors = record(r, first, variants, check, applied)
     times = median_us(r, first, graphs, repeats)
 
     def config(i):
-        role, shape, _ = variants[i]
-        cfg = ops.GemvConfig.for_shape(*shape, role == "down") if shape else None
-        return dict(shape=list(shape) if shape else None,
-                    config=dataclasses.asdict(cfg) if cfg else None)
-    return step_sweep.rows([(role, o) for role, _, o in variants], times, tokens, errors,
-                           config), failed
-
+        role = variants[i][0]
+        if role not in shapes:                           # the default: every role's own
+            return dict(shape=None, config=None)
+        return dict(shape=list(shapes[role]), config=dataclasses.asdict(base(role)))
+    return step_sweep.rows(variants, times, tokens, errors, config), failed
 
 if __name__ == "__main__":
     step_sweep.main("gemv_step_sweep", __doc__, VARIANTS, sweep, 15,

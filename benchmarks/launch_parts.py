@@ -204,6 +204,11 @@ _C_TYPES = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16,
             "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
 
 
+# DirectLaunch.tail: function, cooperative, pdl, two hooks, packed metadata and three more
+# launcher fields, then the kernel's own arguments.
+LAUNCHER_FIELDS = 9
+
+
 class _LaunchAttribute(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_ubyte * 64)]
 
@@ -219,7 +224,7 @@ def driver_floor(d, tensors: list, row) -> None:
     parameter array built once (the launch a compiled fast path would make), checked first."""
     compiled = d.compiled
     sig = list(compiled.src.signature.values())
-    values = d.tail[9:]
+    values = d.tail[LAUNCHER_FIELDS:]
     slots = [_C_TYPES["u64" if ty.startswith("*") else ty](v)
              for ty, v in zip(sig, values) if ty != "constexpr"]
     slots += [ctypes.c_uint64(0), ctypes.c_uint64(0)]          # global and profile scratch
