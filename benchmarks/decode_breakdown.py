@@ -11,7 +11,9 @@ so nothing stays in L2 from one to the next) are recorded as one graph and repla
 back (harness.time_ms_steady); its time per step is that replay's. Bytes are what the stage
 must read (weights; the KV cache up to the context for attention); the sum of the stages is
 compared with the whole step's graph replayed the same way, and with a chunk of 8 steps.
-On the CPU (``--smoke``) every graph is recorded and replayed once, untimed.
+Each stage's marginal cost inside the step is measured too: the whole step recorded without
+that stage's launches (its consumers then read the previous step's values), timed the same
+way, subtracted from the whole step. On the CPU (``--smoke``) every graph is recorded and replayed once, untimed.
 """
 from __future__ import annotations
 
@@ -48,10 +50,9 @@ def stage_bytes(eng, context: int) -> dict:
             "lm_head+argmax": nbytes(w.lm_head), "cursor": 0}
 
 
-def stages(eng) -> dict:
-    """Stage name -> the step functions of the fused greedy step at that position."""
+def stages(eng, steps: list) -> dict:
+    """Stage name -> the functions of ``steps`` (the fused greedy step) in that stage."""
     r = eng.runner
-    steps = r.decode_steps(True, r.short())
     L = eng.config.num_hidden_layers
     layer_steps = steps[1:1 + 6 * L]
     if not r.fused or len(steps) != 1 + 6 * L + 3:
@@ -92,7 +93,10 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
         ids = [i % eng.config.vocab_size for i in ids]
     with st.backend(eng.backend):
         r.begin(ids, params, key, greedy=True)          # the step then attends CONTEXT rows
-        graphs = {name: record(fns) for name, fns in stages(eng).items()}
+        steps = r.decode_steps(True, r.short())
+        parts = stages(eng, steps)
+        graphs = {name: record(fns) for name, fns in parts.items()}
+        less = {name: record([f for f in steps if f not in fns]) for name, fns in parts.items()}
         whole, chunk = r.graph(True, r.short()), r.chunk(True, 8, r.short(8))
         start = st.from_torch(r.buf.cursor.to_torch().clone())
 
@@ -101,7 +105,11 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
             ops.copy(start, out=r.buf.cursor).sync()
 
         def timed(g, per=1, reps=REPS):
-            return None if smoke else time_replays(g, reps, rewind=rewind) / per
+            if smoke:
+                rewind()
+                g.launch().sync()
+                return None
+            return time_replays(g, reps, rewind=rewind) / per
 
         rows = []
         nbytes = stage_bytes(eng, CONTEXT)
@@ -113,6 +121,10 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
                            / (COPY_TBS * 1e12) if nbytes[name] else None)
             rows.append(row)
         step_ms, chunk_ms = timed(whole), timed(chunk, 8, reps=1)
+        for row in rows:
+            ms = timed(less[row["stage"]])
+            if ms is not None:
+                row["marginal_us"] = (step_ms - ms) * 1e3
     total = sum(nbytes.values())
     summary = dict(model=model, context=CONTEXT, short_attention=r.short(),
                    kernels_per_step=len(whole.records),
@@ -126,9 +138,9 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
                        setup_s=time.time() - t0)
         write_results("decode_breakdown", {"rows": rows, "summary": summary,
                                            "method": __doc__.split("\n\n")[1]})
-    print_table(rows, ["stage", "kernels", "us", "bytes", "pct_of_bandwidth"])
+    print_table(rows, ["stage", "kernels", "us", "marginal_us", "bytes", "pct_of_bandwidth"])
     print("breakdown:", summary, flush=True)
-    del graphs, whole, chunk, eng
+    del graphs, less, whole, chunk, eng
     return rows
 
 
