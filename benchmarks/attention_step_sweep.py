@@ -1,12 +1,14 @@
-"""Sweep: the short-context decode attention's launch options (key block, warps, stages)
-and the attention prologue's warps inside grout's whole decode step.
+"""Sweep: the decode attention's launch options (key block, warps, stages, masking) and
+the attention prologue's warps inside grout's whole decode step.
 
     python benchmarks/attention_step_sweep.py --model qwen3-4b [--tag 1]
     python benchmarks/attention_step_sweep.py --variants attention:block_n=128,num_warps=8
+    python benchmarks/attention_step_sweep.py --start 1023 --variants split:masked=1
 
 One engine (random weights of the named shape) prefills a 127-token prompt, so the step
 attends about 128 positions with one kernel per kv head. A variant passes its options to
-every ``ops.decode_attention`` (role ``attention``) or ``ops.qk_norm_rope_kv_append`` (role
+every one-split ``ops.decode_attention`` (role ``attention``), split one (role ``split``,
+for a ``--start`` past the short context) or ``ops.qk_norm_rope_kv_append`` (role
 ``prologue``) call of the step; its graphs are recorded once. Chunks of 8 steps from
 position 127 (cursor and token set back each time) are then timed for every variant in
 turn, median over repeats. Before any is timed, each attention variant's op (random q and
@@ -24,19 +26,22 @@ import functools
 import step_sweep
 from step_sweep import engine, median_us, record
 
-OPS = {"attention": "decode_attention", "prologue": "qk_norm_rope_kv_append"}
+OPS = {"attention": "decode_attention", "split": "decode_attention",
+       "prologue": "qk_norm_rope_kv_append"}
 VARIANTS = {
     "attention": [dict(block_n=32), dict(block_n=128), dict(num_warps=2), dict(num_warps=8),
                   dict(num_stages=2), dict(num_stages=4), dict(block_n=128, num_warps=8),
                   dict(block_n=32, num_stages=4)],
     "prologue": [dict(num_warps=1), dict(num_warps=2), dict(num_warps=8)],
+    "split": [dict(masked=1)],
 }
 
 
-def attention_error(override: dict, hq: int, hkv: int, d: int, length: int = 128,
-                    device: str = "cuda") -> float:
-    """Relative L2 error of one short-context ``ops.decode_attention`` with ``override``
-    against fp32 torch (random bf16 q and caches of ``2 * length`` positions)."""
+def attention_error(override: dict, hq: int, hkv: int, d: int, lengths=(128, 135),
+                    splits: int = 1, device: str = "cuda") -> float:
+    """Largest relative L2 error of one ``ops.decode_attention`` of ``splits`` splits with
+    ``override`` against fp32 torch, over ``lengths`` (whole key blocks, and a partial last
+    one): random bf16 q and caches of twice the longest length, NaN past the length."""
     import torch
 
     import safetile as st
@@ -45,15 +50,19 @@ def attention_error(override: dict, hq: int, hkv: int, d: int, length: int = 128
 
     def rand(*shape):
         return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
-    q, kc, vc = rand(hq, d), rand(hkv, 2 * length, d), rand(hkv, 2 * length, d)
-    pos = torch.tensor([length], dtype=torch.int32, device=device)
-    got = ops.decode_attention(st.from_torch(q), st.from_torch(kc), st.from_torch(vc),
-                               st.from_torch(pos), num_splits=1, **override).sync()
-    g = hq // hkv
-    k, v = (c[:, :length].float().repeat_interleave(g, 0) for c in (kc, vc))
-    p = torch.softmax(torch.einsum("hd,hnd->hn", q.float(), k) / d ** 0.5, -1)
-    want = torch.einsum("hn,hnd->hd", p, v)
-    return float((got.to_torch().float() - want).norm() / want.norm())
+    worst = 0.0
+    for length in lengths:
+        size = 2 * max(lengths)
+        q, kc, vc = rand(hq, d), rand(hkv, size, d), rand(hkv, size, d)
+        k, v = (c[:, :length].float().repeat_interleave(hq // hkv, 0) for c in (kc, vc))
+        kc[:, length:], vc[:, length:] = float("nan"), float("nan")
+        pos = torch.tensor([length], dtype=torch.int32, device=device)
+        got = ops.decode_attention(st.from_torch(q), st.from_torch(kc), st.from_torch(vc),
+                                   st.from_torch(pos), num_splits=splits, **override).sync()
+        p = torch.softmax(torch.einsum("hd,hnd->hn", q.float(), k) / d ** 0.5, -1)
+        want = torch.einsum("hn,hnd->hd", p, v)
+        worst = max(worst, float((got.to_torch().float() - want).norm() / want.norm()))
+    return worst
 
 
 def prologue_error(override: dict, hq: int, hkv: int, d: int, pos: int = 128,
@@ -82,11 +91,13 @@ def prologue_error(override: dict, hq: int, hkv: int, d: int, pos: int = 128,
 
 
 def patched(fn, role: str, override: dict):
-    """``fn`` with ``override`` added to its keywords (for the attention: its one-kernel
-    calls only, so a split step's workspace keeps its own key block)."""
+    """``fn`` with ``override`` added to its keywords (role ``attention``: the one-kernel
+    calls only, so a split step's workspace keeps its own key block; role ``split``: the
+    split calls only)."""
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if role == "attention" and kwargs.get("num_splits") != 1:
+        if (role == "attention" and kwargs.get("num_splits") != 1) or \
+                (role == "split" and kwargs.get("num_splits") == 1):
             return fn(*args, **kwargs)
         return fn(*args, **{**kwargs, **override})
     return call
@@ -99,11 +110,16 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
     variants = [("default", {})] + chosen
     heads = c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
+    split_args = dict(lengths=(1024, 1031), splits=r.buf.attn_ws.num_splits)
     default_error = functools.cache(lambda: attention_error({}, *heads))
+    default_split_error = functools.cache(lambda: attention_error({}, *heads, **split_args))
 
     def check(role, override):
         if role == "attention":
             return attention_error(override, *heads), default_error(), 1e-4
+        if role == "split":
+            return (attention_error(override, *heads, **split_args), default_split_error(),
+                    1e-4)
         return prologue_error(override, *heads), 0.0, 1e-2
 
     @contextlib.contextmanager

@@ -45,7 +45,7 @@ def engine(name: str):
     """A grout engine of ``name``'s shape (random weights) that has prefilled ``START``
     tokens: returns it and the first token to feed its decode steps."""
     import grout
-    eng = grout.load(name, max_seq_len=2048, progress=False)
+    eng = grout.load(name, max_seq_len=max(2048, 2 * START), progress=False)
     params, key = grout.SamplingParams().tensors(eng.device)
     vocab = eng.config.vocab_size
     first = eng.runner.begin([(7 * i + 3) % vocab for i in range(START)], params, key, True)
@@ -109,6 +109,7 @@ def main(name: str, doc: str, variants: dict, sweep, repeats: int, note: str) ->
     """The command line of a sweep ``name``: ``sweep(model, repeats, chosen)`` returns its
     rows and failed variants; they are printed and written to
     results/archive/<name>_<model>_<tag>.json."""
+    global START
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-4b")
     ap.add_argument("--roles", nargs="+", default=list(variants))
@@ -116,7 +117,10 @@ def main(name: str, doc: str, variants: dict, sweep, repeats: int, note: str) ->
                     help="role:option=value,... (instead of the roles' default variants)")
     ap.add_argument("--repeats", type=int, default=repeats)
     ap.add_argument("--tag", default="1")
+    ap.add_argument("--start", type=int, default=START,
+                    help="the position chunks start at (the prompt's length)")
     args = ap.parse_args()
+    START = args.start
     chosen = [parse_variant(v) for v in args.variants] if args.variants else \
         [(role, o) for role in args.roles for o in variants[role]]
     if not harness.start_gpu(name):

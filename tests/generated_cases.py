@@ -10,7 +10,8 @@ import pathlib
 
 import safetile as st
 from safetile.ops.argmax import argmax_final_kernel, argmax_partial_kernel
-from safetile.ops.decode_attention import _split_kernel, decode_merge_kernel
+from safetile.ops.decode_attention import (DEFAULT_MASKED, WHOLE_STAGES, _split_kernel,
+                                           decode_merge_kernel, decode_whole_kernel)
 from safetile.ops.elementwise import add_kernel, mul_kernel, silu_mul_kernel
 from safetile.ops.embedding import embedding_kernel
 from safetile.ops.fused_gemv import (configured, gemv_add_kernel, rmsnorm_gemv_kernel,
@@ -91,7 +92,11 @@ CASES = {
     "decode_split": lambda: (_split_kernel(4, 3, pdl=True, trigger_early=True), (
         z((32, 128)), z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32),
         out((8, 16, 4, 128), (1, 1, 16, 128), st.f32),
-        out((8, 16, 4, 1), (1, 1, 16, 1), st.f32), 0.1, 64, 1, True, 0)),
+        out((8, 16, 4, 1), (1, 1, 16, 1), st.f32), 0.1, 64, 1, True, 0, DEFAULT_MASKED)),
+    "decode_whole": lambda: (decode_whole_kernel.options(
+        num_warps=4, num_stages=WHOLE_STAGES, pdl=True, trigger_early=True), (
+        z((32, 128)), z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32),
+        out((8, 4, 128), (1, 16, 128)), 0.1, 64, 1)),
     "decode_merge": lambda: (decode_merge_kernel, (
         z((8, 16, 4, 128), st.f32), z((8, 16, 4, 1), st.f32), out((32, 128), (4, 128)), 4, 16)),
 }

@@ -131,26 +131,33 @@ def decode_reference(q, k, v, n, scale=None) -> torch.Tensor:
     (4, 4, 64, 50, 8, 16),        # more splits than the length fills
     (4, 1, 33, 20, 1, 32),        # one split: the merge just normalizes
 ])
-@pytest.mark.parametrize("prefetch,cyclic", [(0, False), (0, True), (2, True)],
-                         ids=["contiguous", "cyclic", "cyclic+prefetch"])
+@pytest.mark.parametrize("prefetch,cyclic,masked", [(0, False, False), (0, True, False),
+                                                    (2, True, False), (0, False, True),
+                                                    (0, True, True)],
+                         ids=["contiguous", "cyclic", "cyclic+prefetch", "contiguous+masked",
+                              "cyclic+masked"])
 def test_decode_attention_matches_reference(dtype, hq, hkv, max_seq, n, splits, bn, prefetch,
-                                            cyclic):
+                                            cyclic, masked):
     d = 16
     q, k, v = rand((hq, d), dtype, 11), rand((hkv, max_seq, d), dtype, 12), \
         rand((hkv, max_seq, d), dtype, 13)
     out = decode_attention(st.from_torch(q.clone()), st.from_torch(k.clone()),
                            st.from_torch(v.clone()), i32(n), block_n=bn,
-                           num_splits=splits, prefetch=prefetch, cyclic=cyclic).sync()
+                           num_splits=splits, prefetch=prefetch, cyclic=cyclic,
+                           masked=masked).sync()
     assert out.shape == (hq, d) and out.dtype is dtype
     assert rel_err(out.to_torch(), decode_reference(q, k, v, n)) < REL[dtype]
 
 
-def test_decode_attention_ignores_garbage_past_the_length():
+@pytest.mark.parametrize("splits,masked", [(2, False), (2, True), (1, False)],
+                         ids=["split", "split+masked", "one-split"])
+def test_decode_attention_ignores_garbage_past_the_length(splits, masked):
     q, k, v = rand((4, 16), st.f32, 1), rand((2, 40, 16), st.f32, 2), rand((2, 40, 16), st.f32, 3)
     k[:, 23:] = float("nan")
     v[:, 23:] = float("nan")
     out = decode_attention(st.from_torch(q), st.from_torch(k.clone()), st.from_torch(v.clone()),
-                           i32(23), block_n=16, num_splits=2).sync().to_torch()
+                           i32(23), block_n=16, num_splits=splits,
+                           masked=masked).sync().to_torch()
     assert torch.isfinite(out).all()
     assert rel_err(out, decode_reference(q, k, v, 23)) < REL[st.f32]
 
@@ -201,15 +208,42 @@ def test_decode_kernel_source_does_not_depend_on_the_length():
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(n),
             ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 0,
-            False, 0)
+            False, 0, False)
     src = source(5)
     assert src == source(4000)
     assert "_st_scalar1(_st_length_ptr" in src      # the loop bound comes from the device
     # Whole blocks stream unmasked; only the partial last block is masked.
     body = src.split("def decode_split_kernel(")[1]
     loop, tail = body.split("    for j in range(")[1].split("    if ", 1)
-    assert "tl.where" not in loop
-    assert "tl.where(valid[None, :]" in tail and "tl.where(valid[:, None], vt" in tail
+    assert "tl.where" not in loop and "masked_step" not in loop
+    assert "_stf_masked_step(" in tail
+
+
+def test_masked_splits_run_the_partial_last_block_inside_the_loop():
+    ws = DecodeWorkspace(8, 4, 128, 32, device="cpu")
+    src = decode_split_kernel.source(
+        st.empty((32, 128), dtype=st.bf16, device="cpu"),
+        st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
+        st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(5),
+        ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 0,
+        True, 0, True)
+    body = src.split("def decode_split_kernel(")[1]
+    assert body.count("for j in range(") == 1 and "if tail" not in body
+    loop = body.split("for j in range(")[1]
+    assert "_st_cdiv(n, BLOCK_N)" in loop.split("\n")[0] and "_stf_masked_step(" in loop
+
+
+def test_the_one_split_kernel_runs_every_block_masked_in_one_loop():
+    out = st.empty((32, 128), dtype=st.bf16, device="cpu")
+    src = decode_whole_kernel.source(
+        st.empty((32, 128), dtype=st.bf16, device="cpu"),
+        st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
+        st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(5),
+        out.view(8, 4, 128).partition((1, 16, 128)), 0.1, 64, 1)
+    body = src.split("def decode_whole_kernel(")[1]
+    assert body.count("for j in range(") == 1
+    loop = body.split("for j in range(")[1]
+    assert "_st_cdiv(n, BLOCK_N)" in loop.split("\n")[0] and "_stf_masked_step(" in loop
 
 
 def test_decode_prefetch_needs_cyclic_splits():
@@ -227,7 +261,7 @@ def test_decode_prefetch_precedes_the_length_read_and_the_pdl_wait_on_sm90():
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
             ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1,
-            True, 2)
+            True, 2, False)
     kern = decode_split_kernel.options(num_warps=4, num_stages=3, pdl=True)
     body = kern.source(*args).split("def decode_split_kernel(")[1]
     assert body.index("_st_prefetch3(_st_k_ptr") < body.index("_st_gdc_wait()") \
@@ -244,7 +278,8 @@ def test_decode_kernels_compile_for_sm90_with_tma_loads():
     args = (st.empty((32, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"),
             st.empty((8, 4096, 128), dtype=st.bf16, device="cpu"), i32(1),
-            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1, False, 0)
+            ws.partial.partition((1, 1, 16, 128)), ws.lse.partition((1, 1, 16, 1)), 0.1, 64, 1, False, 0,
+            False)
     ptx = decode_split_kernel.options(num_warps=4, num_stages=3).compile(*args).asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "mma" in ptx
 

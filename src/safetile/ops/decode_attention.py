@@ -51,6 +51,14 @@ MIN_GROUP_ROWS = 16
 # Pipeline depth of the K/V loop: Triton keeps num_stages - 1 TMA buffers, so 3 stages
 # double-buffer (one 64-key block of K and V in flight while the previous one is used).
 DEFAULT_STAGES = 3
+# The split kernel's partial last block runs masked inside the pipelined loop, as every block
+# of the one-split kernel does, rather than after it: its load is then in flight with the
+# others instead of adding one more memory round trip to the longest split.
+DEFAULT_MASKED = True
+# The one-split kernel's depth: 4 stages keep three 64-key blocks in flight, all of a
+# short cache's (the kernel is used up to a few hundred positions), where its 8 programs
+# wait on each block's latency rather than on bandwidth.
+WHOLE_STAGES = 4
 # Block-cyclic splits (every S-th key block) rather than contiguous runs: all splits of a head
 # then stream neighbouring blocks at once, and blocks spread evenly over the splits at any
 # length (contiguous runs round up to whole blocks per split).
@@ -67,11 +75,21 @@ DEFAULT_PREFETCH = 0
 DEFAULT_BLOCK_N = 64
 
 
+@st.function
+def masked_step(s, vt, valid, m_i, l_i, acc):
+    """``online_softmax_step`` over the keys where ``valid`` (N,) holds: the others' logits
+    are -inf and their values 0, since cache rows past the length may hold anything (even
+    NaN, and 0 * NaN would poison P @ V). ``valid`` must hold somewhere in the first block."""
+    return online_softmax_step(sl.where(valid[None, :], s, float("-inf")),
+                               sl.where(valid[:, None], vt, 0.0), m_i, l_i, acc)
+
+
 @st.kernel
 def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
                         length: st.In[st.i32, 1], o: st.Out[st.f32, 4], lse: st.Out[st.f32, 4],
                         qk_scale: float, BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int],
-                        CYCLIC: st.Const[bool], PREFETCH: st.Const[int]):
+                        CYCLIC: st.Const[bool], PREFETCH: st.Const[int],
+                        MASKED: st.Const[bool]):
     """Partial attention of one kv head's q group over one split of the valid cache.
 
     ``CYCLIC``: split ``s`` takes key blocks ``s, s + S, s + 2S, ...`` (S splits) instead of
@@ -108,28 +126,51 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
     # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
     # (The two loops differ only in their range: a compile-time step of 1 keeps the
-    # contiguous loop exactly as it was.)
-    if CYCLIC:
-        for j in range(split, n // BLOCK_N, num_splits):
-            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
-                                                acc)
+    # contiguous loop exactly as it was.) With ``MASKED`` the partial last block runs in the
+    # loop, masked like every block, instead of after it.
+    if MASKED:
+        if CYCLIC:
+            for j in range(split, sl.cdiv(n, BLOCK_N), num_splits):
+                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                            j * BLOCK_N + sl.arange(BLOCK_N) < n, m_i, l_i, acc)
+        else:
+            for j in range(start // BLOCK_N, sl.cdiv(stop, BLOCK_N)):
+                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i,
+                                            acc)
     else:
-        for j in range(start // BLOCK_N, stop // BLOCK_N):
-            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
-                                                acc)
-    if tail:
-        j = stop // BLOCK_N
-        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-        valid = j * BLOCK_N + sl.arange(BLOCK_N) < stop
-        s = sl.where(valid[None, :], sl.matmul(qt, kt.T) * qk_scale, float("-inf"))
-        # Cache rows past the length may hold anything (even NaN): 0 * NaN would poison P @ V.
-        vt = sl.where(valid[:, None], vt, 0.0)
-        m_i, l_i, acc = online_softmax_step(s, vt, m_i, l_i, acc)
+        if CYCLIC:
+            for j in range(split, n // BLOCK_N, num_splits):
+                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
+                                                    l_i, acc)
+        else:
+            for j in range(start // BLOCK_N, stop // BLOCK_N):
+                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                                (BLOCK_N, o.shape[3]))
+                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
+                                                    l_i, acc)
+        if tail:
+            j = stop // BLOCK_N
+            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                            (BLOCK_N, o.shape[3]))
+            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
+                            (BLOCK_N, o.shape[3]))
+            m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                        j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
     has = l_i > 0.0
     l_safe = sl.where(has, l_i, 1.0)
     o.store(sl.reshape(acc / l_safe[:, None], (1, 1, o.shape[2], o.shape[3])))
@@ -159,25 +200,22 @@ def decode_whole_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
                         BLOCK_N: st.Const[int], LENGTH_OFFSET: st.Const[int]):
     """Attention of one kv head's q group over the whole valid cache, normalized into the
     group's rows of the output (one split: no partials, no merge). ``o`` is the output viewed
-    as (Hkv, G, D), its tiles (1, GP, D): the padding rows fall outside and are masked off."""
+    as (Hkv, G, D), its tiles (1, GP, D): the padding rows fall outside and are masked off.
+
+    Every key block, the partial last one too, goes through one masked, pipelined loop: a
+    short cache has only a few blocks, so the last one's load must be in flight with the
+    others rather than issued after the loop."""
     kvh, _, _ = o.index
     n = length.load_scalar((0,)) + LENGTH_OFFSET
     qt = q.load_at((kvh * (q.shape[0] // k.shape[0]), 0), (o.shape[1], o.shape[2]))
     m_i = sl.full((o.shape[1],), float("-inf"), st.f32)
     l_i = sl.zeros((o.shape[1],), st.f32)
     acc = sl.zeros((o.shape[1], o.shape[2]), st.f32)
-    for j in range(n // BLOCK_N):
+    for j in range(sl.cdiv(n, BLOCK_N)):
         kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
         vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
-        m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i, acc)
-    if n % BLOCK_N != 0:
-        j = n // BLOCK_N
-        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
-        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[2])), (BLOCK_N, o.shape[2]))
-        valid = j * BLOCK_N + sl.arange(BLOCK_N) < n
-        s = sl.where(valid[None, :], sl.matmul(qt, kt.T) * qk_scale, float("-inf"))
-        # Cache rows past the length may hold anything (even NaN): 0 * NaN would poison P @ V.
-        m_i, l_i, acc = online_softmax_step(s, sl.where(valid[:, None], vt, 0.0), m_i, l_i, acc)
+        m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                    j * BLOCK_N + sl.arange(BLOCK_N) < n, m_i, l_i, acc)
     # A length of 0 attends nothing: the rows stay 0 rather than 0 / 0.
     l_safe = sl.where(l_i > 0.0, l_i, 1.0)
     o.store(sl.reshape(acc / l_safe[:, None], (1, o.shape[1], o.shape[2])))
@@ -247,7 +285,8 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            block_n: int | None = None, num_warps: int = 4,
                            num_stages: int = DEFAULT_STAGES, pdl: bool | None = None,
                            prefetch: int = DEFAULT_PREFETCH, cyclic: bool = DEFAULT_CYCLIC,
-                           trigger_early: bool | None = None, early: bool = True):
+                           trigger_early: bool | None = None, early: bool = True,
+                           masked: bool = DEFAULT_MASKED):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
     ``block_n``: keys per block (``DEFAULT_BLOCK_N``); ``pdl`` (default: on Hopper and
     later) launches with programmatic dependent launch, every read before the wait;
@@ -257,7 +296,8 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     to keep programmatic launch there).
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
-    prefetches into L2 before it reads the length (needs ``cyclic``)."""
+    prefetches into L2 before it reads the length (needs ``cyclic``); ``masked``: the partial
+    last block runs masked inside the loop (``DEFAULT_MASKED``), not after it."""
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     _check_length(length)
     ws = workspace
@@ -277,7 +317,7 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
     kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early, bool(early))
     op = kernel(q, k_cache, v_cache, length, po, pl, scale * LOG2E, block_n, length_offset,
-                cyclic, int(prefetch))
+                cyclic, int(prefetch), bool(masked))
     return host.returning(op, ws)
 
 
@@ -322,18 +362,18 @@ def _decode_whole(q, k_cache, v_cache, length, out, scale, length_offset, block_
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0,
                      block_n: int | None = None, num_splits: int | None = None,
-                     num_warps: int = 4, num_stages: int = DEFAULT_STAGES,
+                     num_warps: int = 4, num_stages: int | None = None,
                      pdl: bool | None = None, prefetch: int = DEFAULT_PREFETCH,
                      cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None,
-                     early: bool = True):
+                     early: bool = True, masked: bool = DEFAULT_MASKED):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
     positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
     given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
-    kernels), ``prefetch``/``cyclic``/``early`` as in :func:`decode_attention_split`. Returns a
-    ``DeviceOp`` whose output is ``out``. With one split (``num_splits=1``, a one-split
+    kernels), ``prefetch``/``cyclic``/``early``/``masked`` as in
+    :func:`decode_attention_split`. Returns a ``DeviceOp`` whose output is ``out``. With one split (``num_splits=1``, a one-split
     workspace, or a cache of one key block) a single kernel attends each kv head's whole
     valid length and writes ``out`` directly: no partials, no merge, the workspace unused.
     """
@@ -344,12 +384,14 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         num_splits or default_splits(hkv, k_cache.shape[1], block_n)
     if splits == 1:
         return _decode_whole(q, k_cache, v_cache, length, z, scale, length_offset, block_n,
-                             num_warps, num_stages, pdl, trigger_early, early)
+                             num_warps, num_stages or WHOLE_STAGES, pdl, trigger_early,
+                             early)
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
-                                   num_warps=num_warps, num_stages=num_stages, pdl=pdl,
+                                   num_warps=num_warps,
+                                   num_stages=num_stages or DEFAULT_STAGES, pdl=pdl,
                                    prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early,
-                                   early=early)
+                                   early=early, masked=masked)
     return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl,
                                                         trigger_early=trigger_early))
