@@ -104,10 +104,11 @@ def test_the_prologue_with_trigger_early_signals_first_and_still_waits_before_it
 def test_decode_split_without_early_reads_waits_before_every_load():
     # After a KV append (which writes q and the cache) the split keeps programmatic launch
     # only if none of its reads precede the wait.
-    from safetile.ops.decode_attention import _split_kernel
+    from safetile.ops.decode_attention import DEFAULT_MASKED, _split_kernel
     args = (z((32, 128)), z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32),
             out((8, 16, 4, 128), (1, 1, 16, 128), st.f32), out((8, 16, 4, 1), (1, 1, 16, 1),
-                                                             st.f32), 0.1, 64, 1, True, 0)
+                                                             st.f32), 0.1, 64, 1, True, 0,
+            DEFAULT_MASKED)
     early = _split_kernel(4, 3, pdl=True, trigger_early=True).source(*args)
     late = _split_kernel(4, 3, pdl=True, trigger_early=True, early=False).source(*args)
     assert early.index("_st_gdc_wait()") > early.index("_st_scalar1(_st_length_ptr")
