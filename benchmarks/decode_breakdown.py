@@ -13,7 +13,8 @@ must read (weights; the KV cache up to the context for attention); the sum of th
 compared with the whole step's graph replayed the same way, and with a chunk of 8 steps.
 Each stage's marginal cost inside the step is measured too: the whole step recorded without
 that stage's launches (its consumers then read the previous step's values), timed the same
-way, subtracted from the whole step. On the CPU (``--smoke``) every graph is recorded and replayed once, untimed.
+way, subtracted from the whole step. On the CPU (``--smoke``) every graph is recorded and
+replayed once, untimed.
 """
 from __future__ import annotations
 

@@ -125,44 +125,31 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     l_i = sl.zeros((o.shape[2],), st.f32)
     acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
     # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
+    # With ``MASKED`` the partial last block runs in the loop, masked like every block.
     # (The two loops differ only in their range: a compile-time step of 1 keeps the
-    # contiguous loop exactly as it was.) With ``MASKED`` the partial last block runs in the
-    # loop, masked like every block, instead of after it.
-    if MASKED:
-        if CYCLIC:
-            for j in range(split, sl.cdiv(n, BLOCK_N), num_splits):
-                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
+    # contiguous loop exactly as it was.)
+    end = sl.cdiv(stop, BLOCK_N) if MASKED else stop // BLOCK_N
+    if CYCLIC:
+        for j in range(split, end, num_splits):
+            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            if MASKED:
                 m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
-                                            j * BLOCK_N + sl.arange(BLOCK_N) < n, m_i, l_i, acc)
-        else:
-            for j in range(start // BLOCK_N, sl.cdiv(stop, BLOCK_N)):
-                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
-                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i,
-                                            acc)
+                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
+            else:
+                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
+                                                    l_i, acc)
     else:
-        if CYCLIC:
-            for j in range(split, n // BLOCK_N, num_splits):
-                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
+        for j in range(start // BLOCK_N, end):
+            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+            if MASKED:
+                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
+            else:
                 m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
                                                     l_i, acc)
-        else:
-            for j in range(start // BLOCK_N, stop // BLOCK_N):
-                kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
-                                (BLOCK_N, o.shape[3]))
-                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
-                                                    l_i, acc)
+    if not MASKED:
         if tail:
             j = stop // BLOCK_N
             kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
@@ -373,9 +360,11 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
     given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
     kernels), ``prefetch``/``cyclic``/``early``/``masked`` as in
-    :func:`decode_attention_split`. Returns a ``DeviceOp`` whose output is ``out``. With one split (``num_splits=1``, a one-split
-    workspace, or a cache of one key block) a single kernel attends each kv head's whole
-    valid length and writes ``out`` directly: no partials, no merge, the workspace unused.
+    :func:`decode_attention_split`. Returns a ``DeviceOp`` whose output is ``out``. With one
+    split (``num_splits=1``, a one-split workspace, or a cache of one key block) a single
+    kernel attends each kv head's whole valid length (every key block masked, in one
+    pipelined loop of ``num_stages`` stages, default ``WHOLE_STAGES``) and writes ``out``
+    directly: no partials, no merge, the workspace unused.
     """
     hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
     z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
