@@ -5,17 +5,18 @@ the attention prologue's warps inside grout's whole decode step.
     python benchmarks/attention_step_sweep.py --variants attention:block_n=128,num_warps=8
     python benchmarks/attention_step_sweep.py --start 1023 --variants split:masked=1
 
-One engine (random weights of the named shape) prefills a 127-token prompt, so the step
-attends about 128 positions with one kernel per kv head. A variant passes its options to
-every one-split ``ops.decode_attention`` (role ``attention``), split one (role ``split``,
-for a ``--start`` past the short context) or ``ops.qk_norm_rope_kv_append`` (role
-``prologue``) call of the step; its graphs are recorded once. Chunks of 8 steps from
-position 127 (cursor and token set back each time) are then timed for every variant in
-turn, median over repeats. Before any is timed, each attention variant's op (random q and
-cache, 128 positions) is checked against an fp32 torch reference, to no more than twice
-the default's error; a prologue variant's outputs must stay within 1% of the default's
-(bf16 rounding of another reduction order). Greedy tokens are reported, not required to
-match. Writes
+One engine (random weights of the named shape) prefills a 127-token prompt (``--start``
+tokens), so the step attends about 128 positions with one kernel per kv head. A variant
+passes its options to every one-split ``ops.decode_attention`` (role ``attention``), split
+one (role ``split``, for a ``--start`` past the short context) or
+``ops.qk_norm_rope_kv_append`` (role ``prologue``) call of the step; its graphs are
+recorded once. Chunks of 8 steps from that position (cursor and token set back each time)
+are then timed for every variant in turn, median over repeats. Before any is timed, each
+attention variant's op (random q and cache, NaN past the length) is checked against an fp32
+torch reference at a whole number of key blocks and with a partial last one (128 and 135
+positions; a split variant at 1024 and 1031), to no more than twice the default's error; a
+prologue variant's outputs must stay within 1% of the default's (bf16 rounding of another
+reduction order). Greedy tokens are reported, not required to match. Writes
 benchmarks/results/archive/attention_step_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
@@ -50,9 +51,8 @@ def attention_error(override: dict, hq: int, hkv: int, d: int, lengths=(128, 135
 
     def rand(*shape):
         return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
-    worst = 0.0
+    worst, size = 0.0, 2 * max(lengths)
     for length in lengths:
-        size = 2 * max(lengths)
         q, kc, vc = rand(hq, d), rand(hkv, size, d), rand(hkv, size, d)
         k, v = (c[:, :length].float().repeat_interleave(hq // hkv, 0) for c in (kc, vc))
         kc[:, length:], vc[:, length:] = float("nan"), float("nan")
