@@ -76,7 +76,8 @@ def record(fns):
 
 def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[dict]:
     """The breakdown of ``model``'s fused greedy step at context ``CONTEXT``; written to
-    results/decode_breakdown.json (not under ``smoke``)."""
+    results/decode_breakdown.json for the Qwen3-4B, else to
+    results/archive/decode_breakdown_<model>.json (not under ``smoke``)."""
     import grout
     import safetile as st
     from grout.sampler import SamplingParams
@@ -137,8 +138,9 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
                        stage_sum_us=stage_sum,
                        step_pct_of_roofline=100 * total / (step_ms * 1e-3) / (COPY_TBS * 1e12),
                        setup_s=time.time() - t0)
-        write_results("decode_breakdown", {"rows": rows, "summary": summary,
-                                           "method": __doc__.split("\n\n")[1]})
+        name = "decode_breakdown" if model == "qwen3-4b" else f"archive/decode_breakdown_{model}"
+        write_results(name, {"rows": rows, "summary": summary,
+                             "method": __doc__.split("\n\n")[1]})
     print_table(rows, ["stage", "kernels", "us", "marginal_us", "bytes", "pct_of_bandwidth"])
     print("breakdown:", summary, flush=True)
     del graphs, less, whole, chunk, eng
