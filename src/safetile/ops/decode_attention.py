@@ -373,13 +373,14 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         num_splits or default_splits(hkv, k_cache.shape[1], block_n)
     if splits == 1:
         return _decode_whole(q, k_cache, v_cache, length, z, scale, length_offset, block_n,
-                             num_warps, num_stages or WHOLE_STAGES, pdl, trigger_early,
-                             early)
+                             num_warps, WHOLE_STAGES if num_stages is None else num_stages,
+                             pdl, trigger_early, early)
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
                                    num_warps=num_warps,
-                                   num_stages=num_stages or DEFAULT_STAGES, pdl=pdl,
+                                   num_stages=DEFAULT_STAGES if num_stages is None
+                                   else num_stages, pdl=pdl,
                                    prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early,
                                    early=early, masked=masked)
     return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl,
