@@ -44,9 +44,10 @@ DECODE_LENGTHS = (1024, 8192, 32768)
 PREFILL_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)]
 # (num_splits, block_n, num_stages, pdl, trigger_early); None: the op's defaults (what earlier
 # sweeps found: benchmarks/TUNING.md, "decode attention defaults").
+# (num_splits, block_n, num_stages, pdl, trigger_early[, masked]); None: the op's defaults.
 DECODE_CONFIGS = [None, (16, 64, 3, False, False), (16, 128, 3, False, False),
                   (16, 64, 3, True, False), (16, 128, 3, True, False), (16, 64, 3, True, True),
-                  (16, 128, 3, True, True)]
+                  (16, 128, 3, True, True), (16, 64, 3, True, True, False)]
 
 
 def graph_time_ms(graph_replay) -> float:
@@ -147,7 +148,7 @@ def bench_decode(n: int) -> dict:
     configs = []
     for c in DECODE_CONFIGS:
         kw = {} if c is None else dict(zip(("num_splits", "block_n", "num_stages", "pdl",
-                                            "trigger_early"), c))
+                                            "trigger_early", "masked"), c))
         if time.time() > DEADLINE[0]:
             configs.append({**kw, "error": "skipped: out of time"})
             continue
