@@ -126,29 +126,20 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     acc = sl.zeros((o.shape[2], o.shape[3]), st.f32)
     # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
     # With ``MASKED`` the partial last block runs in the loop, masked like every block.
-    # (The two loops differ only in their range: a compile-time step of 1 keeps the
-    # contiguous loop exactly as it was.)
     end = sl.cdiv(stop, BLOCK_N) if MASKED else stop // BLOCK_N
     if CYCLIC:
-        for j in range(split, end, num_splits):
-            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            if MASKED:
-                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
-                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
-            else:
-                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
-                                                    l_i, acc)
+        first, step = split, num_splits
     else:
-        for j in range(start // BLOCK_N, end):
-            kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
-            if MASKED:
-                m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
-                                            j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
-            else:
-                m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i,
-                                                    l_i, acc)
+        first, step = start // BLOCK_N, 1
+    for j in range(first, end, step):
+        kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
+        if MASKED:
+            m_i, l_i, acc = masked_step(sl.matmul(qt, kt.T) * qk_scale, vt,
+                                        j * BLOCK_N + sl.arange(BLOCK_N) < stop, m_i, l_i, acc)
+        else:
+            m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
+                                                acc)
     if not MASKED:
         if tail:
             j = stop // BLOCK_N
