@@ -108,16 +108,15 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
             k.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
             v.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
     n = length.load_scalar((0,)) + LENGTH_OFFSET
+    # This split's key blocks: first, first + step, ... below the end of its run, ``stop``.
     if CYCLIC:
         stop = n
-        # The partial last block (if any) belongs to the split its index falls to.
-        tail = (n % BLOCK_N != 0) & ((n // BLOCK_N) % num_splits == split)
+        first, step = split, num_splits
     else:
         chunk = sl.cdiv(sl.cdiv(n, num_splits), BLOCK_N) * BLOCK_N
         start = split * chunk
         stop = min(start + chunk, n)
-        # Only the split holding the end of the valid length has a partial last block.
-        tail = (stop > start) & (stop % BLOCK_N != 0)
+        first, step = start // BLOCK_N, 1
     # Rows past the group read the next heads' queries (or zeros past the last head): finite
     # values whose results the merge never reads.
     qt = q.load_at((kvh * group, 0), (o.shape[2], o.shape[3]))
@@ -127,10 +126,6 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     # Whole key blocks need no mask: V goes from the TMA buffer straight into the product.
     # With ``MASKED`` the partial last block runs in the loop, masked like every block.
     end = sl.cdiv(stop, BLOCK_N) if MASKED else stop // BLOCK_N
-    if CYCLIC:
-        first, step = split, num_splits
-    else:
-        first, step = start // BLOCK_N, 1
     for j in range(first, end, step):
         kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
         vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])), (BLOCK_N, o.shape[3]))
@@ -141,8 +136,9 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
             m_i, l_i, acc = online_softmax_step(sl.matmul(qt, kt.T) * qk_scale, vt, m_i, l_i,
                                                 acc)
     if not MASKED:
-        if tail:
-            j = stop // BLOCK_N
+        # The partial last block, if there is one and it is among this split's blocks.
+        j = stop // BLOCK_N
+        if (stop % BLOCK_N != 0) & (j >= first) & ((j - first) % step == 0):
             kt = sl.reshape(k.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
                             (BLOCK_N, o.shape[3]))
             vt = sl.reshape(v.load((kvh, j, 0), (1, BLOCK_N, o.shape[3])),
