@@ -103,9 +103,10 @@ def patched(fn, role: str, override: dict):
     return call
 
 
-def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list, list]:
+def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
+          start: int) -> tuple[list, list]:
     from safetile import ops
-    eng, first = engine(name)
+    eng, origin = engine(name, start)
     r, c = eng.runner, eng.config
     variants = [("default", {})] + chosen
     heads = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -130,8 +131,8 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
             yield
         finally:
             setattr(ops, OPS[role], original)
-    graphs, tokens, failed, errors = record(r, first, variants, check, applied)
-    times = median_us(r, first, graphs, repeats)
+    graphs, tokens, failed, errors = record(r, origin, variants, check, applied)
+    times = median_us(r, origin, graphs, repeats)
     return step_sweep.rows(variants, times, tokens, errors), failed
 
 

@@ -22,17 +22,17 @@ from step_sweep import START, chunk, engine, median_us
 
 
 def sweep(name: str, repeats: int) -> dict:
-    eng, first = engine(name)
+    eng, origin = engine(name)
     r = eng.runner
     graphs, tokens = {}, {}
     for on in (False, True):
         r.gemm.trigger_early = on
         r.graphs, r.chunks = {}, {}
-        tokens[on] = chunk(r, first)[1]
+        tokens[on] = chunk(r, origin)[1]
         graphs[on] = (r.graphs, r.chunks)
     if tokens[True] != tokens[False]:
         raise AssertionError(f"{name}: early triggers changed the tokens: {tokens}")
-    times = median_us(r, first, graphs, repeats)
+    times = median_us(r, origin, graphs, repeats)
     off, on = times[False], times[True]
     row = dict(model=name, hidden_size=eng.config.hidden_size, off_us=off, on_us=on,
                off_over_on=off / on)

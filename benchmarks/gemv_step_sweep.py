@@ -77,9 +77,10 @@ def role_error(role: str, w, cfg) -> float:
     return float((got - want).norm() / want.norm())
 
 
-def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list, list]:
+def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
+          start: int) -> tuple[list, list]:
     from safetile import ops
-    eng, first = engine(name)
+    eng, origin = engine(name, start)
     r = eng.runner
     shapes = roles(eng.config)
     default_for_shape = ops.GemvConfig.for_shape.__func__
@@ -107,8 +108,8 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]]) -> tuple[list
             yield
         finally:
             ops.GemvConfig.for_shape = classmethod(default_for_shape)
-    graphs, tokens, failed, errors = record(r, first, variants, check, applied)
-    times = median_us(r, first, graphs, repeats)
+    graphs, tokens, failed, errors = record(r, origin, variants, check, applied)
+    times = median_us(r, origin, graphs, repeats)
 
     def config(i):
         role = variants[i][0]

@@ -1,6 +1,6 @@
 """What the whole-step sweeps share (``gemv_step_sweep.py``, ``attention_step_sweep.py``,
-``early_trigger_sweep.py``): the engine at position ``START``, timing recorded variants in
-turn, and the command line.
+``early_trigger_sweep.py``): the engine at a start position (``START`` unless told), timing
+recorded variants in turn, and the command line.
 
 A variant is ``(role, override)``: ``role`` names what it changes in grout's decode step,
 ``override`` the options it passes (``role:option=value,...`` on the command line).
@@ -11,23 +11,32 @@ import argparse
 import contextlib
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 
 import harness
 
-START = 127                  # the position a chunk starts at (after a 127-token prompt)
+START = 127                  # the default start position (after a 127-token prompt)
 
-__all__ = ["START", "chunk", "parse_variant", "engine", "record", "median_us", "rows", "main"]
+__all__ = ["START", "Origin", "chunk", "parse_variant", "engine", "record", "median_us",
+           "rows", "main"]
 
 
-def chunk(runner, first: int) -> tuple[float, list]:
-    """Seconds per step of 8 steps from ``START`` fed ``first`` (cursor and token set back
-    first), and their tokens."""
+class Origin(NamedTuple):
+    """Where every timed chunk starts: the position, and the token fed to its first step."""
+    position: int
+    token: int
+
+
+def chunk(runner, origin: Origin) -> tuple[float, list]:
+    """Seconds per step of 8 steps from ``origin`` (cursor and token set back first), and
+    their tokens."""
     import safetile as st
     from safetile import ops
-    runner.position = START
-    for values, out in (([START, 1], runner.buf.cursor), ([first], runner.buf.token)):
+    runner.position = origin.position
+    for values, out in (([origin.position, 1], runner.buf.cursor),
+                        ([origin.token], runner.buf.token)):
         t = st.from_torch(torch.tensor(values, dtype=torch.int32, device="cuda"))
         ops.copy(t, out=out).sync()
     t0 = time.perf_counter()
@@ -41,18 +50,18 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return role, {k: int(v) for k, v in (f.split("=") for f in fields.split(",") if f)}
 
 
-def engine(name: str):
-    """A grout engine of ``name``'s shape (random weights) that has prefilled ``START``
-    tokens: returns it and the first token to feed its decode steps."""
+def engine(name: str, start: int = START):
+    """A grout engine of ``name``'s shape (random weights) that has prefilled ``start``
+    tokens: returns it and the :class:`Origin` of its timed chunks."""
     import grout
-    eng = grout.load(name, max_seq_len=max(2048, 2 * START), progress=False)
+    eng = grout.load(name, max_seq_len=max(2048, 2 * start), progress=False)
     params, key = grout.SamplingParams().tensors(eng.device)
     vocab = eng.config.vocab_size
-    first = eng.runner.begin([(7 * i + 3) % vocab for i in range(START)], params, key, True)
-    return eng, first
+    first = eng.runner.begin([(7 * i + 3) % vocab for i in range(start)], params, key, True)
+    return eng, Origin(start, first)
 
 
-def record(runner, first: int, variants: list, check, applied) -> tuple:
+def record(runner, origin: Origin, variants: list, check, applied) -> tuple:
     """Record each variant's graphs (``variants[0]`` the default). ``check(role, override)``
     returns ``(error, the default's error, slack)`` of the variant's op, or None to check
     nothing; an error above twice the default's plus ``slack`` stops the sweep.
@@ -65,7 +74,7 @@ def record(runner, first: int, variants: list, check, applied) -> tuple:
         try:
             found = check(role, override) if i else None
             with applied(role, override) if i else contextlib.nullcontext():
-                tokens[i] = chunk(runner, first)[1]
+                tokens[i] = chunk(runner, origin)[1]
         except Exception as e:                # options the kernels refuse, or out of resources
             failed.append(dict(role=role, override=override, error=f"{type(e).__name__}: {e}"))
             print(f"{role} {override}: {type(e).__name__}: {e}", flush=True)
@@ -79,14 +88,14 @@ def record(runner, first: int, variants: list, check, applied) -> tuple:
     return graphs, tokens, failed, errors
 
 
-def median_us(runner, first: int, graphs: dict, repeats: int) -> dict:
+def median_us(runner, origin: Origin, graphs: dict, repeats: int) -> dict:
     """Per variant ``i`` of ``graphs`` (its recorded ``(graphs, chunks)``): the median µs per
-    step of chunks of 8 from ``START``, the variants timed in turn ``repeats`` times."""
+    step of chunks of 8 from ``origin``, the variants timed in turn ``repeats`` times."""
     times: dict = {i: [] for i in graphs}
     for _ in range(repeats):
         for i, g in graphs.items():
             runner.graphs, runner.chunks = g
-            times[i].append(chunk(runner, first)[0])
+            times[i].append(chunk(runner, origin)[0])
     return {i: statistics.median(t) * 1e6 for i, t in times.items()}
 
 
@@ -106,10 +115,9 @@ def rows(variants: list, times: dict, tokens: dict, errors: dict, extra=None) ->
 
 
 def main(name: str, doc: str, variants: dict, sweep, repeats: int, note: str) -> None:
-    """The command line of a sweep ``name``: ``sweep(model, repeats, chosen)`` returns its
-    rows and failed variants; they are printed and written to
+    """The command line of a sweep ``name``: ``sweep(model, repeats, chosen, start)``
+    returns its rows and failed variants; they are printed and written to
     results/archive/<name>_<model>_<tag>.json."""
-    global START
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", default="qwen3-4b")
     ap.add_argument("--roles", nargs="+", default=list(variants))
@@ -120,14 +128,13 @@ def main(name: str, doc: str, variants: dict, sweep, repeats: int, note: str) ->
     ap.add_argument("--start", type=int, default=START,
                     help="the position chunks start at (the prompt's length)")
     args = ap.parse_args()
-    START = args.start
     chosen = [parse_variant(v) for v in args.variants] if args.variants else \
         [(role, o) for role in args.roles for o in variants[role]]
     if not harness.start_gpu(name):
         return
-    table, failed = sweep(args.model, args.repeats, chosen)
+    table, failed = sweep(args.model, args.repeats, chosen, args.start)
     harness.print_table(table, ["role", "override", "us_per_step", "default_over_this",
                                "rel_error", "tokens_equal"])
     harness.write_results(f"archive/{name}_{args.model}_{args.tag}", dict(
-        model=args.model, chunk=8, start=START, repeats=args.repeats, rows=table,
+        model=args.model, chunk=8, start=args.start, repeats=args.repeats, rows=table,
         failed=failed, method=doc, note=note))
