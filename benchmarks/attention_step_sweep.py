@@ -1,5 +1,5 @@
-"""Sweep: the decode attention's launch options (key block, warps, stages, masking) and
-the attention prologue's warps inside grout's whole decode step.
+"""Sweep: the decode attention's launch options (key block, warps, stages, masking), the
+attention prologue's warps and the fused prologue + attention's inside the whole decode step.
 
     python benchmarks/attention_step_sweep.py --model qwen3-4b [--tag 1]
     python benchmarks/attention_step_sweep.py --variants attention:block_n=128,num_warps=8
@@ -8,15 +8,17 @@ the attention prologue's warps inside grout's whole decode step.
 One engine (random weights of the named shape) prefills a 127-token prompt (``--start``
 tokens), so the step attends about 128 positions with one kernel per kv head. A variant
 passes its options to every one-split ``ops.decode_attention`` (role ``attention``), split
-one (role ``split``, for a ``--start`` past the short context) or
-``ops.qk_norm_rope_kv_append`` (role ``prologue``) call of the step; its graphs are
-recorded once. Chunks of 8 steps from that position (cursor and token set back each time)
+one (role ``split``, for a ``--start`` past the short context),
+``ops.qk_norm_rope_kv_append`` (role ``prologue``) or ``ops.qk_norm_rope_append_attention``
+(role ``fused``) call of the step; ``fused:off=1`` records the short step with the prologue
+and the attention as two kernels (``model.FUSED_SHORT_ATTENTION`` off), as every
+``attention`` and ``prologue`` variant does. Its graphs are recorded once. Chunks of 8 steps from that position (cursor and token set back each time)
 are then timed for every variant in turn, median over repeats. Before any is timed, each
 attention variant's op (random q and cache, NaN past the length) is checked against an fp32
 torch reference at a whole number of key blocks and with a partial last one (128 and 135
 positions; a split variant at 1024 and 1031), to no more than twice the default's error; a
 prologue variant's outputs must stay within 1% of the default's (bf16 rounding of another
-reduction order). Greedy tokens are reported, not required to match. Writes
+reduction order), and a fused variant's output within 1% of the two-kernel chain's. Greedy tokens are reported, not required to match. Writes
 benchmarks/results/archive/attention_step_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
@@ -28,13 +30,15 @@ import step_sweep
 from step_sweep import engine, median_us, record
 
 OPS = {"attention": "decode_attention", "split": "decode_attention",
-       "prologue": "qk_norm_rope_kv_append"}
+       "prologue": "qk_norm_rope_kv_append", "fused": "qk_norm_rope_append_attention"}
 VARIANTS = {
     "attention": [dict(block_n=32), dict(block_n=128), dict(num_warps=2), dict(num_warps=8),
                   dict(num_stages=2), dict(num_stages=4), dict(block_n=128, num_warps=8),
                   dict(block_n=32, num_stages=4)],
     "prologue": [dict(num_warps=1), dict(num_warps=2), dict(num_warps=8)],
     "split": [dict(masked=1)],
+    "fused": [dict(off=1), dict(num_warps=8), dict(block_n=32), dict(block_n=128),
+              dict(num_stages=3)],
 }
 
 
@@ -90,6 +94,35 @@ def prologue_error(override: dict, hq: int, hkv: int, d: int, pos: int = 128,
     return max(float((a - b).norm() / b.norm()) for a, b in zip(run(override), run({})))
 
 
+def fused_error(override: dict, hq: int, hkv: int, d: int, pos: int = 130,
+                device: str = "cuda") -> float:
+    """Relative L2 difference of ``ops.qk_norm_rope_append_attention`` with ``override``
+    from ``ops.qk_norm_rope_kv_append`` then one-split ``ops.decode_attention`` (random
+    inputs, the caches NaN past ``pos``)."""
+    import torch
+
+    import safetile as st
+    from safetile import ops
+    gen = torch.Generator(device=device).manual_seed(2)
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
+    qkv, qw, kw = rand((hq + 2 * hkv) * d), rand(d), rand(d)
+    kc, vc = rand(hkv, 2 * pos, d), rand(hkv, 2 * pos, d)
+    kc[:, pos + 1:], vc[:, pos + 1:] = float("nan"), float("nan")
+    at = st.from_torch(torch.tensor([pos], dtype=torch.int32, device=device))
+    inv = ops.inv_freq_table(d, 1e6, device)
+    common = (st.from_torch(qkv), st.from_torch(qw), st.from_torch(kw), at, inv)
+    got = ops.qk_norm_rope_append_attention(*common, st.from_torch(kc.clone()),
+                                            st.from_torch(vc.clone()), 1e-6,
+                                            **override).sync()[0].to_torch().float()
+    q, k_cache, v_cache = ops.qk_norm_rope_kv_append(*common, st.from_torch(kc),
+                                                     st.from_torch(vc), 1e-6).sync()
+    want = ops.decode_attention(q, k_cache, v_cache, at, length_offset=1,
+                                num_splits=1).sync().to_torch().float()
+    return float((got - want).norm() / want.norm())
+
+
 def patched(fn, role: str, override: dict):
     """``fn`` with ``override`` added to its keywords (role ``attention``: the one-kernel
     calls only, so a split step's workspace keeps its own key block; role ``split``: the
@@ -105,6 +138,7 @@ def patched(fn, role: str, override: dict):
 
 def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
           start: int) -> tuple[list, list]:
+    from grout import model
     from safetile import ops
     eng, origin = engine(name, start)
     r, c = eng.runner, eng.config
@@ -121,16 +155,24 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
         if role == "split":
             return (attention_error(override, *heads, **split_args), default_split_error(),
                     1e-4)
+        if role == "fused":
+            return fused_error(options(override), *heads), 0.0, 1e-2
         return prologue_error(override, *heads), 0.0, 1e-2
+
+    def options(override):
+        return {k: v for k, v in override.items() if k != "off"}
 
     @contextlib.contextmanager
     def applied(role, override):
         original = getattr(ops, OPS[role])
-        setattr(ops, OPS[role], patched(original, role, override))
+        setattr(ops, OPS[role], patched(original, role, options(override)))
+        fused = role == "fused" and not override.get("off")
+        model.FUSED_SHORT_ATTENTION, was = fused, model.FUSED_SHORT_ATTENTION
         try:
             yield
         finally:
             setattr(ops, OPS[role], original)
+            model.FUSED_SHORT_ATTENTION = was
     graphs, tokens, failed, errors = record(r, origin, variants, check, applied)
     times = median_us(r, origin, graphs, repeats)
     return step_sweep.rows(variants, times, tokens, errors), failed

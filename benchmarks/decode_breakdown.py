@@ -2,9 +2,9 @@
 every layer, against the whole step.
 
 A stage is one position of the fused layer (model.decode_layer_fused): the qkv gemv with
-the input norm, the attention prologue (q/k norm, RoPE, KV append), decode attention (one
-kernel per kv head at a short context, else split and merge: the kind the engine decodes
-this context with), the o gemv with the residual add, the gate/up gemv with the post-attention norm,
+the input norm, the attention prologue (q/k norm, RoPE, KV append), decode attention (split
+and merge; at a short context one kernel per kv head, which also runs the prologue: the
+kind the engine decodes this context with), the o gemv with the residual add, the gate/up gemv with the post-attention norm,
 the down gemv with silu*mul and the residual add; plus the embedding, the lm_head with its
 argmax, and the cursor's advance. Each stage's launches over all layers (distinct weights,
 so nothing stays in L2 from one to the next) are recorded as one graph and replayed back to
@@ -27,6 +27,9 @@ from harness import print_table, write_results
 COPY_TBS = 4.26
 LAYER_STAGES = ["qkv+norm", "qk_norm_rope_append", "attention", "o+residual",
                 "gate_up+norm", "down+silu_mul+residual"]
+# The short step's layer, the prologue and the attention in one kernel
+FUSED_LAYER_STAGES = ["qkv+norm", "qk_norm_rope_append+attention", "o+residual",
+                      "gate_up+norm", "down+silu_mul+residual"]
 CONTEXT = 128
 REPS = 8
 
@@ -45,6 +48,8 @@ def stage_bytes(eng, context: int) -> dict:
             "qkv+norm": L * nbytes(first.qkv),
             "qk_norm_rope_append": L * (cfg.q_size + 2 * cfg.kv_size) * item,
             "attention": L * 2 * cfg.kv_size * context * item,
+            "qk_norm_rope_append+attention": L * ((cfg.q_size + 2 * cfg.kv_size)
+                                                  + 2 * cfg.kv_size * context) * item,
             "o+residual": L * nbytes(first.o),
             "gate_up+norm": L * nbytes(first.gate_up),
             "down+silu_mul+residual": L * nbytes(first.down),
@@ -55,15 +60,24 @@ def stages(eng, steps: list) -> dict:
     """Stage name -> the functions of ``steps`` (the fused greedy step) in that stage."""
     r = eng.runner
     L = eng.config.num_hidden_layers
-    layer_steps = steps[1:1 + 6 * L]
-    if not r.fused or len(steps) != 1 + 6 * L + 3:
-        raise RuntimeError("decode_breakdown takes the fused greedy step (fused=True)")
+    names = layer_stages(eng, steps)
+    n = len(names)
+    layer_steps = steps[1:1 + n * L]
     out = {"embedding": [steps[0]]}
-    for i, name in enumerate(LAYER_STAGES):
-        out[name] = layer_steps[i::6]
-    out["lm_head+argmax"] = [steps[1 + 6 * L]]
-    out["cursor"] = steps[2 + 6 * L:]
+    for i, name in enumerate(names):
+        out[name] = layer_steps[i::n]
+    out["lm_head+argmax"] = [steps[1 + n * L]]
+    out["cursor"] = steps[2 + n * L:]
     return out
+
+
+def layer_stages(eng, steps: list) -> list:
+    """The stage names of one layer of ``steps`` (the fused greedy step)."""
+    L = eng.config.num_hidden_layers
+    for names in (LAYER_STAGES, FUSED_LAYER_STAGES):
+        if eng.runner.fused and len(steps) == 1 + len(names) * L + 3:
+            return names
+    raise RuntimeError("decode_breakdown takes the fused greedy step (fused=True)")
 
 
 def record(fns):
@@ -130,7 +144,8 @@ def run(model: str, device: str, budget_s: float, smoke: bool = False) -> list[d
     total = sum(nbytes.values())
     summary = dict(model=model, context=CONTEXT, short_attention=r.short(),
                    kernels_per_step=len(whole.records),
-                   kernels_per_layer=sum(len(graphs[n].records) for n in LAYER_STAGES)
+                   kernels_per_layer=sum(len(graphs[n].records)
+                                         for n in layer_stages(eng, steps))
                    // eng.config.num_hidden_layers, bytes_per_step=total)
     if step_ms is not None:
         stage_sum = sum(row["us"] for row in rows)

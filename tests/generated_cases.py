@@ -22,6 +22,7 @@ from safetile.ops.gemv_argmax import rmsnorm_gemv_argmax_kernel
 from safetile.ops.matmul import MatmulConfig, _configured, _kernels
 from safetile.ops.norm import add_rmsnorm_kernel, rmsnorm_kernel
 from safetile.ops.qk_rope_append import _kernel as qk_rope_kernel
+from safetile.ops.prologue_attention import _kernel as prologue_attention_kernel
 from safetile.ops.qk_rope_append import qk_norm_rope_append_kernel
 from safetile.ops.rope import rope_kernel
 from safetile.ops.softmax import softmax_kernel, softmax_online_kernel
@@ -89,6 +90,10 @@ CASES = {
         z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
         out((8, 4, 128), (1, 4, 128)), out((8, 4096, 128), (1, 4096, 128)),
         out((8, 4096, 128), (1, 4096, 128)), 1e-6, 4, 32, 8)),
+    "prologue_attention": lambda: (prologue_attention_kernel(4, WHOLE_STAGES, True, True), (
+        z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
+        out((8, 4096, 128), (1, 4096, 128)), out((8, 4096, 128), (1, 4096, 128)),
+        out((8, 4, 128), (1, 16, 128)), 1e-6, 0.1, 4, 32, 8, 64)),
     "decode_split": lambda: (_split_kernel(4, 3, pdl=True, trigger_early=True), (
         z((32, 128)), z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32),
         out((8, 16, 4, 128), (1, 1, 16, 128), st.f32),

@@ -74,6 +74,28 @@ def test_qk_norm_rope_kv_append_matches_the_unfused_chain(max_seq, p):
     assert torch.equal(kt[:, :p], kc[:, :p]) and torch.equal(vt[:, p + 1:], vc[:, p + 1:])
 
 
+@pytest.mark.parametrize("p", [0, 63, 64, 127, 255, 1000])
+def test_qk_norm_rope_append_attention_matches_the_prologue_then_attention(p):
+    max_seq = 2048
+    qkv, qw, kw = rand((HQ + 2 * HKV) * D, 14, 2.0), rand(D, 15, 0.1, 1.0), rand(D, 16, 0.1, 1.0)
+    kc, vc = rand((HKV, max_seq, D), 17), rand((HKV, max_seq, D), 18)
+    kc[:, p + 1:], vc[:, p + 1:] = float("nan"), float("nan")     # never attended
+    pos = lambda: st.from_torch(torch.tensor([p], dtype=torch.int32, device="cuda"))  # noqa
+    inv = ops.inv_freq_table(D)
+    out, k_cache, v_cache = ops.qk_norm_rope_append_attention(
+        wrap(qkv), wrap(qw), wrap(kw), pos(), inv, wrap(kc), wrap(vc)).sync()
+    q, k_ref, v_ref = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
+                                                 wrap(kc), wrap(vc)).sync()
+    assert torch.equal(k_cache.to_torch()[:, :p + 1], k_ref.to_torch()[:, :p + 1])
+    assert torch.equal(v_cache.to_torch()[:, :p + 1], v_ref.to_torch()[:, :p + 1])
+    group = HQ // HKV
+    keys = k_ref.to_torch()[:, :p + 1].float().repeat_interleave(group, 0)
+    values = v_ref.to_torch()[:, :p + 1].float().repeat_interleave(group, 0)
+    w = torch.softmax(torch.einsum("hd,hnd->hn", q.to_torch().float(), keys) / D ** 0.5, -1)
+    want = torch.einsum("hn,hnd->hd", w, values)
+    assert rel_err(out.to_torch().float(), want) < 1e-2
+
+
 def test_rmsnorm_gemv_argmax_gives_the_argmax_of_its_logits():
     x, nw, w = rand(H, 14, 3.0), rand(H, 15, 0.1, 1.0), rand((151936, H), 16, 0.02)
     logits, token = ops.rmsnorm_gemv_argmax(wrap(x), wrap(nw), wrap(w)).sync()

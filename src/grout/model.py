@@ -222,26 +222,46 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
     ]
 
 
-def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
-                       v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm,
-                       short: bool = False) -> list:
-    """One layer of the fused decode step (7 kernels, 6 when ``short``), from the residual
-    ``b.resid[0]`` (not normed: each norm is folded into the gemv that consumes it) back to
-    ``b.resid[0]``: the input norm in the qkv gemv; q/k norm, RoPE and the K/V append in one
-    kernel; attention (split and merge, or one kernel when ``short``); the residual add in
-    the o gemv (into ``b.resid[1]``); the post-attention norm in the gate/up gemv; silu*mul
-    and the residual add around the down gemv (back into ``b.resid[0]``). It computes what
-    :func:`decode_layer` computes."""
+# A short-context step runs the attention prologue and the one-split attention as one
+# kernel (ops.qk_norm_rope_append_attention) where one program can own a head's cache.
+FUSED_SHORT_ATTENTION = True
+
+
+def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
+                    b: DecodeBuffers, gemm: SafetileGemm, short: bool) -> list:
+    """The fused step's attention from ``b.qkv`` to ``b.attn``: q/k norm, RoPE, the K/V
+    append and the attention in one kernel when ``short`` (and ``FUSED_SHORT_ATTENTION``),
+    else the prologue kernel, then the attention (see :func:`attention_args`)."""
     eps = cfg.rms_norm_eps
-    cur, mid = b.resid
+    if short and FUSED_SHORT_ATTENTION and \
+            ops.prologue_attention_fits(cfg.head_dim, k_cache.shape[1]):
+        return [lambda: ops.qk_norm_rope_append_attention(
+            b.qkv, layer.q_norm, layer.k_norm, b.pos, b.inv_freq, k_cache, v_cache, eps,
+            out=b.attn, trigger_early=True)]
     return [
-        gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
         lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
                                            b.inv_freq, k_cache, v_cache, eps, q_out=b.qn,
                                            k_rows=b.kn, trigger_early=gemm.trigger_early),
         # the attention's reads after its PDL wait, so it may launch during the append
         lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
                                      length_offset=1, early=False, **attention_args(b, short)),
+    ]
+
+
+def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
+                       v_cache: st.Tensor, b: DecodeBuffers, gemm: SafetileGemm,
+                       short: bool = False) -> list:
+    """One layer of the fused decode step (7 kernels, 5 when ``short``), from the residual
+    ``b.resid[0]`` (not normed: each norm is folded into the gemv that consumes it) back to
+    ``b.resid[0]``: the input norm in the qkv gemv; the attention (:func:`attention_steps`);
+    the residual add in the o gemv (into ``b.resid[1]``); the post-attention norm in the
+    gate/up gemv; silu*mul and the residual add around the down gemv (back into
+    ``b.resid[0]``). It computes what :func:`decode_layer` computes."""
+    eps = cfg.rms_norm_eps
+    cur, mid = b.resid
+    return [
+        gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
+        *attention_steps(cfg, layer, k_cache, v_cache, b, gemm, short),
         gemm.vec_add(layer.o, b.attn.view(cfg.q_size), cur, mid),
         gemm.norm_vec(mid, layer.post_norm, eps, layer.gate_up, b.gate_up),
         gemm.silu_vec_add(layer.down, b.gate_up, mid, cur),

@@ -42,6 +42,15 @@ def normed_half(raw, w, r):
 
 
 @st.function
+def rotated_halves(x1, x2, w1, w2, r, c, s):
+    """The rotate-half RoPE (``c``, ``s``: cos and sin) of rows normalized with the scales
+    ``r`` and the weight's halves ``w1``, ``w2``; ``x1``, ``x2``: the rows' two halves."""
+    a = normed_half(x1, w1, r)
+    b = normed_half(x2, w2, r)
+    return a * c - b * s, b * c + a * s
+
+
+@st.function
 def row_scales(rows, n, eps):
     """``rsqrt(mean(x^2) + eps)`` of each row of ``rows`` (``n`` values a row)."""
     xf = rows.astype(st.f32)
@@ -68,22 +77,22 @@ def qk_norm_rope_append_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floa
     kw1 = k_weight.load((0,), (HALF,))
     kw2 = k_weight.load((1,), (HALF,))
     # q rows past the group (GP > G) read the next heads' rows: finite, and never stored.
+    c = sl.cos(angle).astype(qw1.dtype)                # HF rounds cos/sin to q's dtype
+    s = sl.sin(angle).astype(qw1.dtype)
     q0 = h * GROUP
     rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
-    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), qw1, rq)
-    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), qw2, rq)
+    q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
+                            qw1, qw2, rq, c, s)
     kr = Q_HEADS + h
     rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
-    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), kw1, rk)
-    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), kw2, rk)
-    c = sl.cos(angle).astype(q1.dtype)                 # HF rounds cos/sin to q's dtype
-    s = sl.sin(angle).astype(q1.dtype)
+    k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
+                            kw1, kw2, rk, c, s)
     q_halves = q_out.partition((1, GP, HALF))
-    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
-    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
+    q_halves.store(sl.reshape(q1, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2, (1, GP, HALF)), (0, 0, 1))
     k_halves = k_cache.partition((1, 1, HALF))
-    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, p, 0))
-    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, p, 1))
+    k_halves.store(sl.reshape(k1, (1, 1, HALF)), (0, p, 0))
+    k_halves.store(sl.reshape(k2, (1, 1, HALF)), (0, p, 1))
     v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
 
@@ -101,22 +110,23 @@ def qk_norm_rope_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
     HALF = k_out.shape[2] // 2
     GP = q_out.shape[1]
     angle = pos.load((0,), (1,)).astype(st.f32)[:, None] * inv_freq.load((0,), (HALF,))[None, :]
+    qw1 = q_weight.load((0,), (HALF,))
+    c = sl.cos(angle).astype(qw1.dtype)
+    s = sl.sin(angle).astype(qw1.dtype)
     q0 = h * GROUP
-    rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
-    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), q_weight.load((0,), (HALF,)), rq)
-    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), q_weight.load((1,), (HALF,)), rq)
+    q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
+                            qw1, q_weight.load((1,), (HALF,)),
+                            row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps), c, s)
     kr = Q_HEADS + h
-    rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
-    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), k_weight.load((0,), (HALF,)), rk)
-    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), k_weight.load((1,), (HALF,)), rk)
-    c = sl.cos(angle).astype(q1.dtype)
-    s = sl.sin(angle).astype(q1.dtype)
+    k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
+                            k_weight.load((0,), (HALF,)), k_weight.load((1,), (HALF,)),
+                            row_scales(qkv.load_at((kr, 0), (1, D)), D, eps), c, s)
     q_halves = q_out.partition((1, GP, HALF))
-    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
-    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
+    q_halves.store(sl.reshape(q1, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2, (1, GP, HALF)), (0, 0, 1))
     k_halves = k_out.partition((1, 1, HALF))
-    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, 0, 0))
-    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, 0, 1))
+    k_halves.store(sl.reshape(k1, (1, 1, HALF)), (0, 0, 0))
+    k_halves.store(sl.reshape(k2, (1, 1, HALF)), (0, 0, 1))
 
 
 EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
@@ -132,29 +142,10 @@ def _kernel(kernel, num_warps: int, pdl: bool, trigger_early: bool = False):
     return _CONFIGURED[key]
 
 
-def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
-                           eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
-                           num_warps: int = 4, k_rows=None, block_s: int | None = None,
-                           trigger_early: bool = False) -> st.DeviceOp:
-    """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
-    ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
-    (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
-
-    ``qkv``: ((Hq + 2 Hkv) * D,) or (Hq + 2 Hkv, D), the fused projection's output;
-    ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
-    ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
-    D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
-    position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
-    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
-    whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
-    (allocated when not given). A position outside the cache writes nothing on the GPU and
-    raises ``OutOfBoundsError`` on the CPU executor.
-
-    ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
-    one append program owns; a cache longer than one block takes two kernels, the rotated k
-    rows going through ``k_rows``, an (Hkv, D) tensor in qkv's dtype (allocated when not
-    given, so inside a graph scope it must be given)."""
-    name = "ops.qk_norm_rope_kv_append"
+def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
+                   v_cache) -> tuple:
+    """Check the decode prologue's arguments (``qk_norm_rope_kv_append``); returns ``(Hq,
+    Hkv, max_seq, D, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
     for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
                     ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -189,6 +180,34 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         rows = qkv.view(width // d, d)
     else:
         raise ArgumentError(f"{name}: a Shared qkv must be 2-D (rows, {d})")
+    return hq, hkv, max_seq, d, rows
+
+
+def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
+                           eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
+                           num_warps: int = 4, k_rows=None, block_s: int | None = None,
+                           trigger_early: bool = False) -> st.DeviceOp:
+    """One decode token's attention prologue: per-head RMSNorm of q and k, RoPE at position
+    ``pos[0]``, and k, v written to row ``pos[0]`` of the caches; replaces ``ops.rmsnorm``
+    (q, k), ``ops.rope`` (q, k) and ``ops.kv_append``.
+
+    ``qkv``: ((Hq + 2 Hkv) * D,) or (Hq + 2 Hkv, D), the fused projection's output;
+    ``q_norm_weight``, ``k_norm_weight``: (D,); ``pos``: int32 (1,) on the device;
+    ``inv_freq``: ``ops.inv_freq_table(D, theta)``; ``k_cache``, ``v_cache``: (Hkv, max_seq,
+    D). ``pdl`` (default: on Hopper and later): programmatic dependent launch, the weights,
+    position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
+    kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
+    whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
+    (allocated when not given). A position outside the cache writes nothing on the GPU and
+    raises ``OutOfBoundsError`` on the CPU executor.
+
+    ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
+    one append program owns; a cache longer than one block takes two kernels, the rotated k
+    rows going through ``k_rows``, an (Hkv, D) tensor in qkv's dtype (allocated when not
+    given, so inside a graph scope it must be given)."""
+    name = "ops.qk_norm_rope_kv_append"
+    hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
+                                               inv_freq, k_cache, v_cache)
     block = append_block(name, max_seq, d, block_s)
     if block < max_seq and not isinstance(qkv, st.Tensor):
         raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
