@@ -76,9 +76,9 @@ def qk_norm_rope_append_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floa
     qw2 = q_weight.load((1,), (HALF,))
     kw1 = k_weight.load((0,), (HALF,))
     kw2 = k_weight.load((1,), (HALF,))
-    # q rows past the group (GP > G) read the next heads' rows: finite, and never stored.
     c = sl.cos(angle).astype(qw1.dtype)                # HF rounds cos/sin to q's dtype
     s = sl.sin(angle).astype(qw1.dtype)
+    # q rows past the group (GP > G) read the next heads' rows: finite, and never stored.
     q0 = h * GROUP
     rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
     q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
@@ -114,13 +114,13 @@ def qk_norm_rope_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
     c = sl.cos(angle).astype(qw1.dtype)
     s = sl.sin(angle).astype(qw1.dtype)
     q0 = h * GROUP
+    rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
     q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
-                            qw1, q_weight.load((1,), (HALF,)),
-                            row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps), c, s)
+                            qw1, q_weight.load((1,), (HALF,)), rq, c, s)
     kr = Q_HEADS + h
+    rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
     k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
-                            k_weight.load((0,), (HALF,)), k_weight.load((1,), (HALF,)),
-                            row_scales(qkv.load_at((kr, 0), (1, D)), D, eps), c, s)
+                            k_weight.load((0,), (HALF,)), k_weight.load((1,), (HALF,)), rk, c, s)
     q_halves = q_out.partition((1, GP, HALF))
     q_halves.store(sl.reshape(q1, (1, GP, HALF)), (0, 0, 0))
     q_halves.store(sl.reshape(q2, (1, GP, HALF)), (0, 0, 1))
