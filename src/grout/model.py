@@ -222,9 +222,11 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
     ]
 
 
-# A short-context step runs the attention prologue and the one-split attention as one
-# kernel (ops.qk_norm_rope_append_attention) where one program can own a head's cache.
-FUSED_SHORT_ATTENTION = True
+# Whether a short-context step runs the attention prologue and the one-split attention as
+# one kernel (ops.qk_norm_rope_append_attention) where one program can own a head's cache.
+# Off: the one kernel saves a boundary but serializes the append and the attention in each
+# of its Hkv programs, and the step is no faster (benchmarks/TUNING.md).
+FUSED_SHORT_ATTENTION = False
 
 
 def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,

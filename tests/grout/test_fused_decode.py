@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import grout
+from grout import model as model_module
 from grout import runner as runner_module
 from safetile import ops
 
@@ -122,7 +123,7 @@ def test_logprobs_decode_one_step_at_a_time_with_the_same_tokens(engines, single
                           torch.tensor([lp for _, lp in want]), atol=1e-5)
 
 
-def test_a_fused_layer_is_seven_kernels_and_five_at_a_short_context(long_cache):
+def test_a_fused_layer_is_seven_kernels_and_six_at_a_short_context(long_cache):
     eng, plain = long_cache
     layers = eng.config.num_hidden_layers
     for e in long_cache:
@@ -138,8 +139,34 @@ def test_a_fused_layer_is_seven_kernels_and_five_at_a_short_context(long_cache):
         for e in long_cache:
             e.runner.short_attention_max = runner_module.SHORT_ATTENTION_MAX
     eng.generate(PROMPT, max_new_tokens=3)
-    # a short context attends in one kernel that also runs the prologue: no merge
+    # a short context attends in one kernel instead of split and merge, after the prologue
+    assert len(eng.runner.graphs[(True, True)].records) == 1 + 6 * layers + 4
+
+
+@pytest.fixture
+def fused_short_attention(long_cache, monkeypatch):
+    """The fused engine of ``long_cache`` recording its steps with the prologue and the
+    short attention as one kernel (its graphs re-recorded before and after)."""
+    eng = long_cache[0]
+    monkeypatch.setattr(model_module, "FUSED_SHORT_ATTENTION", True)
+    eng.runner.graphs.clear()
+    eng.runner.chunks.clear()
+    yield eng
+    eng.runner.graphs.clear()
+    eng.runner.chunks.clear()
+
+
+def test_the_fused_short_attention_makes_a_short_context_layer_five_kernels(
+        fused_short_attention):
+    eng = fused_short_attention
+    eng.generate(PROMPT, max_new_tokens=3)
+    layers = eng.config.num_hidden_layers
     assert len(eng.runner.graphs[(True, True)].records) == 1 + 5 * layers + 4
+
+
+def test_the_fused_short_attention_gives_the_unfused_tokens(fused_short_attention, unfused):
+    want = unfused["untied"].generate(PROMPT, max_new_tokens=12).token_ids
+    assert fused_short_attention.generate(PROMPT, max_new_tokens=12).token_ids == want
 
 
 def test_short_and_long_context_steps_give_the_same_tokens(long_cache, unfused):
