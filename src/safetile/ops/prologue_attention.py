@@ -29,7 +29,7 @@ from . import host
 from .decode_attention import DEFAULT_BLOCK_N, MIN_GROUP_ROWS, WHOLE_STAGES, masked_step
 from .flash_attention import LOG2E
 from .kv_cache import max_cache_positions
-from .qk_rope_append import EARLY, check_prologue, rotated_halves, row_scales
+from .qk_rope_append import EARLY, check_prologue, normed_half, row_scales
 
 
 @st.kernel
@@ -48,20 +48,23 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
     GP = o.shape[1]
     p = pos.load_scalar((0,))
     angle = pos.load((0,), (1,)).astype(st.f32)[:, None] * inv_freq.load((0,), (HALF,))[None, :]
-    qw1 = q_weight.load((0,), (HALF,))
-    c = sl.cos(angle).astype(qw1.dtype)                # HF rounds cos/sin to q's dtype
-    s = sl.sin(angle).astype(qw1.dtype)
     q0 = h * GROUP
     rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
-    q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
-                            qw1, q_weight.load((1,), (HALF,)), rq, c, s)
+    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), q_weight.load((0,), (HALF,)), rq)
+    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), q_weight.load((1,), (HALF,)), rq)
     kr = Q_HEADS + h
     rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
-    k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
-                            k_weight.load((0,), (HALF,)), k_weight.load((1,), (HALF,)), rk, c, s)
+    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), k_weight.load((0,), (HALF,)), rk)
+    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), k_weight.load((1,), (HALF,)), rk)
+    c = sl.cos(angle).astype(q1.dtype)                 # HF rounds cos/sin to q's dtype
+    s = sl.sin(angle).astype(q1.dtype)
+    q_rot1 = q1 * c - q2 * s
+    q_rot2 = q2 * c + q1 * s
+    k_rot1 = k1 * c - k2 * s
+    k_rot2 = k2 * c + k1 * s
     k_halves = k_cache.partition((1, 1, HALF))
-    k_halves.store(sl.reshape(k1, (1, 1, HALF)), (0, p, 0))
-    k_halves.store(sl.reshape(k2, (1, 1, HALF)), (0, p, 1))
+    k_halves.store(sl.reshape(k_rot1, (1, 1, HALF)), (0, p, 0))
+    k_halves.store(sl.reshape(k_rot2, (1, 1, HALF)), (0, p, 1))
     v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
     n = p + 1
@@ -74,7 +77,7 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
         kt1 = sl.reshape(k_blocks.load((0, j, 0)), (BLOCK_N, HALF))
         kt2 = sl.reshape(k_blocks.load((0, j, 1)), (BLOCK_N, HALF))
         vt = sl.reshape(v_blocks.load((0, j, 0)), (BLOCK_N, D))
-        scores = (sl.matmul(q1, kt1.T) + sl.matmul(q2, kt2.T)) * qk_scale
+        scores = (sl.matmul(q_rot1, kt1.T) + sl.matmul(q_rot2, kt2.T)) * qk_scale
         m_i, l_i, acc = masked_step(scores, vt, j * BLOCK_N + sl.arange(BLOCK_N) < n,
                                     m_i, l_i, acc)
     o.store(sl.reshape(acc / l_i[:, None], (1, GP, D)))

@@ -42,15 +42,6 @@ def normed_half(raw, w, r):
 
 
 @st.function
-def rotated_halves(x1, x2, w1, w2, r, c, s):
-    """The rotate-half RoPE (``c``, ``s``: cos and sin) of rows normalized with the scales
-    ``r`` and the weight's halves ``w1``, ``w2``; ``x1``, ``x2``: the rows' two halves."""
-    a = normed_half(x1, w1, r)
-    b = normed_half(x2, w2, r)
-    return a * c - b * s, b * c + a * s
-
-
-@st.function
 def row_scales(rows, n, eps):
     """``rsqrt(mean(x^2) + eps)`` of each row of ``rows`` (``n`` values a row)."""
     xf = rows.astype(st.f32)
@@ -76,23 +67,23 @@ def qk_norm_rope_append_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floa
     qw2 = q_weight.load((1,), (HALF,))
     kw1 = k_weight.load((0,), (HALF,))
     kw2 = k_weight.load((1,), (HALF,))
-    c = sl.cos(angle).astype(qw1.dtype)                # HF rounds cos/sin to q's dtype
-    s = sl.sin(angle).astype(qw1.dtype)
     # q rows past the group (GP > G) read the next heads' rows: finite, and never stored.
     q0 = h * GROUP
     rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
-    q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
-                            qw1, qw2, rq, c, s)
+    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), qw1, rq)
+    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), qw2, rq)
     kr = Q_HEADS + h
     rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
-    k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
-                            kw1, kw2, rk, c, s)
+    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), kw1, rk)
+    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), kw2, rk)
+    c = sl.cos(angle).astype(q1.dtype)                 # HF rounds cos/sin to q's dtype
+    s = sl.sin(angle).astype(q1.dtype)
     q_halves = q_out.partition((1, GP, HALF))
-    q_halves.store(sl.reshape(q1, (1, GP, HALF)), (0, 0, 0))
-    q_halves.store(sl.reshape(q2, (1, GP, HALF)), (0, 0, 1))
+    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
     k_halves = k_cache.partition((1, 1, HALF))
-    k_halves.store(sl.reshape(k1, (1, 1, HALF)), (0, p, 0))
-    k_halves.store(sl.reshape(k2, (1, 1, HALF)), (0, p, 1))
+    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, p, 0))
+    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, p, 1))
     v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
 
@@ -110,23 +101,22 @@ def qk_norm_rope_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
     HALF = k_out.shape[2] // 2
     GP = q_out.shape[1]
     angle = pos.load((0,), (1,)).astype(st.f32)[:, None] * inv_freq.load((0,), (HALF,))[None, :]
-    qw1 = q_weight.load((0,), (HALF,))
-    c = sl.cos(angle).astype(qw1.dtype)
-    s = sl.sin(angle).astype(qw1.dtype)
     q0 = h * GROUP
     rq = row_scales(qkv.load_at((q0, 0), (GP, D)), D, eps)
-    q1, q2 = rotated_halves(qkv.load_at((q0, 0), (GP, HALF)), qkv.load_at((q0, HALF), (GP, HALF)),
-                            qw1, q_weight.load((1,), (HALF,)), rq, c, s)
+    q1 = normed_half(qkv.load_at((q0, 0), (GP, HALF)), q_weight.load((0,), (HALF,)), rq)
+    q2 = normed_half(qkv.load_at((q0, HALF), (GP, HALF)), q_weight.load((1,), (HALF,)), rq)
     kr = Q_HEADS + h
     rk = row_scales(qkv.load_at((kr, 0), (1, D)), D, eps)
-    k1, k2 = rotated_halves(qkv.load_at((kr, 0), (1, HALF)), qkv.load_at((kr, HALF), (1, HALF)),
-                            k_weight.load((0,), (HALF,)), k_weight.load((1,), (HALF,)), rk, c, s)
+    k1 = normed_half(qkv.load_at((kr, 0), (1, HALF)), k_weight.load((0,), (HALF,)), rk)
+    k2 = normed_half(qkv.load_at((kr, HALF), (1, HALF)), k_weight.load((1,), (HALF,)), rk)
+    c = sl.cos(angle).astype(q1.dtype)
+    s = sl.sin(angle).astype(q1.dtype)
     q_halves = q_out.partition((1, GP, HALF))
-    q_halves.store(sl.reshape(q1, (1, GP, HALF)), (0, 0, 0))
-    q_halves.store(sl.reshape(q2, (1, GP, HALF)), (0, 0, 1))
+    q_halves.store(sl.reshape(q1 * c - q2 * s, (1, GP, HALF)), (0, 0, 0))
+    q_halves.store(sl.reshape(q2 * c + q1 * s, (1, GP, HALF)), (0, 0, 1))
     k_halves = k_out.partition((1, 1, HALF))
-    k_halves.store(sl.reshape(k1, (1, 1, HALF)), (0, 0, 0))
-    k_halves.store(sl.reshape(k2, (1, 1, HALF)), (0, 0, 1))
+    k_halves.store(sl.reshape(k1 * c - k2 * s, (1, 1, HALF)), (0, 0, 0))
+    k_halves.store(sl.reshape(k2 * c + k1 * s, (1, 1, HALF)), (0, 0, 1))
 
 
 EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
