@@ -6,6 +6,7 @@ import torch
 
 import safetile as st
 import safetile.lang as sl
+from safetile import ops
 from safetile.tensor import active_holds
 
 FLOAT_DTYPES = [st.f32, st.f16, st.bf16]
@@ -21,6 +22,36 @@ def rand(shape, dtype, seed, scale=1.0) -> torch.Tensor:
 def wrap(t: torch.Tensor) -> st.Tensor:
     """A safetile Tensor owning a copy of ``t`` (so the test keeps ``t`` as its reference)."""
     return st.from_torch(t.clone())
+
+
+# (q heads, kv heads, head_dim) of the decode prologue tests: a group of 4 (Qwen3-4B's), 5
+# (padded to 8, as Qwen3-14B's), 1 (no grouping), and head_dims 128, 64 and 32
+PROLOGUE_SHAPES = [(8, 2, 128), (10, 2, 64), (4, 4, 32)]
+PROLOGUE_SHAPE_IDS = ["group4", "group5", "group1"]
+ROPE_THETA = 1e6
+
+
+def position(p: int) -> st.Tensor:
+    """A decode position as the (1,) int32 device tensor the decode ops read."""
+    return st.from_torch(torch.tensor([p], dtype=torch.int32))
+
+
+def prologue_inputs(hq, hkv, d, dtype, max_seq, seed=0) -> tuple:
+    """``(qkv, q_norm_weight, k_norm_weight, k_cache, v_cache)`` of the decode prologue."""
+    qkv = rand((hq + 2 * hkv) * d, dtype, seed, 2.0)
+    qw, kw = rand(d, dtype, seed + 1), rand(d, dtype, seed + 2)
+    kc, vc = rand((hkv, max_seq, d), dtype, seed + 3), rand((hkv, max_seq, d), dtype, seed + 4)
+    return qkv, qw, kw, kc, vc
+
+
+def prologue_arguments(max_seq: int, seed: int, hq=4, hkv=2, d=32) -> dict:
+    """The decode prologue's arguments by parameter name, as float32 torch tensors (a test
+    changes one, then wraps them all)."""
+    qkv, qw, kw, kc, vc = prologue_inputs(hq, hkv, d, st.f32, max_seq, seed)
+    return dict(qkv=qkv, q_norm_weight=qw, k_norm_weight=kw,
+                pos=torch.tensor([1], dtype=torch.int32),
+                inv_freq=ops.inv_freq_table(d, ROPE_THETA, "cpu").to_torch(), k_cache=kc,
+                v_cache=vc)
 
 
 def cpu_executor(seed: int):

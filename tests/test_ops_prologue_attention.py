@@ -7,7 +7,11 @@ import safetile as st
 from safetile import ops
 
 import support
-from support import rand, wrap
+from support import position as pos_tensor
+from support import PROLOGUE_SHAPE_IDS as SHAPE_IDS
+from support import PROLOGUE_SHAPES as SHAPES
+from support import ROPE_THETA as THETA
+from support import prologue_inputs, wrap
 
 cpu_executor = support.cpu_executor(seed=5)
 
@@ -16,21 +20,10 @@ IDS = [d.name for d in DTYPES]
 # The fused scores sum the two rotated halves' products: fp32 summation order only, but
 # in bf16 P is rounded against a running max that may differ in its last bit.
 TOL = {st.f32: 1e-5, st.bf16: 2e-2}
-# (q heads, kv heads, head_dim): Qwen3-4B's group of 4, a group of 5 (padded), no grouping
-SHAPES = [(8, 2, 128), (10, 2, 64), (4, 4, 32)]
-SHAPE_IDS = ["group4", "group5", "group1"]
-THETA = 1e6
-
-
-def pos_tensor(p: int) -> st.Tensor:
-    return st.from_torch(torch.tensor([p], dtype=torch.int32))
 
 
 def inputs(hq, hkv, d, dtype, max_seq=80, seed=0):
-    qkv = rand((hq + 2 * hkv) * d, dtype, seed, 2.0)
-    qw, kw = rand(d, dtype, seed + 1), rand(d, dtype, seed + 2)
-    kc, vc = rand((hkv, max_seq, d), dtype, seed + 3), rand((hkv, max_seq, d), dtype, seed + 4)
-    return qkv, qw, kw, kc, vc
+    return prologue_inputs(hq, hkv, d, dtype, max_seq, seed)
 
 
 def fused(qkv, qw, kw, kc, vc, p, d, **kw_args):
@@ -139,11 +132,7 @@ def test_a_head_dim_below_32_is_refused():
     (dict(v_cache=torch.ones(2, 9, 32)), "caches must both be"),
 ])
 def test_bad_arguments_raise_argument_errors(change, match):
-    qkv, qw, kw, kc, vc = inputs(4, 2, 32, st.f32, max_seq=16, seed=60)
-    args = dict(qkv=qkv, q_norm_weight=qw, k_norm_weight=kw,
-                pos=torch.tensor([1], dtype=torch.int32),
-                inv_freq=ops.inv_freq_table(32, THETA, "cpu").to_torch(), k_cache=kc,
-                v_cache=vc)
+    args = support.prologue_arguments(max_seq=16, seed=60)
     args.update(change)
     with pytest.raises(st.ArgumentError, match=match):
         ops.qk_norm_rope_append_attention(**{k: wrap(v) for k, v in args.items()})
