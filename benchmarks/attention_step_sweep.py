@@ -10,15 +10,17 @@ tokens), so the step attends about 128 positions with one kernel per kv head. A 
 passes its options to every one-split ``ops.decode_attention`` (role ``attention``), split
 one (role ``split``, for a ``--start`` past the short context),
 ``ops.qk_norm_rope_kv_append`` (role ``prologue``) or ``ops.qk_norm_rope_append_attention``
-(role ``fused``) call of the step; ``fused:off=1`` records the short step with the prologue
-and the attention as two kernels (``model.FUSED_SHORT_ATTENTION`` off), as every
-``attention`` and ``prologue`` variant does. Its graphs are recorded once. Chunks of 8 steps from that position (cursor and token set back each time)
-are then timed for every variant in turn, median over repeats. Before any is timed, each
-attention variant's op (random q and cache, NaN past the length) is checked against an fp32
-torch reference at a whole number of key blocks and with a partial last one (128 and 135
-positions; a split variant at 1024 and 1031), to no more than twice the default's error; a
-prologue variant's outputs must stay within 1% of the default's (bf16 rounding of another
-reduction order), and a fused variant's output within 1% of the two-kernel chain's. Greedy tokens are reported, not required to match. Writes
+(role ``fused``) call of the step. A ``fused`` variant records the short step with that one
+kernel (``model.FUSED_SHORT_ATTENTION`` on; ``{}``: its default options); the default and
+the other roles' variants run the prologue and the attention as two kernels. Each variant's
+graphs are recorded once. Chunks of 8 steps from that position (cursor and token set back
+each time) are then timed for every variant in turn, median over repeats. Before any is
+timed, each attention variant's op (random q and cache, NaN past the length) is checked
+against an fp32 torch reference at a whole number of key blocks and with a partial last one
+(128 and 135 positions; a split variant at 1024 and 1031), to no more than twice the
+default's error; a prologue variant's outputs must stay within 1% of the default's (bf16
+rounding of another reduction order), and a fused variant's output within 1% of the
+two-kernel chain's. Greedy tokens are reported, not required to match. Writes
 benchmarks/results/archive/attention_step_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
@@ -37,8 +39,7 @@ VARIANTS = {
                   dict(block_n=32, num_stages=4)],
     "prologue": [dict(num_warps=1), dict(num_warps=2), dict(num_warps=8)],
     "split": [dict(masked=1)],
-    "fused": [dict(off=1), dict(num_warps=8), dict(block_n=32), dict(block_n=128),
-              dict(num_stages=3)],
+    "fused": [dict(), dict(num_warps=8), dict(block_n=32), dict(num_stages=3)],
 }
 
 
@@ -156,18 +157,14 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
             return (attention_error(override, *heads, **split_args), default_split_error(),
                     1e-4)
         if role == "fused":
-            return fused_error(options(override), *heads), 0.0, 1e-2
+            return fused_error(override, *heads), 0.0, 1e-2
         return prologue_error(override, *heads), 0.0, 1e-2
-
-    def options(override):
-        return {k: v for k, v in override.items() if k != "off"}
 
     @contextlib.contextmanager
     def applied(role, override):
         original = getattr(ops, OPS[role])
-        setattr(ops, OPS[role], patched(original, role, options(override)))
-        fused = role == "fused" and not override.get("off")
-        model.FUSED_SHORT_ATTENTION, was = fused, model.FUSED_SHORT_ATTENTION
+        setattr(ops, OPS[role], patched(original, role, override))
+        model.FUSED_SHORT_ATTENTION, was = role == "fused", model.FUSED_SHORT_ATTENTION
         try:
             yield
         finally:
