@@ -146,14 +146,14 @@ def test_a_fused_layer_is_seven_kernels_and_six_at_a_short_context(long_cache):
 @pytest.fixture
 def fused_short_attention(long_cache, monkeypatch):
     """The fused engine of ``long_cache`` recording its steps with the prologue and the
-    short attention as one kernel (its graphs re-recorded before and after)."""
+    short attention as one kernel (its default graphs set aside meanwhile)."""
     eng = long_cache[0]
+    r = eng.runner
     monkeypatch.setattr(model_module, "FUSED_SHORT_ATTENTION", True)
-    eng.runner.graphs.clear()
-    eng.runner.chunks.clear()
+    saved = r.graphs, r.chunks
+    r.graphs, r.chunks = {}, {}
     yield eng
-    eng.runner.graphs.clear()
-    eng.runner.chunks.clear()
+    r.graphs, r.chunks = saved
 
 
 def test_the_fused_short_attention_makes_a_short_context_layer_five_kernels(
