@@ -7,8 +7,9 @@ issued before the attention, inside the whole decode step, to place ``model.L2_P
 A variant's role is where the prefetch goes in each layer (``qkv``: right after the qkv
 projection; ``prologue``: after the attention prologue); its options are ``trigger`` (1:
 the prefetch kernel lets its successor be scheduled as its programs start, the default on
-models with early triggers) and ``gate_up_rows`` (that many leading rows of the gate/up
-weight prefetched after o's). One engine (random weights of the named shape) prefills a
+models with early triggers), ``o_rows`` (only that many leading rows of o's weight: 1
+measures what the extra kernel costs by itself) and ``gate_up_rows`` (that many leading rows
+of the gate/up weight prefetched after o's). One engine (random weights of the named shape) prefills a
 127-token prompt (``--start`` tokens). Each variant's graphs are recorded once; chunks of 8
 steps from that position (cursor and token set back each time) are then timed for every
 variant in turn, median over repeats. A prefetch changes no value, so every variant's greedy
@@ -37,14 +38,16 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
 
     @contextlib.contextmanager
     def applied(role, override):
-        saved = gemm.prefetch_o, gemm.prefetch_gate_up_rows, gemm.prefetch_trigger_early
-        gemm.prefetch_o = role
+        saved = (gemm.prefetch_o, gemm.prefetch_o_rows, gemm.prefetch_gate_up_rows,
+                 gemm.prefetch_trigger_early)
+        gemm.prefetch_o, gemm.prefetch_o_rows = role, override.get("o_rows")
         gemm.prefetch_gate_up_rows = override.get("gate_up_rows", 0)
         gemm.prefetch_trigger_early = bool(override.get("trigger", gemm.trigger_early))
         try:
             yield
         finally:
-            gemm.prefetch_o, gemm.prefetch_gate_up_rows, gemm.prefetch_trigger_early = saved
+            (gemm.prefetch_o, gemm.prefetch_o_rows, gemm.prefetch_gate_up_rows,
+             gemm.prefetch_trigger_early) = saved
 
     graphs, tokens, failed, errors = record(r, origin, variants, lambda *_: None, applied)
     differ = [variants[i] for i in tokens if tokens[i] != tokens[0]]

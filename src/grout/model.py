@@ -79,6 +79,7 @@ class SafetileGemm:
         self.trigger_early = trigger_early and not self.cpu
         # the CPU executor has no cache to fill: no prefetch there unless asked for
         self.prefetch_o = None if self.cpu else L2_PREFETCH_O
+        self.prefetch_o_rows = None                       # all of o's rows
         self.prefetch_gate_up_rows = L2_PREFETCH_GATE_UP_ROWS
         self.prefetch_trigger_early = self.trigger_early
         self._receipts: dict = {}
@@ -96,7 +97,7 @@ class SafetileGemm:
     def prefetch_attention_window(self, layer: Layer) -> list:
         """The prefetches that stream in during a layer's attention (``prefetch_o``)."""
         rows = self.prefetch_gate_up_rows
-        return self.prefetch(layer.o) + (self.prefetch(layer.gate_up, rows) if rows else [])
+        return self.prefetch(layer.o, self.prefetch_o_rows) + (self.prefetch(layer.gate_up, rows) if rows else [])
 
     def _gemv_config(self, n: int, k: int, swiglu: bool = False):
         if not self.cpu:
