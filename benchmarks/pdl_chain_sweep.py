@@ -3,16 +3,16 @@ in plain stream order (``kernel_op.MAX_RUNNING``), and the attention's early sig
 the whole decode step.
 
     python benchmarks/pdl_chain_sweep.py --model qwen3-4b [--start 1023] [--tag 1]
-    python benchmarks/pdl_chain_sweep.py --variants max_running:n=64 attention:trigger=0
+    python benchmarks/pdl_chain_sweep.py --variants max_running:n=64 attention:trigger=1
 
-Every kernel of the fused step signals at its start on models with early triggers, so the
+Most kernels of the fused step signal at their start on models with early triggers, so the
 launches that may still run when one starts grow along the step, and each launch past
-``MAX_RUNNING`` of them drops programmatic launch. Roles: ``max_running`` (option ``n``:
-the cap while the step is recorded) and ``attention`` (option ``trigger``: 0 makes the
-attention kernels signal after their wait, which ends every chain at them). One engine
-(random weights of the named shape) prefills ``--start`` tokens; each variant's graphs are
-recorded once, then chunks of 8 steps from that position are timed for every variant in
-turn, median over repeats. The launch order changes no value, so every variant's greedy
+``MAX_RUNNING`` of them drops programmatic launch, unless a kernel that signals after its
+wait ends the chain (grout's attention does). Roles: ``max_running`` (option ``n``: the cap
+while the step is recorded) and ``attention`` (option ``trigger``: 1 makes the attention
+kernels signal at their start, 0 after their wait). One engine (random weights of the named
+shape) prefills ``--start`` tokens; each variant's graphs are recorded once, then chunks of
+8 steps from that position are timed for every variant in turn, median over repeats. The launch order changes no value, so every variant's greedy
 tokens must equal the default's. The table counts each variant's plain-order launches in one
 recorded step. Writes benchmarks/results/archive/pdl_chain_sweep_<model>_<tag>.json.
 """
@@ -26,7 +26,7 @@ from step_sweep import engine, median_us, record
 
 VARIANTS = {
     "max_running": [dict(n=16), dict(n=64), dict(n=1000)],
-    "attention": [dict(trigger=0), dict(trigger=0, n=64)],
+    "attention": [dict(trigger=1), dict(trigger=1, n=1000)],
 }
 
 
@@ -34,6 +34,12 @@ def serial_launches(runner) -> int:
     """Plain-order launches among the PDL kernels of the recorded one-step graphs."""
     return sum(rec.serial for g in runner.graphs.values() for rec in g.records
                if getattr(rec, "kernel", None) is not None and rec.kernel.opts.get("pdl"))
+
+
+def forced(attention, trigger: bool, /, *args, **kwargs):
+    """``attention(*args, **kwargs)`` with ``trigger_early=trigger`` in place of the
+    caller's."""
+    return attention(*args, **{**kwargs, "trigger_early": trigger})
 
 
 def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
@@ -49,8 +55,8 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
     def applied(role, override):
         cap, attention = kernel_op.MAX_RUNNING, ops.decode_attention
         kernel_op.MAX_RUNNING = override.get("n", cap)
-        if role == "attention" and not override.get("trigger", 1):
-            ops.decode_attention = functools.partial(attention, trigger_early=False)
+        if role == "attention" and "trigger" in override:
+            ops.decode_attention = functools.partial(forced, attention, bool(override["trigger"]))
         try:
             yield
         finally:

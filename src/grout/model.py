@@ -57,13 +57,6 @@ def _pow2(n: int) -> int:
 # triggers"): their kernels are short, so the successor's launch latency is a large share.
 EARLY_TRIGGER_MAX_HIDDEN = 4096
 
-# Where the fused step prefetches the o projection's weight into L2, so that it streams in
-# while the attention leaves the memory idle: right after the qkv projection ("qkv"), after
-# the attention prologue ("prologue"), or nowhere (None); and how many leading rows of the
-# gate/up weight it prefetches after o's (0: none).
-L2_PREFETCH_O: str | None = None
-L2_PREFETCH_GATE_UP_ROWS = 0
-
 
 class SafetileGemm:
     """Projections on safetile's gemv (decode) and matmul (prefill).
@@ -77,27 +70,6 @@ class SafetileGemm:
     def __init__(self, device: torch.device, trigger_early: bool = False):
         self.cpu = device.type == "cpu"
         self.trigger_early = trigger_early and not self.cpu
-        # the CPU executor has no cache to fill: no prefetch there unless asked for
-        self.prefetch_o = None if self.cpu else L2_PREFETCH_O
-        self.prefetch_o_rows = None                       # all of o's rows
-        self.prefetch_gate_up_rows = L2_PREFETCH_GATE_UP_ROWS
-        self.prefetch_trigger_early = self.trigger_early
-        self._receipts: dict = {}
-
-    def prefetch(self, lin: Linear, rows: int | None = None) -> list:
-        """The L2 prefetch of ``lin``'s first ``rows`` rows (all by default), as one step
-        (its receipt allocated on first use)."""
-        key = (tuple(lin.w.shape), rows)
-        receipt = self._receipts.get(key)
-        if receipt is None:
-            receipt = self._receipts[key] = ops.l2_prefetch_receipt(lin.w, rows)
-        return [lambda: ops.l2_prefetch(lin.w, rows, receipt=receipt,
-                                        trigger_early=self.prefetch_trigger_early)]
-
-    def prefetch_attention_window(self, layer: Layer) -> list:
-        """The prefetches that stream in during a layer's attention (``prefetch_o``)."""
-        rows = self.prefetch_gate_up_rows
-        return self.prefetch(layer.o, self.prefetch_o_rows) + (self.prefetch(layer.gate_up, rows) if rows else [])
 
     def _gemv_config(self, n: int, k: int, swiglu: bool = False):
         if not self.cpu:
@@ -272,9 +244,12 @@ def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache:
         lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
                                            b.inv_freq, k_cache, v_cache, eps, q_out=b.qn,
                                            k_rows=b.kn, trigger_early=gemm.trigger_early),
-        # the attention's reads after its PDL wait, so it may launch during the append
+        # the attention's reads after its PDL wait, so it may launch during the append; it
+        # signals after its wait, which ends each layer's chain of early signals there, so
+        # the chain never outgrows the launcher's bound and every launch keeps PDL
         lambda: ops.decode_attention(b.qn, k_cache, v_cache, b.pos, out=b.attn,
-                                     length_offset=1, early=False, **attention_args(b, short)),
+                                     length_offset=1, early=False, trigger_early=False,
+                                     **attention_args(b, short)),
     ]
 
 
@@ -289,13 +264,9 @@ def decode_layer_fused(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor,
     ``b.resid[0]``). It computes what :func:`decode_layer` computes."""
     eps = cfg.rms_norm_eps
     cur, mid = b.resid
-    attention = attention_steps(cfg, layer, k_cache, v_cache, b, gemm, short)
-    if gemm.prefetch_o is not None:
-        at = {"qkv": 0, "prologue": 1}[gemm.prefetch_o]
-        attention[at:at] = gemm.prefetch_attention_window(layer)
     return [
         gemm.norm_vec(cur, layer.input_norm, eps, layer.qkv, b.qkv),
-        *attention,
+        *attention_steps(cfg, layer, k_cache, v_cache, b, gemm, short),
         gemm.vec_add(layer.o, b.attn.view(cfg.q_size), cur, mid),
         gemm.norm_vec(mid, layer.post_norm, eps, layer.gate_up, b.gate_up),
         gemm.silu_vec_add(layer.down, b.gate_up, mid, cur),

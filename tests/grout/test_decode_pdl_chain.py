@@ -1,0 +1,46 @@
+"""The fused step's chains of programmatic dependent launches, as recorded for a Hopper GPU:
+each layer's chain of early signals ends at its attention, so no launch of the step outgrows
+the launcher's bound on what may still run (``kernel_op.MAX_RUNNING``) and every PDL launch
+keeps programmatic launch. Recorded here with the GPU's configurations (PDL forced on); the
+GPU tests run them."""
+import gc
+
+import pytest
+
+import grout
+from safetile.kernel.kernel_op import MAX_RUNNING, KernelOp
+from safetile.ops import host
+
+
+@pytest.fixture
+def gpu_step_records(checkpoints, monkeypatch):
+    """The kernel launches of both recorded step kinds (short and split attention) of an
+    engine configured as on an H200 with early triggers."""
+    monkeypatch.setattr(host, "pdl_available", lambda: True)
+    eng = grout.load(checkpoints["untied"][0], device="cpu", dtype="float32", max_seq_len=512,
+                     progress=False)
+    r = eng.runner
+    r.gemm.cpu, r.gemm.trigger_early = False, True     # the GPU's gemv configs and signals
+    r.buf.fuse_head(r.w.lm_head, r.gemm)
+    for short in (True, False):
+        r.graph(True, short)
+    records = [rec for g in r.graphs.values() for rec in g.records if isinstance(rec, KernelOp)]
+    yield records
+    records.clear()                     # pytest keeps the fixture value past the teardown
+    del eng, r
+    gc.collect()
+
+
+def test_every_pdl_launch_of_the_step_keeps_programmatic_launch(gpu_step_records):
+    pdl = [rec for rec in gpu_step_records if rec.kernel.opts.get("pdl")]
+    assert len(pdl) > len(gpu_step_records) // 2
+    assert [rec.kernel.name for rec in pdl if rec.serial] == []
+    assert all(len(rec.running) <= MAX_RUNNING for rec in pdl)
+
+
+def test_the_attention_kernels_signal_after_their_wait(gpu_step_records):
+    attention = [rec for rec in gpu_step_records if rec.kernel.name.startswith("decode_")]
+    assert {rec.kernel.name for rec in attention} == {"decode_whole_kernel",
+                                                      "decode_split_kernel",
+                                                      "decode_merge_kernel"}
+    assert not any(rec.kernel.opts.get("trigger_early") for rec in attention)
