@@ -14,7 +14,8 @@ kernels signal at their start, 0 after their wait). One engine (random weights o
 shape) prefills ``--start`` tokens; each variant's graphs are recorded once, then chunks of
 8 steps from that position are timed for every variant in turn, median over repeats. The
 launch order changes no value, so every variant's greedy tokens must equal the default's.
-Each variant's plain-order launches in its recorded step graphs are counted and printed. Writes benchmarks/results/archive/pdl_chain_sweep_<model>_<tag>.json.
+Each variant's plain-order launches in its recorded step graphs are counted and printed.
+Writes benchmarks/results/archive/pdl_chain_sweep_<model>_<tag>.json.
 """
 from __future__ import annotations
 
