@@ -74,6 +74,23 @@ def test_qk_norm_rope_kv_append_matches_the_unfused_chain(max_seq, p):
     assert torch.equal(kt[:, :p], kc[:, :p]) and torch.equal(vt[:, p + 1:], vc[:, p + 1:])
 
 
+def test_qk_norm_rope_then_a_pdl_kv_append_equals_the_one_op_on_a_long_cache():
+    max_seq, p = 8200, 8199
+    qkv, qw, kw = rand((HQ + 2 * HKV) * D, 9, 2.0), rand(D, 10, 0.1, 1.0), rand(D, 11, 0.1, 1.0)
+    kc, vc = rand((HKV, max_seq, D), 12), rand((HKV, max_seq, D), 13)
+    pos = lambda: st.from_torch(torch.tensor([p], dtype=torch.int32, device="cuda"))  # noqa
+    inv = ops.inv_freq_table(D)
+    q_want, kc_want, vc_want = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos(),
+                                                          inv, wrap(kc), wrap(vc)).sync()
+    q, k = ops.qk_norm_rope(wrap(qkv), wrap(qw), wrap(kw), pos(), inv, HKV,
+                            trigger_early=True).sync()
+    kc2, vc2 = ops.kv_append(k, wrap(qkv.view(-1, D)[HQ + HKV:]), pos(), wrap(kc), wrap(vc),
+                             pdl=True).sync()
+    assert torch.equal(q.to_torch(), q_want.to_torch())
+    assert torch.equal(kc2.to_torch(), kc_want.to_torch())
+    assert torch.equal(vc2.to_torch(), vc_want.to_torch())
+
+
 @pytest.mark.parametrize("p", [0, 63, 64, 127, 255, 1000])
 def test_qk_norm_rope_append_attention_matches_the_prologue_then_attention(p):
     max_seq = 2048

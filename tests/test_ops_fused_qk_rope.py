@@ -197,3 +197,47 @@ def test_a_block_outside_one_tile_is_an_argument_error(block_s):
     k_cache, v_cache = st.zeros((1, 64, d), st.f32), st.zeros((1, 64, d), st.f32)
     with pytest.raises(st.ArgumentError, match=r"block_s must be an int in \[1, 8192\]"):
         ops.kv_append(k_new, v_new, pos_tensor(0), k_cache, v_cache, block_s=block_s)
+
+
+@pytest.mark.parametrize("hq,hkv,d", SHAPES, ids=SHAPE_IDS)
+def test_qk_norm_rope_then_kv_append_equals_the_one_op(hq, hkv, d):
+    qkv, qw, kw, kc, vc = inputs(hq, hkv, d, st.f32)
+    q_want, kc_want, vc_want = fused(qkv, qw, kw, kc, vc, 5, d)
+    q, k = ops.qk_norm_rope(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(5),
+                            ops.inv_freq_table(d, THETA, "cpu"), hkv).sync()
+    assert q.shape == (hq, d) and k.shape == (hkv, d)
+    kc2, vc2 = ops.kv_append(k, wrap(qkv.view(-1, d)[hq + hkv:]), pos_tensor(5), wrap(kc),
+                             wrap(vc)).sync()
+    assert torch.equal(q.to_torch(), q_want.to_torch())
+    assert torch.equal(kc2.to_torch(), kc_want.to_torch())
+    assert torch.equal(vc2.to_torch(), vc_want.to_torch())
+
+
+def test_qk_norm_rope_writes_the_given_buffers():
+    qkv, qw, kw, _, _ = inputs(8, 2, 32, st.f32)
+    q_out, k_out = st.empty((8, 32), device="cpu"), st.empty((2, 32), device="cpu")
+    q, k = ops.qk_norm_rope(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(3),
+                            ops.inv_freq_table(32, THETA, "cpu"), 2, q_out=q_out,
+                            k_out=k_out).sync()
+    assert q is q_out and k is k_out
+
+
+@pytest.mark.parametrize("kv_heads", [0, 5, 2.0, True])
+def test_qk_norm_rope_refuses_kv_heads_that_do_not_divide_qkv(kv_heads):
+    qkv, qw, kw, _, _ = inputs(8, 2, 32, st.f32)
+    with pytest.raises(st.errors.ArgumentError):
+        ops.qk_norm_rope(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(3),
+                         ops.inv_freq_table(32, THETA, "cpu"), kv_heads)
+
+
+def test_kv_append_under_pdl_waits_before_every_load():
+    from safetile.ops.kv_cache import _append_kernel
+    kc = st.empty((2, 64, 32), device="cpu")
+    src = _append_kernel(True, True).source(
+        wrap(rand((2, 32), st.f32, 1)), wrap(rand((2, 32), st.f32, 2)), pos_tensor(3),
+        kc.partition((1, 64, 32)), st.empty((2, 64, 32), device="cpu").partition((1, 64, 32)),
+        64)
+    body = [ln.strip() for ln in src.split("def kv_append_kernel(")[1].split("\n")[1:]]
+    wait = body.index("_st_gdc_wait()")
+    assert not any("_st_load" in ln or "_st_scalar" in ln or "_st_store" in ln
+                   or "_st_sub" in ln for ln in body[:wait])

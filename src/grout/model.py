@@ -229,11 +229,29 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
 FUSED_SHORT_ATTENTION = False
 
 
+def prologue_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
+                   b: DecodeBuffers, gemm: SafetileGemm) -> list:
+    """q/k norm, RoPE and the K/V append from ``b.qkv``: one kernel, or for a cache longer
+    than one program's slab (``ops.max_cache_positions``) the rotation and the append as two
+    steps, so that the append keeps programmatic launch (inside one op they would be chained
+    through a callback, after which a launch goes in plain stream order)."""
+    eps, early = cfg.rms_norm_eps, gemm.trigger_early
+    if k_cache.shape[1] <= ops.max_cache_positions(cfg.head_dim):
+        return [lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
+                                                   b.inv_freq, k_cache, v_cache, eps,
+                                                   q_out=b.qn, trigger_early=early)]
+    return [lambda: ops.qk_norm_rope(b.qkv, layer.q_norm, layer.k_norm, b.pos, b.inv_freq,
+                                     cfg.num_key_value_heads, eps, q_out=b.qn, k_out=b.kn,
+                                     trigger_early=early),
+            lambda: ops.kv_append(b.kn, b.v, b.pos, k_cache, v_cache, trigger_early=early)]
+
+
 def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
                     b: DecodeBuffers, gemm: SafetileGemm, short: bool) -> list:
     """The fused step's attention from ``b.qkv`` to ``b.attn``: q/k norm, RoPE, the K/V
     append and the attention in one kernel when ``short`` (and ``FUSED_SHORT_ATTENTION``),
-    else the prologue kernel, then the attention (see :func:`attention_args`)."""
+    else the prologue (:func:`prologue_steps`), then the attention (see
+    :func:`attention_args`)."""
     eps = cfg.rms_norm_eps
     if short and FUSED_SHORT_ATTENTION and \
             ops.prologue_attention_fits(cfg.head_dim, k_cache.shape[1]):
@@ -241,9 +259,7 @@ def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache:
             b.qkv, layer.q_norm, layer.k_norm, b.pos, b.inv_freq, k_cache, v_cache, eps,
             out=b.attn, trigger_early=True)]
     return [
-        lambda: ops.qk_norm_rope_kv_append(b.qkv, layer.q_norm, layer.k_norm, b.pos,
-                                           b.inv_freq, k_cache, v_cache, eps, q_out=b.qn,
-                                           k_rows=b.kn, trigger_early=gemm.trigger_early),
+        *prologue_steps(cfg, layer, k_cache, v_cache, b, gemm),
         # the attention's reads after its PDL wait, so it may launch during the append; it
         # signals after its wait, which ends each layer's chain of early signals there, so
         # the chain never outgrows the launcher's bound and every launch keeps PDL

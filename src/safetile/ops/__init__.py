@@ -40,7 +40,7 @@ from .sampling import (SamplerWorkspace, sample, sampler_workspace,  # noqa: F40
 from .softmax import softmax  # noqa: F401
 from .fused_gemv import gemv_add, rmsnorm_gemv, silu_mul_gemv_add  # noqa: F401
 from .gemv_argmax import gemv_argmax_workspace, rmsnorm_gemv_argmax  # noqa: F401
-from .qk_rope_append import qk_norm_rope_kv_append  # noqa: F401
+from .qk_rope_append import qk_norm_rope, qk_norm_rope_kv_append  # noqa: F401
 from .prologue_attention import (prologue_attention_fits,  # noqa: F401
                                  qk_norm_rope_append_attention)
 
@@ -52,6 +52,6 @@ __all__ = [
     "kv_append_many", "max_cache_positions", "sample", "sampler_workspace", "SamplerWorkspace",
     "sampling_key",
     "sampling_params", "copy", "add_scalar", "rmsnorm_gemv", "gemv_add", "silu_mul_gemv_add",
-    "rmsnorm_gemv_argmax", "gemv_argmax_workspace", "qk_norm_rope_kv_append",
+    "rmsnorm_gemv_argmax", "gemv_argmax_workspace", "qk_norm_rope", "qk_norm_rope_kv_append",
     "qk_norm_rope_append_attention", "prologue_attention_fits",
 ]

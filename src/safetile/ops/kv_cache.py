@@ -111,16 +111,31 @@ def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) ->
     return block_s
 
 
-def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None):
+_CONFIGURED: dict = {}
+
+
+def _append_kernel(pdl: bool, trigger_early: bool):
+    key = (pdl, trigger_early)
+    if key not in _CONFIGURED:
+        _CONFIGURED[key] = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and trigger_early)
+    return _CONFIGURED[key]
+
+
+def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None,
+              pdl: bool | None = None, trigger_early: bool = False):
     """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
 
-    ``block_s``: cache rows one program owns (default: :func:`append_block`). Returns a
-    ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A position outside the cache writes
-    nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
+    ``block_s``: cache rows one program owns (default: :func:`append_block`). ``pdl``
+    (default: on Hopper and later): programmatic dependent launch, every load after the
+    wait; ``trigger_early`` (with ``pdl``): the next kernel may
+    be scheduled as soon as this one's programs start. Returns a ``DeviceOp`` whose output
+    is ``(k_cache, v_cache)``. A position outside the cache writes nothing on the GPU and
+    raises ``OutOfBoundsError`` on the CPU executor."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
-    op = kv_append_kernel(k_new, v_new, pos,
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    op = _append_kernel(pdl, bool(trigger_early))(k_new, v_new, pos,
                           host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
                           host.owned_view(v_cache, tuple(v_cache.shape)).partition(block),
                           max_seq)

@@ -144,6 +144,19 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
         raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     hkv, max_seq, d = k_cache.shape
+    hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv, d,
+                          also_same_dtype=(k_cache, v_cache))
+    return hq, hkv, max_seq, d, rows
+
+
+def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv: int,
+               d: int, also_same_dtype: tuple = ()) -> tuple:
+    """Check the prologue's inputs for ``hkv`` kv heads of ``d`` (``also_same_dtype``: more
+    values that must have qkv's dtype); returns ``(Hq, rows)``, ``rows`` the qkv projection
+    as an (Hq + 2 Hkv, D) view."""
+    for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
+                    ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq)):
+        host.check_value(f"{name}: {what}", v)
     if d < 2 or d & (d - 1):
         raise ArgumentError(f"{name}: head_dim must be a power of two, got {d}")
     width = qkv.shape[-1] * (qkv.shape[0] if qkv.ndim == 2 else 1)
@@ -153,7 +166,7 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
                             f"multiple of {hkv}), as ((Hq + 2 Hkv) * D,) or (rows, {d}); got "
                             f"shape {tuple(qkv.shape)}")
     hq = width // d - 2 * hkv
-    host.same_dtype(name, qkv, q_norm_weight, k_norm_weight, k_cache, v_cache)
+    host.same_dtype(name, qkv, q_norm_weight, k_norm_weight, *also_same_dtype)
     for what, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         if tuple(w.shape) != (d,):
             raise ArgumentError(f"{name}: {what} must have shape ({d},), got {tuple(w.shape)}")
@@ -170,7 +183,7 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
         rows = qkv.view(width // d, d)
     else:
         raise ArgumentError(f"{name}: a Shared qkv must be 2-D (rows, {d})")
-    return hq, hkv, max_seq, d, rows
+    return hq, rows
 
 
 def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
@@ -204,10 +217,9 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
                             f"st.Tensor (its v rows are read by a second kernel), got a Shared")
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
-    gp = host.next_pow2(group)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
-    q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, gp, d))
     if block >= max_seq:
+        q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
         slab = (1, host.next_pow2(max_seq), d)
         op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl, trigger_early)(
             rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
@@ -218,10 +230,45 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
     v = rows.slice(0, hq + hkv, hq + 2 * hkv)
-    op = _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
-        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
-        float(eps), group, hq)
+    op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hkv,
+                 num_warps, pdl, trigger_early)
     return op.then(lambda *_: host.returning(
         kv_append(host.borrow(k), v, host.borrow(pos), k_cache, v_cache, block_s=block),
         (q, k_cache, v_cache)))
+
+
+def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int,
+                 eps: float = 1e-6, q_out=None, k_out=None, *, pdl: bool | None = None,
+                 num_warps: int = 4, trigger_early: bool = False) -> st.DeviceOp:
+    """The prologue without the append: q/k RMSNorm and RoPE at ``pos[0]`` of one token's
+    qkv, for a cache longer than one program's block (then ``ops.kv_append`` writes
+    ``k_out`` and qkv's v rows; as two ops, a recorded step launches both with programmatic
+    launch, where ``qk_norm_rope_kv_append`` chains them through a callback).
+
+    Arguments as in :func:`qk_norm_rope_kv_append`; ``kv_heads``: Hkv. Returns a
+    ``DeviceOp`` whose output is ``(q_out, k_out)``, (Hq, D) and (Hkv, D) in qkv's dtype
+    (allocated when not given)."""
+    name = "ops.qk_norm_rope"
+    host.check_value(f"{name}: q_norm_weight", q_norm_weight)
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
+        raise ArgumentError(f"{name}: kv_heads must be a positive int, got {kv_heads!r}")
+    d = q_norm_weight.shape[0]
+    hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads, d)
+    q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
+    k = host.output(f"{name}: k_out", k_out, (kv_heads, d), qkv.dtype, qkv.device)
+    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, kv_heads,
+                 num_warps, pdl, trigger_early)
+    return host.returning(op, (q, k))
+
+
+def _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hkv, num_warps,
+            pdl, trigger_early):
+    """Launch ``qk_norm_rope_kernel`` from the (Hq + 2 Hkv, D) ``rows`` into ``q``, ``k``."""
+    group = hq // hkv
+    d = q.shape[1]
+    q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
+    return _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
+        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
+        host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
+        float(eps), group, hq)
