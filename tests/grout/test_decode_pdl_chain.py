@@ -2,8 +2,8 @@
 each layer's chain of early signals ends at its attention, so no launch of the step outgrows
 the launcher's bound on what may still run (``kernel_op.MAX_RUNNING``), and a cache longer
 than one append program's slab appends in a launch of its own rather than after a callback,
-so every PDL launch keeps programmatic launch. Recorded here with the GPU's configurations (PDL forced on); the
-GPU tests run them."""
+so every PDL launch keeps programmatic launch. Recorded here with the GPU's configurations
+(PDL forced on); the GPU tests run them."""
 import gc
 
 import pytest
