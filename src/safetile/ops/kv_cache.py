@@ -127,18 +127,17 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
 
     ``block_s``: cache rows one program owns (default: :func:`append_block`). ``pdl``
     (default: on Hopper and later): programmatic dependent launch, every load after the
-    wait; ``trigger_early`` (with ``pdl``): the next kernel may
-    be scheduled as soon as this one's programs start. Returns a ``DeviceOp`` whose output
-    is ``(k_cache, v_cache)``. A position outside the cache writes nothing on the GPU and
-    raises ``OutOfBoundsError`` on the CPU executor."""
+    wait; ``trigger_early`` (with ``pdl``): the next kernel may be scheduled as soon as this
+    one's programs start. Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A
+    position outside the cache writes nothing on the GPU and raises ``OutOfBoundsError`` on
+    the CPU executor."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
-    op = _append_kernel(pdl, bool(trigger_early))(k_new, v_new, pos,
-                          host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
-                          host.owned_view(v_cache, tuple(v_cache.shape)).partition(block),
-                          max_seq)
+    op = _append_kernel(pdl, bool(trigger_early))(
+        k_new, v_new, pos, host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
+        host.owned_view(v_cache, tuple(v_cache.shape)).partition(block), max_seq)
     return host.returning(op, (k_cache, v_cache))
 
 

@@ -252,6 +252,9 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
     host.check_value(f"{name}: q_norm_weight", q_norm_weight)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
         raise ArgumentError(f"{name}: kv_heads must be a positive int, got {kv_heads!r}")
+    if q_norm_weight.ndim != 1:
+        raise ArgumentError(f"{name}: q_norm_weight must have shape (D,), got "
+                            f"{tuple(q_norm_weight.shape)}")
     d = q_norm_weight.shape[0]
     hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads, d)
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
