@@ -241,3 +241,10 @@ def test_kv_append_under_pdl_waits_before_every_load():
     wait = body.index("_st_gdc_wait()")
     assert not any("_st_load" in ln or "_st_scalar" in ln or "_st_store" in ln
                    or "_st_sub" in ln for ln in body[:wait])
+
+
+def test_qk_norm_rope_refuses_a_norm_weight_that_is_not_a_vector():
+    qkv, qw, kw, _, _ = inputs(8, 2, 32, st.f32)
+    with pytest.raises(st.errors.ArgumentError, match=r"q_norm_weight must have shape \(D,\)"):
+        ops.qk_norm_rope(wrap(qkv), wrap(qw.view(1, 32)), wrap(kw), pos_tensor(3),
+                         ops.inv_freq_table(32, THETA, "cpu"), 2)
