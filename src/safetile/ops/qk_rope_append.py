@@ -136,10 +136,8 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
                    v_cache) -> tuple:
     """Check the decode prologue's arguments (``qk_norm_rope_kv_append``); returns ``(Hq,
     Hkv, max_seq, D, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
-    for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
-                    ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq),
-                    ("k_cache", k_cache), ("v_cache", v_cache)):
-        host.check_value(f"{name}: {what}", v)
+    check_inputs(name, qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+                 pos=pos, inv_freq=inv_freq, k_cache=k_cache, v_cache=v_cache)
     if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
         raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
                             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -149,14 +147,17 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
     return hq, hkv, max_seq, d, rows
 
 
+def check_inputs(name: str, **values) -> None:
+    """Each of ``values`` must be a safetile Tensor or Shared, checked in the order given."""
+    for what, v in values.items():
+        host.check_value(f"{name}: {what}", v)
+
+
 def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv: int,
                d: int, also_same_dtype: tuple = ()) -> tuple:
-    """Check the prologue's inputs for ``hkv`` kv heads of ``d`` (``also_same_dtype``: more
-    values that must have qkv's dtype); returns ``(Hq, rows)``, ``rows`` the qkv projection
-    as an (Hq + 2 Hkv, D) view."""
-    for what, v in (("qkv", qkv), ("q_norm_weight", q_norm_weight),
-                    ("k_norm_weight", k_norm_weight), ("pos", pos), ("inv_freq", inv_freq)):
-        host.check_value(f"{name}: {what}", v)
+    """Check the prologue's inputs, already known to be safetile values (``check_inputs``),
+    for ``hkv`` kv heads of ``d`` (``also_same_dtype``: more values that must have qkv's
+    dtype); returns ``(Hq, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
     if d < 2 or d & (d - 1):
         raise ArgumentError(f"{name}: head_dim must be a power of two, got {d}")
     width = qkv.shape[-1] * (qkv.shape[0] if qkv.ndim == 2 else 1)
@@ -249,7 +250,8 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
     ``DeviceOp`` whose output is ``(q_out, k_out)``, (Hq, D) and (Hkv, D) in qkv's dtype
     (allocated when not given)."""
     name = "ops.qk_norm_rope"
-    host.check_value(f"{name}: q_norm_weight", q_norm_weight)
+    check_inputs(name, qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
+                 pos=pos, inv_freq=inv_freq)
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
         raise ArgumentError(f"{name}: kv_heads must be a positive int, got {kv_heads!r}")
     if q_norm_weight.ndim != 1:
