@@ -100,6 +100,15 @@ def no_new_holds():
     assert len(active_holds()) == before
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A module's last test lets go of its fixture values before the module's fixtures are
+    torn down (pytest would keep them until after), so the check below sees only what the
+    module really left behind, whichever of its tests ran last."""
+    if nextitem is None or nextitem.module is not item.module:
+        item.funcargs.clear()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def modules_leave_no_borrows():
     """After each module, every engine its tests made is gone with its borrows (the rest of
