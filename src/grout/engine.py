@@ -267,9 +267,7 @@ class Engine:
                 yield Piece(piece, token, finish, lp)
                 if finish is not None:
                     return
-                if self._request != request:
-                    raise RequestError("this stream was superseded by a newer request on "
-                                       "the same engine")
+                self._check_newest(request)
                 if not chunk:
                     chunk = ahead.next_chunk() if ahead is not None else \
                         self._decode_chunk(request, sampling.greedy, logprobs,
@@ -280,13 +278,16 @@ class Engine:
             if ahead is not None:
                 ahead.stop()
 
+    def _check_newest(self, request: int) -> None:
+        if self._request != request:
+            raise RequestError("this stream was superseded by a newer request on the same "
+                               "engine")
+
     def _decode_chunk(self, request: int, greedy: bool, logprobs, remaining: int) -> list:
         """One chunk of at most ``remaining`` decode steps of ``request``: (token, logprobs)
         pairs (one step a chunk with logprobs: each reads its step's logits)."""
         with self._lock:
-            if self._request != request:
-                raise RequestError("this stream was superseded by a newer request on the "
-                                   "same engine")
+            self._check_newest(request)
             with st.backend(self.backend):
                 n = self.runner.chunk_size(1 if logprobs is not None else remaining)
                 tokens = self.runner.steps(greedy, n)
