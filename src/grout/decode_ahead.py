@@ -1,15 +1,19 @@
-"""Decoding ahead: a request's decode chunks run on a worker thread, one chunk ahead of the
-reader, so that the reader's host work (detokenizing, stop strings, the caller's own) runs
-while the device decodes the next chunk instead of leaving it idle between chunks.
+"""Decoding ahead: a request's decode chunks run on a worker thread ahead of the reader, so
+that the reader's host work (detokenizing, stop strings, the caller's own) runs while the
+device decodes the next chunk instead of leaving it idle between chunks.
+
+The worker starts the next chunk as soon as it has handed one over, without waiting for the
+reader to take it: a worker woken by the reader would need the interpreter lock while the
+reader holds it for its own work, and would launch only once that work is done.
 
 Invariants:
 
 * a chunk runs only while the worker holds the engine's lock, and only if the worker has
   not been stopped (checked under that lock), so no chunk starts after ``stop()``; the
   engine's ``decode`` checks, under the same lock, that its request is still the newest;
-* the worker decodes a chunk only once the reader has taken the one before it, so a
-  request that ends early (an end token, a stop string, ``close()``) has decoded at most
-  one chunk more than it read; one that ends by length decodes nothing extra (the worker
+* the worker starts a chunk only while at most one decoded chunk is unread, so a request
+  that ends early (an end token, a stop string, ``close()``) has decoded at most two
+  chunks more than it read; one that ends by length decodes nothing extra (the worker
   stops at its budget);
 * ``stop()`` returns once no chunk of this worker is running (unless called on the worker
   itself): the device state is the engine's again when a stream's ``close()`` returns;
@@ -80,8 +84,8 @@ class DecodeAhead:
         remaining = self._budget
         try:
             while remaining > 0:
-                with self._cond:              # the reader has taken the previous chunk
-                    while self._ready and not self._stopped:
+                with self._cond:              # at most one chunk left unread
+                    while len(self._ready) > 1 and not self._stopped:
                         self._cond.wait()
                 with self._lock:
                     with self._cond:

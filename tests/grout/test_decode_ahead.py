@@ -40,16 +40,16 @@ def test_chunks_come_in_order_and_stop_at_the_budget():
         ahead.next_chunk()
 
 
-def test_the_worker_decodes_one_chunk_ahead_of_the_reader_and_no_further():
+def test_the_worker_runs_two_chunks_ahead_of_the_reader_and_no_further():
     calls = []
     ahead = DecodeAhead(counting_decode(2, calls), 100, threading.Lock())
-    wait_until(lambda: len(calls) == 1)
-    ahead._thread.join(timeout=0.2)            # time to run on, if it wrongly would
-    assert len(calls) == 1
-    ahead.next_chunk()
     wait_until(lambda: len(calls) == 2)
-    ahead._thread.join(timeout=0.2)
+    ahead._thread.join(timeout=0.2)            # time to run on, if it wrongly would
     assert len(calls) == 2
+    assert ahead.next_chunk() == [0, 1]
+    wait_until(lambda: len(calls) == 3)
+    ahead._thread.join(timeout=0.2)
+    assert len(calls) == 3
     ahead.stop()
 
 
@@ -138,12 +138,13 @@ def test_a_stop_string_ends_a_stream_decoded_ahead_where_it_ends_one_decoded_inl
     assert eng.generate(PROMPT, max_new_tokens=12, stop=stop) == inline
 
 
-def test_the_next_chunk_decodes_while_the_reader_holds_a_piece(eng):
+def test_two_chunks_decode_while_the_reader_holds_a_piece(eng):
     s = eng.stream(PROMPT, max_new_tokens=30)
     next(s)
-    start = len(PROMPT)
-    wait_until(lambda: eng.runner.position > start)
-    assert eng.runner.position == start + eng.runner.max_chunk    # one chunk, no more
+    start, chunk = len(PROMPT), eng.runner.max_chunk
+    wait_until(lambda: eng.runner.position >= start + 2 * chunk)
+    time.sleep(0.2)                            # time to run on, if it wrongly would
+    assert eng.runner.position == start + 2 * chunk
     s.close()
 
 
