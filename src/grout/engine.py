@@ -4,9 +4,7 @@ Batch 1: one request at a time owns the device state (the cache and the decode b
 A request is checked completely before anything runs (``RequestError``), so a bad one
 leaves the engine as it was. ``stream`` returns a generator that produces one
 :class:`Piece` per token; closing it (or dropping it) stops generation, and a new request
-supersedes an unfinished stream (which then raises if resumed). A stream's decode chunks
-run one ahead of its reader (``decode_ahead.py``), so the reader's host work overlaps the
-device's.
+supersedes an unfinished stream (which then raises if resumed).
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ import safetile as st
 
 from . import config as config_mod
 from .config import Qwen3Config
-from .decode_ahead import DecodeAhead
 from .errors import CheckpointError, RequestError
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
@@ -148,8 +145,7 @@ def _held_back(text: str, stops: tuple) -> int:
 
 class Engine:
     """A loaded model: ``generate``, ``stream``, ``chat``, ``logits``, ``tokenizer``,
-    ``config``. ``decode_ahead`` (default True): streams decode one chunk ahead of the
-    reader on a worker thread; set it False to decode each chunk when it is needed."""
+    ``config``."""
 
     def __init__(self, cfg: Qwen3Config, weights: Weights, tokenizer: Tokenizer,
                  device: torch.device, dtype: str, max_seq_len: int, gemm: str,
@@ -163,9 +159,6 @@ class Engine:
         self.eos_ids = frozenset(cfg.eos_token_ids)
         self._lock = threading.RLock()
         self._request = 0
-        # streams decode their chunks on a worker thread, one chunk ahead of the reader
-        # (grout.decode_ahead); False decodes each chunk when the reader needs it
-        self.decode_ahead = True
         with st.backend(self.backend):
             self.runner = Runner(cfg, weights, device, getattr(st, dtype), max_seq_len, gemm,
                                  progress, fused, decode_chunk)
@@ -233,65 +226,45 @@ class Engine:
                 lp = step_logprobs(self.runner, token, logprobs)
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         position = len(ids)                      # where the token just sampled goes
-        # Decoded (token, logprobs) pairs not yet emitted, one chunk of graph replays at a
-        # time. Chunks never run past max_new_tokens or the cache; pairs after a stop are
-        # dropped, and what they wrote (cache rows, the cursor) the next prefill starts over.
-        chunk: list = []
-        ahead = None
-        budget = min(max_new_tokens - 1, self.max_seq_len - position)
-
-        def decode(remaining: int) -> list:
-            return self._decode_chunk(request, sampling.greedy, logprobs, remaining)
-        try:
-            for n in range(1, max_new_tokens + 1):
-                finish = None
-                if token in self.eos_ids and not ignore_eos:
-                    finish = "stop"
-                else:
-                    text += decoder.push(token)
-                hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1))
-                                       for s in stops) if i >= 0), default=-1)
-                if hit >= 0:
-                    finish, end = "stop", hit
-                elif finish is None and (n == max_new_tokens or position >= self.max_seq_len):
-                    finish = "length"
-                if finish is not None and hit < 0:
-                    text += decoder.flush()
-                    end = len(text)
-                elif finish is None:
-                    end = len(text) - _held_back(text, stops)
-                piece, emitted = text[emitted:end], max(emitted, end)
-                if finish is None and ahead is None and self.decode_ahead:
-                    # the first chunk decodes while the caller takes this piece
-                    ahead = DecodeAhead(decode, budget, self._lock)
-                yield Piece(piece, token, finish, lp)
-                if finish is not None:
-                    return
-                self._check_newest(request)
-                if not chunk:
-                    chunk = ahead.next_chunk() if ahead is not None else \
-                        self._decode_chunk(request, sampling.greedy, logprobs,
-                                           min(max_new_tokens - n, self.max_seq_len - position))
-                token, lp = chunk.pop(0)
-                position += 1
-        finally:
-            if ahead is not None:
-                ahead.stop()
-
-    def _check_newest(self, request: int) -> None:
-        if self._request != request:
-            raise RequestError("this stream was superseded by a newer request on the same "
-                               "engine")
-
-    def _decode_chunk(self, request: int, greedy: bool, logprobs, remaining: int) -> list:
-        """One chunk of at most ``remaining`` decode steps of ``request``: (token, logprobs)
-        pairs (one step a chunk with logprobs: each reads its step's logits)."""
-        with self._lock:
-            self._check_newest(request)
-            with st.backend(self.backend):
-                n = self.runner.chunk_size(1 if logprobs is not None else remaining)
-                tokens = self.runner.steps(greedy, n)
-                return [(t, step_logprobs(self.runner, t, logprobs)) for t in tokens]
+        # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
+        # runs past max_new_tokens or the cache; tokens after a stop are dropped, and what
+        # they wrote (cache rows, the cursor) the next request's prefill starts over.
+        ahead: list = []
+        for n in range(1, max_new_tokens + 1):
+            finish = None
+            if token in self.eos_ids and not ignore_eos:
+                finish = "stop"
+            else:
+                text += decoder.push(token)
+            hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
+                       if i >= 0), default=-1)
+            if hit >= 0:
+                finish, end = "stop", hit
+            elif finish is None and (n == max_new_tokens or position >= self.max_seq_len):
+                finish = "length"
+            if finish is not None and hit < 0:
+                text += decoder.flush()
+                end = len(text)
+            elif finish is None:
+                end = len(text) - _held_back(text, stops)
+            piece, emitted = text[emitted:end], max(emitted, end)
+            yield Piece(piece, token, finish, lp)
+            if finish is not None:
+                return
+            with self._lock:
+                if self._request != request:
+                    raise RequestError("this stream was superseded by a newer request on the "
+                                       "same engine")
+                with st.backend(self.backend):
+                    if not ahead:
+                        # logprobs read each step's logits: one step at a time then
+                        wanted = 1 if logprobs is not None else min(
+                            max_new_tokens - n, self.max_seq_len - position)
+                        ahead = self.runner.steps(sampling.greedy,
+                                                  self.runner.chunk_size(wanted))
+                    token = ahead.pop(0)
+                    lp = step_logprobs(self.runner, token, logprobs)
+            position += 1
 
     def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,

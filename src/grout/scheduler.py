@@ -124,7 +124,6 @@ class Scheduler:
         self.engine: Any = None
         self.ready = asyncio.Event()
         self.busy: Job | None = None
-        self._running: asyncio.Future[None] | None = None   # the busy job's engine work
 
     async def start(self) -> None:
         """Load the engine on the engine thread, then start serving the queue."""
@@ -147,13 +146,6 @@ class Scheduler:
             job.cancel(reason)
             job.emit(Failed(reason))
 
-    async def drain(self, timeout: float) -> None:
-        """Wait (up to ``timeout`` seconds) for the running job's engine work to end: a
-        cancelled generation still finishes the decode chunk it has started."""
-        running = self._running
-        if running is not None:
-            await asyncio.wait({running}, timeout=timeout)
-
     async def _serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -168,11 +160,10 @@ class Scheduler:
                 job.emit(Failed(job.cancel_reason))
                 continue
             self.busy = job
-            self._running = loop.run_in_executor(self._thread, self._run, job)
             try:
-                await self._running
+                await loop.run_in_executor(self._thread, self._run, job)
             finally:
-                self.busy = self._running = None
+                self.busy = None
 
     def _run(self, job: Job) -> None:
         """Engine thread: one whole generation; every failure becomes the job's `Failed`."""

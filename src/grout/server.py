@@ -38,9 +38,6 @@ from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_u
 
 log = logging.getLogger("grout.server")
 
-#: Seconds the shutdown waits for a cancelled generation to finish its decode chunk.
-DRAIN_S = 5.0
-
 
 @dataclass
 class ServerState:
@@ -80,7 +77,6 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         yield
         task.cancel()
         state.scheduler.cancel_all()
-        await state.scheduler.drain(DRAIN_S)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
