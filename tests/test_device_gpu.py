@@ -193,3 +193,30 @@ def test_a_misaligned_pointer_gets_its_own_binary_and_a_correct_result():
     _, _, z = add(st.from_torch(base[1:]), cuda(torch.ones(2048)),
                   st.empty((2048,), device="cuda").partition((1024,))).sync()
     assert torch.equal(z.unpartition().to_torch(), base[1:] + 1)
+
+
+@st.kernel
+def times(x: st.In[st.f32], z: st.Out[st.f32], k: int):
+    z.store(sl.load_like(x, z) * k)
+
+
+class _Int(int):
+    pass
+
+
+def test_int_subclass_arguments_get_binaries_of_their_own_values():
+    # Triton specializes an int argument on == 1 and on divisibility by 16: a subclass
+    # value must not reuse the binary another value was specialized for
+    for k in (1, _Int(1), _Int(3), _Int(16), _Int(17)):
+        x, z, _ = times(st.ones((64,), device="cuda"),
+                        st.empty((64,), device="cuda").partition((64,)), k).sync()
+        assert z.unpartition().to_torch()[0].item() == float(int.__int__(k))
+
+
+def test_a_dtype_changed_through_a_torch_alias_is_refused_on_a_cached_gpu_launch():
+    base = torch.ones(64, device="cuda")
+    x, z = st.from_torch(base), st.empty((64,), device="cuda").partition((64,))
+    x, z, _ = times(x, z, 2).sync()
+    base.data = base.view(torch.int32)
+    with pytest.raises(st.LaunchError, match="got dtype st.int32"):
+        times(x, z, 2)

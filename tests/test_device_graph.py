@@ -191,3 +191,25 @@ def test_a_value_shared_in_a_callback_cannot_be_written_later_in_the_same_execut
 
     with pytest.raises(AliasError, match="shared value"):
         inc(x.partition((2,))).then(share_then_write).sync()
+
+
+def test_a_host_replay_refuses_a_tensor_moved_to_other_memory_through_a_torch_alias():
+    import torch
+    xt, zt = torch.zeros(4), torch.zeros(4)
+    x, z = st.from_torch(xt), st.from_torch(zt).partition((2,))
+    with st.graph_scope() as s:
+        x, _, z = s.record(add(x, vec(1, 1, 1, 1), z))
+    zt.set_(xt.untyped_storage(), 0, (4,), (1,))        # the Out now aliases the In
+    with pytest.raises(GraphCaptureError, match="'z' was changed through a torch alias"):
+        s.launch().sync()
+    assert xt.tolist() == [0, 0, 0, 0]                   # nothing ran
+
+
+def test_a_host_replay_refuses_a_dtype_changed_through_a_torch_alias():
+    import torch
+    zt = torch.zeros(4)
+    g = inc(st.from_torch(zt).partition((2,))).graph()
+    g.launch().sync()
+    zt.data = zt.view(torch.int32)
+    with pytest.raises(GraphCaptureError, match="torch.int32 now"):
+        g.launch().sync()

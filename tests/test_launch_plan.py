@@ -159,3 +159,71 @@ def test_the_borrow_index_finds_exactly_the_conflicts_a_scan_finds(held, query):
         random.shuffle(holds)
         for h in holds:
             h.release()
+
+
+def test_a_dtype_changed_through_a_torch_alias_is_refused_on_a_cached_launch():
+    base = torch.ones(8, dtype=torch.float32)
+    x, y, z = st.from_torch(base), st.ones((8,)), st.empty((8,)).partition((4,))
+    x, y, z = add(x, y, z).sync()
+    base.data = base.view(torch.int32)          # same address, shape and strides
+    with pytest.raises(st.LaunchError, match="got dtype st.int32"):
+        add(x, y, z)
+
+
+@st.kernel
+def bump(z: st.Out[st.i32 | st.i64], v: int):
+    z.store(z.load() + v)
+
+
+@st.kernel
+def copy_i32(x: st.In[st.i32], z: st.Out[st.i32]):
+    z.store(sl.load_like(x, z))
+
+
+def test_a_wider_dtype_through_a_torch_alias_is_checked_against_operations_in_flight():
+    buf = torch.zeros(24, dtype=torch.int32)
+    alias = buf[8:16]
+    z = st.from_torch(alias).partition((4,))
+    z, _ = bump(z, 1).sync()
+    # the same address, shape and strides as int64: the handle now spans buf[8:24]
+    alias.data = torch.empty(0, dtype=torch.int64).set_(buf.untyped_storage(), 4, (8,), (1,))
+    reader = copy_i32(st.from_torch(buf[16:24]), st.empty((8,), dtype=st.i32).partition((8,)))
+    with pytest.raises(st.AliasError, match="in-flight kernel 'copy_i32'"):
+        bump(z, 1)
+    reader.sync()
+
+
+class Int(int):
+    """An int subclass whose comparisons would lie to a range check."""
+
+    def __lt__(self, other):
+        return True
+
+    def __le__(self, other):
+        return True
+
+
+@st.kernel
+def scale_int(x: st.In[st.f32], z: st.Out[st.f32], k: int):
+    z.store(sl.load_like(x, z) * k)
+
+
+@pytest.mark.parametrize("k", [3, 16, 17])
+def test_an_int_subclass_argument_launches_as_its_plain_value(k):
+    for value in (1, Int(k)):                    # the plain 1 leaves its binary cached
+        x, z, got = scale_int(st.ones((4,)), st.empty((4,)).partition((4,)), value).sync()
+        assert type(got) is int and got == int.__int__(value)
+        assert z.unpartition().to_torch().tolist() == [float(got)] * 4
+
+
+def test_an_int_subclass_out_of_the_int32_range_is_refused():
+    with pytest.raises(st.LaunchError, match="does not fit in int32"):
+        scale_int(st.ones((4,)), st.empty((4,)).partition((4,)), Int(2**40))
+
+
+def test_a_tensor_past_the_end_of_its_shrunk_storage_is_refused():
+    t = torch.zeros(1024)
+    z = st.from_torch(t).partition((256,))
+    t.untyped_storage().resize_(16)
+    with pytest.raises(st.LaunchError, match="past the end of its storage"):
+        axpy(st.ones((1024,)), z, 2.0)

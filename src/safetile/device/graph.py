@@ -153,6 +153,15 @@ def _difference(recorded, new) -> str:
     return "the recordings differ"
 
 
+def _layout(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
+
+
+def _describe(layout: tuple) -> str:
+    ptr, shape, stride, dtype = layout
+    return f"address {ptr:#x}, shape {shape}, strides {stride}, {dtype}"
+
+
 class Graph:
     """Recorded launches replayed by ``launch()``; ``output`` is the recorded output."""
 
@@ -182,6 +191,12 @@ class Graph:
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
         self.host_bound = not self.records or self.records[0]._host_bound()
         self._borrows = self._borrow_plan()
+        # A host replay runs the records on their handles' torch tensors as they are then,
+        # where a CUDA graph replays the recorded addresses: so it first checks that each
+        # tensor still has the recorded address, shape, strides and dtype.
+        self._layouts = tuple((r.kernel.name, b.name, b.torch, _layout(b.torch))
+                              for r in self.records for b in r.bound
+                              if b.torch is not None) if self.host_bound else ()
         self._cuda = None
         if not self.host_bound:
             self._capture()
@@ -219,6 +234,16 @@ class Graph:
                 r._execute(handle)
         torch.cuda.current_stream().wait_stream(side)
         self._cuda = graph
+
+    def check_layouts(self) -> None:
+        """Raise ``GraphCaptureError`` if a tensor of a host replay was changed through a
+        torch alias since it was recorded (its memory is no longer what the graph borrows)."""
+        for kernel, name, t, recorded in self._layouts:
+            if _layout(t) != recorded:
+                raise GraphCaptureError(
+                    f"{self!r}: the tensor passed to kernel '{kernel}' as '{name}' was changed "
+                    f"through a torch alias since it was recorded ({_describe(recorded)} then, "
+                    f"{_describe(_layout(t))} now); record the graph again")
 
     def _replay(self, ctx: RunContext) -> None:
         if self._cuda is not None:
@@ -273,6 +298,7 @@ class GraphLaunchOp(DeviceOp):
         if ctx.recording is not None:             # a replay inside a recording: inline it
             ctx.recording.extend(g.records)
             return g.output
+        g.check_layouts()
         reads, writes = g._borrows
         hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes,
                                exempt=g._own_shared)

@@ -103,6 +103,13 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                       f"reaches element offsets past 2**31 - 1, which generated "
                                       f"kernels cannot address; split the tensor into views "
                                       f"of fewer elements")
+        if t.numel() and (t.storage_offset() + sum((n - 1) * s for n, s in
+                                                   zip(t.shape, t.stride())) + 1) * \
+                t.element_size() > t.untyped_storage().nbytes():
+            raise _fail(kernel, name, f"the tensor (shape {tuple(t.shape)}, strides "
+                                      f"{t.stride()}) reaches past the end of its storage "
+                                      f"({t.untyped_storage().nbytes()} bytes), which was "
+                                      f"shrunk through a torch alias; make the tensor again")
         if kind == "Out":
             grid = tuple(-(-n // k) for n, k in zip(t.shape, v._tile_shape))
             if grid != v._order.grid:        # resized through a torch alias since partition()
@@ -120,10 +127,15 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             raise _fail(kernel, name, f"{spec.describe()} got {type(v).__name__} {v!r}")
         if spec.const_type is float:
             v = float(v)
+        elif spec.const_type is int:
+            v = int.__int__(v)
         return BoundArg(name, spec, v)
     if kind == "int":
         if not isinstance(v, int) or isinstance(v, bool):
             raise _fail(kernel, name, f"expects an int, got {type(v).__name__} {v!r}")
+        # An int subclass becomes its plain value (its own methods are not consulted): the
+        # range check, the variant's specialization and the launch all see that one value.
+        v = int.__int__(v)
         if not -2**31 <= v < 2**31:
             raise _fail(kernel, name, f"int {v} does not fit in int32, the type of int "
                                       f"parameters inside a kernel; pass it as an "

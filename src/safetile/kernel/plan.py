@@ -10,8 +10,9 @@ binary), for the exact arguments of one launch. A later launch reuses a plan onl
 * the same handle objects are passed at the same positions (held through weak references:
   a plan never keeps a handle or its memory alive). A handle's torch tensor, tile shape and
   program order never change for the handle's life, so the handle decides them;
-* each torch tensor still has the data pointer, shape and strides the plan saw (a torch
-  alias kept by the user could have been resized or restrided since);
+* each torch tensor still has the data pointer, shape, strides and dtype the plan saw (a
+  torch alias kept by the user could have been resized, restrided or given another dtype
+  through ``.data`` since; with the element size the byte extents change too);
 * every scalar is the same value of the same type (``-0.0`` and ``0.0`` differ; NaN never
   matches), so a plan's recovered values are the arguments themselves;
 * the backend and the kernel's options are the same objects.
@@ -45,7 +46,7 @@ class LaunchPlan:
     """The checked facts of one launch's arguments, and caches derived from them.
 
     ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
-    strides)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
+    strides, dtype)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
     text)``; ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
     ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
     ``gpu``: what the backend derives once per plan (``backends/triton/launch.py``: the
@@ -67,7 +68,7 @@ variant, binary and packed arguments).
                 scalars.append((i, b.value))
             else:
                 tensors.append((i, weakref.ref(b.value, self._forget), weakref.ref(t),
-                                t.data_ptr(), tuple(t.shape), t.stride()))
+                                t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
                 moves.append((i, where[b.name]))
         self.tensors, self.scalars = tuple(tensors), tuple(scalars)
         self.moves, self.params = tuple(moves), tuple(params)
@@ -91,11 +92,12 @@ variant, binary and packed arguments).
         """Whether this plan provably applies to ``args`` (see the module docstring)."""
         if len(args) != self.n:
             return False
-        for i, href, tref, ptr, shape, stride in self.tensors:
+        for i, href, tref, ptr, shape, stride, dtype in self.tensors:
             if href() is not args[i]:
                 return False
             t = tref()                    # alive: the handle (alive, just compared) holds it
-            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride:
+            if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or \
+                    t.dtype is not dtype:
                 return False
         for i, v in self.scalars:
             a = args[i]
