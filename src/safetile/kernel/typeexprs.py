@@ -12,7 +12,7 @@ import operator
 from .. import dtypes as _d
 from ..lang import semantics as S
 from ..lang.diagnostics import BROADCAST_HINT, TILE_AS_VALUE_HINT
-from .typevalues import V, bounded, const, operand, runtime
+from .typevalues import V, bounded, const, merged, operand, runtime
 
 BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
           ast.Mod: "%", ast.Pow: "**", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|",
@@ -199,7 +199,7 @@ class ExprTyper:
         if not a.same_type(b):
             raise self.fail(node, f"`{ast.unparse(node)}`: the two values have different "
                                   f"types ({a.describe()} and {b.describe()}); convert one")
-        return a
+        return merged(a, b)
 
     def decay(self, node) -> V:
         """A value as a runtime one: compile-time numbers take their own type (int32, fp32,
@@ -282,13 +282,17 @@ class ExprTyper:
             raise self.fail(node, f"{what} `{ast.unparse(node)}` needs {rank} entries, got "
                                   f"{len(vals)}")
         for x in vals:
+            # An int8 entry is refused: generated code multiplies an entry by the tile size in
+            # the entry's own type, where int8 would wrap past every mask.
             ok = (x.kind == "const" and isinstance(x.value, int) and not isinstance(x.value, bool)
                   and -2**31 <= x.value < 2**31) or \
-                 (x.kind == "scalar" and x.dtype in (_d.int8, _d.int32, _d.int64))
+                 (x.kind == "scalar" and x.dtype in (_d.int32, _d.int64))
             if not ok:
-                raise self.fail(node, f"{what} `{ast.unparse(node)}`: each entry must be an int "
-                                      f"scalar (int32 range for compile-time values), got "
-                                      f"{x.describe()}")
+                hint = "; convert it with .astype(st.int32)" if x.runtime and \
+                    x.dtype == _d.int8 else ""
+                raise self.fail(node, f"{what} `{ast.unparse(node)}`: each entry must be an "
+                                      f"int32 or int64 scalar (int32 range for compile-time "
+                                      f"values), got {x.describe()}{hint}")
         return vals
 
     def padding(self, node, dtype) -> None:

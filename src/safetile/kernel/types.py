@@ -17,12 +17,12 @@ from __future__ import annotations
 import ast
 
 from .. import dtypes as _d
-from ..errors import KernelDefinitionError
+from ..errors import KernelDefinitionError, SafetileError
 from ..lang import semantics as S
 from ..lang.diagnostics import TILE_AS_VALUE_HINT
 from .typecalls import CallTyper
 from .typeexprs import BINOPS, ExprTyper
-from .typevalues import V, const, scalar
+from .typevalues import V, bounds, const, merged, scalar, specials, unbounded
 
 _MAX_DIM_BOUND = S.MAX_DIM
 
@@ -184,7 +184,14 @@ class BodyTyper(ExprTyper, CallTyper):
             if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and \
                     isinstance(s.value.value, str):
                 continue
-            self.stmt(s)
+            try:
+                self.stmt(s)
+            except SafetileError:
+                raise
+            except Exception as e:             # a rule that could not handle this code
+                raise self.src.error(s, "internal", f"the type check could not check this "
+                                                    f"statement ({e!r}); please report it, "
+                                                    f"and rewrite the statement meanwhile") from e
 
     def stmt(self, node) -> None:
         if isinstance(node, ast.Assign):
@@ -333,9 +340,11 @@ class BodyTyper(ExprTyper, CallTyper):
     def loop(self, node, var: V) -> None:
         before = dict(self.env)
         name = node.target.id
-        for _ in range(2):
-            # A second pass when a carried value's facts (bound, special) changed: the body
-            # is then typed for every iteration, not only the first.
+        for attempt in range(len(before) + 2):
+            # Another pass while a carried value's facts (bound, special) changed, so that the
+            # body is typed for every iteration, not only the first. A bound that grows again
+            # on a later pass is dropped (it has no fixed point), and ``special`` only goes
+            # from True to False: the passes end.
             self.env = dict(before)
             self.env[name] = var
             self.block(node.body)
@@ -353,7 +362,9 @@ class BodyTyper(ExprTyper, CallTyper):
                                           f"{new.describe()} after its body; keep one type "
                                           f"(convert with .astype, or start from sl.zeros)")
                 general = merged(old, new)
-                if general.bound != old.bound or general.special != old.special:
+                if attempt and bounds(general) != bounds(old):
+                    general = unbounded(general)
+                if bounds(general) != bounds(old) or specials(general) != specials(old):
                     before[k] = general
                     changed = True
             if not changed:
@@ -373,16 +384,6 @@ class BodyTyper(ExprTyper, CallTyper):
                                          f"{self.src.line(node)} and is not defined after it: "
                                          f"copy it to another name inside the loop")
         self.env = after
-
-
-def merged(a: V, b: V) -> V:
-    """One runtime value that is ``a`` on some paths and ``b`` (of the same type) on others."""
-    if a is b:
-        return a
-    if a.kind == "tuple":
-        return V("tuple", value=tuple(merged(x, y) for x, y in zip(a.value, b.value)))
-    bound = max(a.bound, b.bound) if a.bound is not None and b.bound is not None else None
-    return V(a.kind, a.dtype, a.shape, None, bound, a.special and b.special)
 
 
 def check(kernel, key) -> Program:

@@ -61,7 +61,8 @@ class V:
             return ("t",) + tuple(v.signature() for v in self.value)
         if self.kind == "dtype":
             return ("d", self.value.name)
-        return (self.kind, self.dtype.name if self.dtype else None, self.shape, self.special)
+        return (self.kind, self.dtype.name if self.dtype else None, self.shape, self.special,
+                self.bound)
 
 
 def const(value) -> V:
@@ -92,3 +93,30 @@ def operand(v: V):
 def bounded(b) -> int | None:
     """``b`` if it is a bound an int32 holds, else None."""
     return b if b is not None and 0 <= b <= INT32_MAX else None
+
+
+def merged(a: V, b: V) -> V:
+    """One runtime value that is ``a`` on some paths and ``b`` (of the same type) on others."""
+    if a is b:
+        return a
+    if a.kind == "tuple":
+        return V("tuple", value=tuple(merged(x, y) for x, y in zip(a.value, b.value)))
+    bound = max(a.bound, b.bound) if a.bound is not None and b.bound is not None else None
+    return V(a.kind, a.dtype, a.shape, None, bound, a.special and b.special)
+
+
+def unbounded(v: V) -> V:
+    """``v`` without its bound (a tuple's entries too)."""
+    if v.kind == "tuple":
+        return V("tuple", value=tuple(unbounded(x) for x in v.value))
+    return V(v.kind, v.dtype, v.shape, v.value, None, v.special)
+
+
+def bounds(v: V):
+    """``v``'s bound, or its entries' for a tuple (to compare the facts of two values)."""
+    return tuple(bounds(x) for x in v.value) if v.kind == "tuple" else v.bound
+
+
+def specials(v: V):
+    """``v``'s ``special`` fact, or its entries' for a tuple."""
+    return tuple(specials(x) for x in v.value) if v.kind == "tuple" else v.special

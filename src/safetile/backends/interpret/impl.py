@@ -104,11 +104,13 @@ class Implementation:
         shape = tile_shape(shape, len(tuple(shape)), "sl.zeros shape")
         return Tile(torch.zeros(shape, dtype=dtype.torch))
 
+    # A launch has three axes, as on the GPU: past the grid's own, one program each.
     def bid(self, axis):
-        return scalar(_unravel(self.program, self.grid)[axis], _d.int32)
+        coords = _unravel(self.program, self.grid)
+        return scalar(coords[axis] if axis < len(coords) else 0, _d.int32)
 
     def num_blocks(self, axis):
-        return scalar(self.grid[axis], _d.int32)
+        return scalar(self.grid[axis] if axis < len(self.grid) else 1, _d.int32)
 
     def cdiv(self, a, b):
         a, b = raw(a), raw(b)
