@@ -101,3 +101,16 @@ def axis_one(z: st.Out[st.i32]):
 
 def test_the_axes_past_a_launch_grid_have_one_program_each_on_the_cpu_as_on_the_gpu():
     assert stored(axis_one) == 1
+
+
+@st.kernel
+def zero_step(z: st.Out[st.i32]):
+    acc = sl.zeros(z.shape, st.i32)
+    for i in range(0, 4, 0):
+        acc = acc + 1
+    z.store(acc)
+
+
+def test_a_range_with_a_compile_time_zero_step_is_refused():
+    with pytest.raises(st.KernelDefinitionError, match="step must not be zero"):
+        zero_step(z4())

@@ -333,6 +333,8 @@ class BodyTyper(ExprTyper, CallTyper):
         start = bounds[0] if len(bounds) > 1 else const(0)
         stop = bounds[1] if len(bounds) > 1 else bounds[0]
         step = bounds[2] if len(bounds) > 2 else const(1)
+        if step.kind == "const" and step.value == 0:
+            raise self.fail(it.args[2], "range() step must not be zero")
         bound = stop.bound if start.bound is not None and step.kind == "const" and \
             step.value > 0 else None
         self.loop(node, scalar(d, bound))
