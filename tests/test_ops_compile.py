@@ -9,7 +9,7 @@ import safetile as st
 from safetile.ops.argmax import argmax_final_kernel, argmax_partial_kernel
 from safetile.ops.elementwise import add_kernel, mul_kernel, silu_mul_kernel
 from safetile.ops.embedding import embedding_kernel
-from safetile.ops.kv_cache import _append_kernel
+from safetile.ops.kv_cache import kv_append_kernel
 from safetile.ops.norm import add_rmsnorm_kernel, rmsnorm_kernel
 from safetile.ops.rope import rope_kernel
 from safetile.ops.softmax import softmax_kernel, softmax_online_kernel
@@ -45,7 +45,7 @@ CASES = {
                                                   out((3, 2560), (1, 4096), BF)),
     "argmax_partial": lambda: argmax_partial_kernel.compile(
         z((151936,), BF), out((149,), (1,)), out((149,), (1,), st.i64), 1024),
-    "kv_append_pdl": lambda: _append_kernel(True, True).compile(
+    "kv_append_pdl": lambda: kv_append_kernel.options(pdl=True, trigger_early=True).compile(
         z((8, 128), BF), z((8, 128), BF), z((1,), st.i32), out((8, 8218, 128), (1, 8192, 128), BF),
         out((8, 8218, 128), (1, 8192, 128), BF), 8218),
     "argmax_final": lambda: argmax_final_kernel.compile(

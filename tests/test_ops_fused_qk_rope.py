@@ -231,9 +231,9 @@ def test_qk_norm_rope_refuses_kv_heads_that_do_not_divide_qkv(kv_heads):
 
 
 def test_kv_append_under_pdl_waits_before_every_load():
-    from safetile.ops.kv_cache import _append_kernel
+    from safetile.ops.kv_cache import kv_append_kernel
     kc = st.empty((2, 64, 32), device="cpu")
-    src = _append_kernel(True, True).source(
+    src = kv_append_kernel.options(pdl=True, trigger_early=True).source(
         wrap(rand((2, 32), st.f32, 1)), wrap(rand((2, 32), st.f32, 2)), pos_tensor(3),
         kc.partition((1, 64, 32)), st.empty((2, 64, 32), device="cpu").partition((1, 64, 32)),
         64)

@@ -111,16 +111,6 @@ def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) ->
     return block_s
 
 
-_CONFIGURED: dict = {}
-
-
-def _append_kernel(pdl: bool, trigger_early: bool):
-    key = (pdl, trigger_early)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and trigger_early)
-    return _CONFIGURED[key]
-
-
 def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None,
               pdl: bool | None = None, trigger_early: bool = False):
     """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
@@ -135,7 +125,7 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
-    op = _append_kernel(pdl, bool(trigger_early))(
+    op = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and bool(trigger_early))(
         k_new, v_new, pos, host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(block), max_seq)
     return host.returning(op, (k_cache, v_cache))
