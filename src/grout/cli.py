@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 is off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 is off")
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
-    b = sub.add_parser("bench", help="time to first token, decode tok/s, % of roofline")
+    b = sub.add_parser("bench", help="time to first token, decode tok/s, %% of roofline")
     _common(b)
     b.add_argument("--prompt-len", type=int, required=True)
     b.add_argument("--gen-len", type=int, required=True)

@@ -96,7 +96,8 @@ def resolve_device(device) -> torch.device:
         raise RequestError(f"unknown device {device!r}; use 'cpu' or 'cuda'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RequestError(f"device {device!r} was asked for, but no CUDA GPU is available "
-                           f"(use device='cpu')")
+                           f"(run on the CPU executor instead: device='cpu', or --device cpu on the "
+                           f"command line)")
     if dev.type not in ("cpu", "cuda"):
         raise RequestError(f"unsupported device {device!r}; use 'cpu' or 'cuda'")
     if dev.type == "cuda" and dev.index is None:

