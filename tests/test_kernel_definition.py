@@ -132,6 +132,35 @@ def test_in_without_dtype_is_rejected():
     assert "st.In[st.f32]" in str(ei.value)
 
 
+def test_in_of_a_python_type_is_a_definition_error_naming_the_parameter():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[int],  # <- in-of-int
+                z: st.Out[st.f32]):
+            pass
+    assert_definition_error(ei, "annotation", "in-of-int")
+    assert "parameter 'x'" in str(ei.value)
+
+
+def test_const_of_an_unsupported_type_is_a_definition_error():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32],
+                n: st.Const[str]):  # <- const-of-str
+            pass
+    assert_definition_error(ei, "annotation", "const-of-str")
+    assert "st.Const takes int, float, bool or st.dtype" in str(ei.value)
+
+
+def test_a_rank_that_is_not_a_positive_int_is_a_definition_error():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32, 0],  # <- rank-zero
+                z: st.Out[st.f32]):
+            pass
+    assert_definition_error(ei, "annotation", "rank-zero")
+
+
 def test_ptr_parameter_in_a_safe_kernel_is_rejected():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel

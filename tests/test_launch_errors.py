@@ -168,3 +168,23 @@ def test_the_same_handle_twice_is_refused_with_a_hint():
 @st.kernel
 def add2(x: st.In[st.f32, 2], y: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
     z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+@pytest.mark.parametrize("opts,message", [
+    (dict(num_warps=3), "num_warps must be 1, 2, 4, 8, 16 or 32"),
+    (dict(num_warps="4"), "num_warps must be"),
+    (dict(num_stages=0), "num_stages must be a positive int"),
+    (dict(loop_stages=2.0), "loop_stages must be a positive int"),
+    (dict(pdl=1), "pdl must be True or False"),
+    (dict(bogus=1), "unknown launch option"),
+])
+def test_bad_launch_options_are_refused_when_given(opts, message):
+    with pytest.raises(st.ArgumentError, match=message):
+        pair.options(**opts)
+
+
+def test_bad_launch_options_in_the_decorator_are_refused_too():
+    with pytest.raises(st.ArgumentError, match="num_warps"):
+        @st.kernel(num_warps=5)
+        def k(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.load_like(x, z))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from safetile import dtypes
-from safetile.errors import GraphCaptureError
+from safetile.errors import ArgumentError, GraphCaptureError
 from safetile.tensor import (Tensor, allocation_forbidden, arange, default_device, empty,
                              forbid_allocation, from_dlpack, from_numpy, from_torch, full,
                              ones, randn, zeros)
@@ -52,6 +52,17 @@ def test_arange_forms_and_default_dtypes():
     assert arange(4, device="cpu").dtype is dtypes.int64
     assert arange(0, 1, 0.5, device="cpu").dtype is dtypes.float32
     assert arange(3, dtype=dtypes.f32, device="cpu").dtype is dtypes.float32
+
+
+def test_arange_takes_a_shape_as_the_other_allocators_do():
+    assert arange((4,), dtype=dtypes.f32, device="cpu").to_torch().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert arange(3, dtypes.i32, device="cpu").dtype is dtypes.int32    # dtype positionally
+
+
+@pytest.mark.parametrize("args", [((2, 3),), ("4",), (None,), (4, "8"), (True,)])
+def test_arange_refuses_what_is_not_a_count_or_a_1d_shape(args):
+    with pytest.raises(ArgumentError, match="st.arange"):
+        arange(*args, device="cpu")
 
 
 def test_randn_with_a_seed_is_reproducible_and_leaves_the_global_rng_alone():

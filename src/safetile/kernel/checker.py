@@ -310,7 +310,7 @@ class BodyChecker(ast.NodeVisitor):
             self.fail(node, "name", f"'{ast.unparse(node)}' cannot be used in a kernel")
         if r.kind == "builtin" and r.value.unsafe and not self.unsafe:
             self.fail(node, "atomic-needs-unsafe" if r.value.atomic else "unsafe-op",
-                      f"sl.{r.value.name} writes through a raw pointer: only in "
+                      f"sl.{r.value.name} goes through a raw pointer: only in "
                       f"@st.kernel(unsafe=True)")
 
     def visit_Call(self, node):

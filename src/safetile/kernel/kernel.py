@@ -21,6 +21,32 @@ from .unsafe_block import unsafe  # noqa: F401  (st.unsafe)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
                   "loop_stages", "tma_store", "pdl", "early", "trigger_early"}
+_FLAGS = ("tma", "flatten", "warp_specialize", "tma_store", "pdl", "trigger_early")
+
+
+def check_options(name: str, opts: dict) -> None:
+    """Refuse launch options Triton would reject only when compiling (or not at all): every
+    option known, warps a power of two up to 32, pipeline depths positive ints, flags
+    bools (``None`` leaves a numeric option at its default). ``grid`` and ``early`` are
+    checked where they are used."""
+    unknown = set(opts) - LAUNCH_OPTIONS
+    if unknown:
+        raise ArgumentError(f"kernel '{name}': unknown launch option(s) {sorted(unknown)}; "
+                            f"known: {sorted(LAUNCH_OPTIONS)}")
+
+    def plain_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    w = opts.get("num_warps")
+    if w is not None and not (plain_int(w) and w in (1, 2, 4, 8, 16, 32)):
+        raise ArgumentError(f"kernel '{name}': num_warps must be 1, 2, 4, 8, 16 or 32, got {w!r}")
+    for key in ("num_stages", "loop_stages"):
+        v = opts.get(key)
+        if v is not None and not (plain_int(v) and v >= 1):
+            raise ArgumentError(f"kernel '{name}': {key} must be a positive int, got {v!r}")
+    for key in _FLAGS:
+        if key in opts and not isinstance(opts[key], bool):
+            raise ArgumentError(f"kernel '{name}': {key} must be True or False, got "
+                                f"{opts[key]!r}")
 
 
 def _plain(fn, what: str):
@@ -103,6 +129,7 @@ class Kernel(_Frozen):
         self.params = self._parse_params()
         self.info = check_kernel(self.src, self.params, unsafe)
         check_static_shapes(self.src, self.params, self.info)
+        check_options(self.name, dict(options or {}))
         self.opts = dict(options or {})
         self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
 
@@ -164,10 +191,7 @@ class Kernel(_Frozen):
         that its early loads overlap this kernel's whole run; its stores still wait for this
         kernel, and the check above covers the kernels it may then overlap.
         """
-        unknown = set(opts) - LAUNCH_OPTIONS
-        if unknown:
-            raise ArgumentError(f"unknown launch option(s) {sorted(unknown)}; "
-                            f"known: {sorted(LAUNCH_OPTIONS)}")
+        check_options(self.name, opts)
         early = opts.get("early", ())
         if isinstance(early, str) or not all(
                 isinstance(n, str) and n in self.params and self.params[n].kind == "In"

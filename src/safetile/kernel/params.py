@@ -27,17 +27,32 @@ class ParamSpec:
         return f"st.{self.kind}[{d}{r}]"
 
 
+@dataclass(frozen=True)
+class BadAnnotation:
+    """A parameter annotation that broke the grammar (``st.In[int]``, ``st.Const[str]``).
+
+    Subscripting returns it instead of raising, because an annotation is evaluated where the
+    ``def`` runs, before ``@st.kernel`` sees the function: the decorator then reports
+    ``message`` as a ``KernelDefinitionError`` naming the file, the line and the parameter."""
+
+    message: str
+
+
 class _TensorParam:
     kind = ""
 
-    def __class_getitem__(cls, item) -> ParamSpec:
+    def __class_getitem__(cls, item) -> ParamSpec | BadAnnotation:
         args = item if isinstance(item, tuple) else (item,)
         if not 1 <= len(args) <= 2:
-            raise TypeError(f"st.{cls.kind}[dtype] or st.{cls.kind}[dtype, rank], got {item!r}")
-        dtypes = dtype_members(args[0])
+            return BadAnnotation(f"st.{cls.kind}[dtype] or st.{cls.kind}[dtype, rank], got "
+                                 f"{item!r}")
+        try:
+            dtypes = dtype_members(args[0])
+        except (TypeError, ValueError) as e:
+            return BadAnnotation(f"st.{cls.kind}[...]: {e}")
         rank = args[1] if len(args) == 2 else None
         if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
-            raise TypeError(f"st.{cls.kind} rank must be a positive int, got {rank!r}")
+            return BadAnnotation(f"st.{cls.kind} rank must be a positive int, got {rank!r}")
         return ParamSpec(cls.kind, dtypes, rank)
 
 
@@ -88,9 +103,9 @@ class Const:
     plain ``int`` or ``float``.
     """
 
-    def __class_getitem__(cls, item) -> ParamSpec:
+    def __class_getitem__(cls, item) -> ParamSpec | BadAnnotation:
         if item not in (int, float, bool, DType):
-            raise TypeError(f"st.Const takes int, float, bool or st.dtype, got {item!r}")
+            return BadAnnotation(f"st.Const takes int, float, bool or st.dtype, got {item!r}")
         return ParamSpec("Const", const_type=item)
 
 
@@ -101,6 +116,8 @@ def parse_annotation(annotation) -> ParamSpec:
     """Turn an evaluated annotation into a ParamSpec, or raise TypeError saying why."""
     if isinstance(annotation, ParamSpec):
         return annotation
+    if isinstance(annotation, BadAnnotation):
+        raise TypeError(annotation.message)
     if annotation in SCALARS:
         return SCALARS[annotation]
     if annotation in (In, Out, Ptr):

@@ -170,16 +170,28 @@ def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
-    """``[start, stop)`` in steps of ``step`` (``arange(n)`` is ``0 .. n-1``).
+    """``[start, stop)`` in steps of ``step``: ``arange(n)`` (or, as the other allocators take
+    a shape, ``arange((n,))``) is ``0 .. n-1``; a dtype may follow the count positionally
+    (``arange(n, st.f32)``).
 
     ``dtype`` defaults to ``st.int64`` when all arguments are ints, else ``st.float32``.
     """
     _guard("arange")
+    if isinstance(stop, _dtypes.DType) and dtype is None:
+        stop, dtype = None, stop
+    if isinstance(start, (tuple, list, torch.Size)) and stop is None:
+        if len(start) != 1:
+            raise ArgumentError(f"st.arange makes a 1-D tensor: its shape is (n,), got "
+                                f"{tuple(start)}")
+        start = start[0]
+    for name, v in (("start", start), ("stop", stop), ("step", step)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ArgumentError(f"st.arange: {name} must be an int or a float, got "
+                                f"{type(v).__name__} {v!r}")
     if stop is None:
         start, stop = 0, start
     if dtype is None:
-        all_int = all(isinstance(v, int) and not isinstance(v, bool)
-                      for v in (start, stop, step))
+        all_int = all(isinstance(v, int) for v in (start, stop, step))
         dtype = _dtypes.int64 if all_int else _dtypes.float32
     with _typed("st.arange"):
         return Tensor._wrap(torch.arange(start, stop, step, dtype=_torch_dtype(dtype),
