@@ -6,6 +6,7 @@ import pytest
 
 import safetile as st
 import safetile.lang as sl
+from safetile.lang import semantics as S
 
 
 def z4():
@@ -83,15 +84,18 @@ def test_an_int8_index_entry_is_refused_with_the_conversion_to_make(kernel, args
 
 
 @st.kernel
-def load_without_index(x: st.In[st.f32], z: st.Out[st.f32]):
-    z.store(x.load())
+def adds(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + 1.0)
 
 
-def test_a_statement_the_type_check_cannot_handle_is_a_definition_error_with_its_line():
+def test_a_statement_the_type_check_cannot_handle_is_a_definition_error_with_its_line(
+        monkeypatch):
+    def unforeseen(*args):
+        raise ValueError("a rule that did not foresee this code")
+    monkeypatch.setattr(S, "binary", unforeseen)
     with pytest.raises(st.KernelDefinitionError, match="could not check this statement") as e:
-        load_without_index(st.zeros((4,)), st.zeros((4,)).partition((4,)))
-    assert f"test_type_facts.py:{load_without_index.fn.__code__.co_firstlineno + 2}" in \
-        str(e.value)
+        adds(st.zeros((4,)), st.zeros((4,)).partition((4,)))
+    assert f"test_type_facts.py:{adds.fn.__code__.co_firstlineno + 2}" in str(e.value)
 
 
 @st.kernel

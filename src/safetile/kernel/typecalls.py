@@ -7,16 +7,26 @@ of two, at most 2**20 elements).
 from __future__ import annotations
 
 import ast
+import inspect
 import math
 
 from .. import dtypes as _d
 from ..dtypes import DType
 from ..lang import semantics as S
+from ..lang.views import InView, OutView, SubTiles
 from .typevalues import V, const, operand, runtime, scalar, tile
 
 _MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
 _FLOAT_NAMES = {"inf": math.inf, "-inf": -math.inf, "+inf": math.inf, "nan": math.nan,
                 "infinity": math.inf, "-infinity": -math.inf}
+
+
+# The keyword arguments each operation takes (both backends pass them by these names);
+# every other argument is positional.
+_KEYWORDS = {"sum": ("axis",), "max": ("axis",), "min": ("axis",), "argmax": ("axis",),
+             "argmin": ("axis",), "full": ("dtype",), "zeros": ("dtype",),
+             "load_ptr": ("mask", "other"), "store_ptr": ("mask",), "atomic_add": ("mask",)}
+_VIEWS = {"In": InView, "Out": OutView, "tile": OutView, "sub": SubTiles}
 
 
 def _kw(node, name):
@@ -43,6 +53,8 @@ class CallTyper:
             if base.kind == "fn" and base.value.kind == "module":
                 return self.callee(node, self.expr(f))
             if f.attr == "astype":
+                if len(node.args) != 1 or node.keywords:
+                    raise self.fail(node, f"`{ast.unparse(node)}`: astype takes one dtype")
                 return self.astype(node, base)
             raise self.fail(node, f"`{ast.unparse(f)}(...)` is not a kernel operation")
         return self.callee(node, self.expr(f))
@@ -52,6 +64,8 @@ class CallTyper:
             raise self.fail(node, f"`{ast.unparse(node.func)}` is {fn.describe()}, not callable")
         r = fn.value
         if r.kind == "builtin":
+            self.arguments(node, r.value.__wrapped__, f"sl.{r.value.name}",
+                           _KEYWORDS.get(r.value.name, ()))
             return getattr(self, "op_" + r.value.name)(node)
         if r.kind == "load_like":
             return self.load_like(node)
@@ -61,16 +75,40 @@ class CallTyper:
             return getattr(self, "py_" + r.value)(node)
         raise self.fail(node, f"`{ast.unparse(node.func)}` cannot be called in a kernel")
 
+    def arguments(self, node, fn, what: str, keywords) -> None:
+        """Check a call's arguments against ``fn``'s declared signature; ``keywords``: the
+        parameters that may be passed by name."""
+        sig = inspect.Signature([p.replace(annotation=p.empty) for p in
+                                 inspect.signature(fn).parameters.values() if p.name != "self"])
+        for k in node.keywords:
+            if k.arg not in sig.parameters:
+                raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} has no parameter "
+                                      f"`{k.arg or '**'}`")
+            if k.arg not in keywords:
+                raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} takes `{k.arg}` "
+                                      f"positionally (by name: {', '.join(keywords) or '-'})")
+        try:
+            sig.bind(*node.args, **{k.arg: k.value for k in node.keywords})
+        except TypeError as e:
+            raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig}: {e}") from None
+
     # -- views -----------------------------------------------------------------------------------
     def view_call(self, node, view: V, method: str) -> V:
         vk, name = view.value[0], view.value[1]
+        cls = _VIEWS.get(vk)
+        if cls is not None and method in vars(cls):
+            names = tuple(inspect.signature(getattr(cls, method)).parameters)[1:]   # no self
+            self.arguments(node, getattr(cls, method), f"{name}.{method}",
+                           names if vk == "In" else ())
         if vk == "In":
             spec = self.view_spec(name)
             rank = spec.rank
             if method in ("load", "load_at"):
                 idx = _arg(node, 0, "index" if method == "load" else "offset")
                 shape = self.static_shape(_arg(node, 1, "shape"), f"{method} shape", rank)
-                self.index(idx, rank, f"{method} of '{name}': the index")
+                vals = self.index(idx, rank, f"{method} of '{name}': the index")
+                if method == "load":
+                    self.tile_index(idx, vals, shape, f"load of '{name}': the index")
                 self.padding(_arg(node, 2, "padding"), spec.dtype)
                 return tile(spec.dtype, shape)
             if method == "load_scalar":
@@ -78,8 +116,10 @@ class CallTyper:
                 self.padding(_arg(node, 1, "padding"), spec.dtype)
                 return scalar(spec.dtype)
             if method == "prefetch":
-                self.index(_arg(node, 0, "index"), rank, f"prefetch of '{name}': the index")
-                self.static_shape(_arg(node, 1, "shape"), "prefetch shape", rank)
+                idx, what = _arg(node, 0, "index"), f"prefetch of '{name}': the index"
+                vals = self.index(idx, rank, what)
+                shape = self.static_shape(_arg(node, 1, "shape"), "prefetch shape", rank)
+                self.tile_index(idx, vals, shape, what)
                 return V("none")
         out = self.view_spec(view.value[2] if vk in ("sub", "tile") else name)
         if vk in ("Out", "tile"):
@@ -94,13 +134,24 @@ class CallTyper:
         if vk == "sub":
             shape = view.value[3]
             if method == "store":
-                self.index(node.args[1], len(shape), "the sub-tile index")
+                self.sub_index(node.args[1], shape, out.tile)
                 self.store_value(node.args[0], out.dtype, shape)
                 return V("none")
             if method == "load":
-                self.index(node.args[0], len(shape), "the sub-tile index")
+                self.sub_index(node.args[0], shape, out.tile)
                 return tile(out.dtype, shape)
         raise self.fail(node, f"`{ast.unparse(node.func)}` is not a method of {view.describe()}")
+
+    def sub_index(self, node, shape: tuple, owned: tuple) -> None:
+        """A sub-tile index. A compile-time entry outside the slab's sub-grid is refused here:
+        the CPU executor would refuse it when the access runs, the GPU mask it off."""
+        vals = self.index(node, len(shape), "the sub-tile index")
+        grid = tuple(-(-t // r) for t, r in zip(owned, shape))
+        for x, g in zip(vals, grid):
+            if x.kind == "const" and not 0 <= x.value < g:
+                raise self.fail(node, f"the sub-tile index `{ast.unparse(node)}`: entry "
+                                      f"{x.value} is outside the owned slab's sub-grid {grid} "
+                                      f"(tile {owned}, sub-tile {shape})")
 
     def store_value(self, node, dtype: DType, shape: tuple) -> None:
         v = self.number(node, "the stored value")
@@ -146,7 +197,7 @@ class CallTyper:
             self.expr(n) if n is not None else None
             return None
         v = self.expr(n)
-        if v.kind != "const" or not isinstance(v.value, int) or not -rank <= v.value < rank:
+        if v.kind != "const" or type(v.value) is not int or not -rank <= v.value < rank:
             raise self.fail(n, f"the axis must be a compile-time int in [{-rank}, {rank}), got "
                                f"{v.describe()}")
         return v.value % rank
@@ -251,7 +302,7 @@ class CallTyper:
         t = self.runtime_arg(node, node.args[0], "sl.permute's argument")
         dims = self.expr(node.args[1])
         vals = tuple(x.value for x in dims.value) if dims.kind == "tuple" and all(
-            x.kind == "const" for x in dims.value) else None
+            x.kind == "const" and type(x.value) is int for x in dims.value) else None
         if vals is None or sorted(vals) != list(range(len(t.shape))):
             raise self.fail(node, f"sl.permute: dims must be a compile-time permutation of "
                                   f"{tuple(range(len(t.shape)))}")
@@ -267,6 +318,9 @@ class CallTyper:
         return tile(t.dtype, t.shape[::-1])
 
     def op_arange(self, node) -> V:
+        if self.expr(node.args[0]).kind != "const":
+            raise self.fail(node, f"`{ast.unparse(node)}`: sl.arange takes one compile-time "
+                                  f"int, its size")
         (n,) = self.static_shape(node.args[0], "sl.arange size", 1)
         return tile(_d.int32, (n,), n - 1)
 
@@ -286,7 +340,8 @@ class CallTyper:
 
     def program_axis(self, node) -> None:
         v = self.expr(node.args[0]) if node.args else None
-        if v is None or v.kind != "const" or v.value not in (0, 1, 2):
+        if v is None or v.kind != "const" or v.value not in (0, 1, 2) or \
+                type(v.value) is not int:
             raise self.fail(node, "the launch axis must be 0, 1 or 2")
 
     def op_bid(self, node) -> V:

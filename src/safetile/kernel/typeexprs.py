@@ -222,7 +222,7 @@ class ExprTyper:
         base = self.expr(node.value)
         if base.kind == "tuple":
             k = self.expr(node.slice)
-            if k.kind != "const" or not isinstance(k.value, int):
+            if k.kind != "const" or type(k.value) is not int:
                 raise self.fail(node, f"`{ast.unparse(node)}`: index a tuple with a "
                                       f"compile-time int")
             try:
@@ -294,6 +294,19 @@ class ExprTyper:
                                       f"int32 or int64 scalar (int32 range for compile-time "
                                       f"values), got {x.describe()}{hint}")
         return vals
+
+    def tile_index(self, node, vals: list, box: tuple, what: str) -> None:
+        """Check a tile-grid index (``index``'s entries) for tiles of shape ``box``."""
+        for x, t in zip(vals, box):
+            # A compile-time tile index is multiplied by the tile size at compile time; past
+            # int32 the box lies wholly outside every tensor (MAX_DIM), so it would only read
+            # padding, and the generated code has no int32 product to build it from.
+            if x.kind == "const" and abs(x.value) > 2**31 // t - 1:
+                raise self.fail(node, f"{what} `{ast.unparse(node)}`: the box of tile index "
+                                      f"{x.value} with size {t} lies past the int32 range, "
+                                      f"wholly outside every tensor, where a load reads only "
+                                      f"padding: build that tile with sl.full(shape, padding, "
+                                      f"dtype)")
 
     def padding(self, node, dtype) -> None:
         if node is None:

@@ -22,7 +22,7 @@ from ..lang import semantics as S
 from ..lang.diagnostics import TILE_AS_VALUE_HINT
 from .typecalls import CallTyper
 from .typeexprs import BINOPS, ExprTyper
-from .typevalues import V, bounds, const, merged, scalar, specials, unbounded
+from .typevalues import V, bounds, const, leaves, merged, scalar, specials, unbounded
 
 _MAX_DIM_BOUND = S.MAX_DIM
 
@@ -195,9 +195,10 @@ class BodyTyper(ExprTyper, CallTyper):
 
     def stmt(self, node) -> None:
         if isinstance(node, ast.Assign):
-            v = self.expr(node.value)
-            for t in node.targets:
-                self.bind(t, v)
+            if len(node.targets) > 1:
+                raise self.fail(node, "one target per assignment (the GPU has no chained "
+                                      "assignment): write `a = value`, then `b = a`")
+            self.bind(node.targets[0], self.expr(node.value))
         elif isinstance(node, ast.AugAssign):
             if not isinstance(node.target, ast.Name):
                 raise self.fail(node, f"cannot assign to `{ast.unparse(node.target)}`")
@@ -235,6 +236,11 @@ class BodyTyper(ExprTyper, CallTyper):
         return v
 
     def bind(self, target, v: V) -> None:
+        if v.kind == "tuple" and any(x.runtime for x in leaves(v)):
+            # generated code builds such a tuple: each compile-time number in it becomes a value
+            for x in leaves(v):
+                if x.kind == "const":
+                    self.rule(target, S.int64_check, x.value)
         if isinstance(target, ast.Name):
             self.env[target.id] = v
             return
@@ -242,6 +248,10 @@ class BodyTyper(ExprTyper, CallTyper):
             if v.kind != "tuple" or len(v.value) != len(target.elts):
                 raise self.fail(target, f"cannot unpack {v.describe()} into "
                                         f"{len(target.elts)} names")
+            if any(not isinstance(t, ast.Name) for t in target.elts):
+                raise self.fail(target, f"`{ast.unparse(target)} = ...`: unpack one level "
+                                        f"into plain names (the GPU cannot unpack nested "
+                                        f"tuples); unpack the inner tuple in a second step")
             for t, x in zip(target.elts, v.value):
                 self.bind(t, x)
             return
@@ -313,6 +323,12 @@ class BodyTyper(ExprTyper, CallTyper):
         if isinstance(it.func, ast.Attribute) and it.func.attr == "tiles":
             view = self.expr(it.func.value)
             out = view.value[1]
+            if it.args or it.keywords:
+                raise self.fail(it, f"`{ast.unparse(it)}`: tiles() takes no arguments")
+            if self.in_tiles:          # each program visits each of its tiles once
+                raise self.fail(node, f"a `tiles()` loop inside another: write one `for t in "
+                                      f"{out}.tiles():` loop and do each tile's work in its "
+                                      f"body")
             inner = V("view", value=("tile", node.target.id, out))
             if not self.persistent:
                 self.env[node.target.id] = inner

@@ -120,3 +120,9 @@ def bounds(v: V):
 def specials(v: V):
     """``v``'s ``special`` fact, or its entries' for a tuple."""
     return tuple(specials(x) for x in v.value) if v.kind == "tuple" else v.special
+
+
+def leaves(v: V):
+    """The entries of tuple ``v``, nested tuples' entries in place of the tuples."""
+    for x in v.value:
+        yield from leaves(x) if x.kind == "tuple" else (x,)

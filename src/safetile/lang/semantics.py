@@ -11,8 +11,10 @@ Values
 ------
 *Compile-time* values are Python numbers (int, float, bool) and tuples of them: literals,
 ``st.Const`` parameters, module and closure constants (as they were when the decorator
-ran), ``z.shape``, sub-tile shapes, ``t.shape`` and ``t.dtype``. Arithmetic on compile-time
-values alone is Python's, done at compile time (``-7 // 2 == -4``).
+ran), ``z.shape``, sub-tile shapes, ``t.shape`` and ``t.dtype``, and local names bound to
+them (however often, by tuple unpacking too). Arithmetic on compile-time values alone is
+Python's, done at compile time (``-7 // 2 == -4``). A tuple entry ``s[k]`` with a negative
+``k`` counts from the end (``x.shape[-1]``).
 
 *Runtime* values have a dtype: a *scalar* (no axes) or a *tile* (axes with compile-time
 sizes, each a power of two, at most 2**20 elements). Runtime scalars:
@@ -38,7 +40,11 @@ Otherwise the operands promote:
   bf16 with an int gives fp32; fp16 meeting bf16 is refused (convert one with ``.astype``);
 - ints promote to the wider (int8 < int32 < int64); bool takes no part in arithmetic;
 - a compile-time number meeting a runtime value of a lower kind takes its own type (an int
-  is int32, or int64 when it does not fit; a float is fp32: ``int_tile * 0.5`` is fp32);
+  is int32, or int64 when it does not fit; a float is fp32: ``int_tile * 0.5`` is fp32), as
+  does one that becomes a runtime value on its own (a ``range`` bound, a helper's result, a
+  branch of a runtime conditional). An int in ``[2**31, 2**32)`` is refused there (Triton
+  would make it uint32, a type the language does not have: use ``sl.full((), v, st.int64)``),
+  and an int outside int64 is refused wherever it meets a runtime value;
 - a value computed only from ``int`` parameters, In shapes and compile-time numbers is
   refused where it meets an int8, fp16 or bf16 operand that it would promote differently as
   a compile-time number: Triton passes such an argument equal to 1 as the constant 1, so
@@ -101,17 +107,21 @@ Operations (``safetile.lang``; see each op's docstring for its signature)
 Indices and limits
 ------------------
 A tile index ``i`` with shape ``t`` reads elements ``i*t + [0, t)``, computed exactly: any
-element outside the tensor reads the padding, whatever ``i`` (no wrap-around). A sub-tile
-index outside the owned slab's sub-grid is refused by the CPU executor
-(``OutOfBoundsError``) and masked off on the GPU. Tensors whose dimensions exceed
-``MAX_DIM`` or whose elements lie past offset 2**31 - 1, tiles over ``MAX_TILE_ELEMENTS``
-elements, and launches of more than ``MAX_PROGRAMS`` programs are refused before anything
-runs. A ``range`` loop whose variable would pass the int32 range (``stop + step`` beyond it)
-is refused by the CPU executor; on the GPU it is undefined.
+element outside the tensor reads the padding, whatever ``i`` (no wrap-around); a
+compile-time ``i`` whose box passes the int32 range (wholly outside every tensor) is
+refused. A sub-tile index outside the owned slab's sub-grid is refused: by the type check
+when it is compile-time, else by the CPU executor (``OutOfBoundsError``); the GPU masks it
+off. Tensors whose dimensions exceed ``MAX_DIM`` or whose elements lie past offset
+2**31 - 1, tiles over ``MAX_TILE_ELEMENTS`` elements, and launches of more than
+``MAX_PROGRAMS`` programs are refused before anything runs. A ``range`` loop whose variable
+would pass the int32 range (``stop + step`` beyond it) is refused by the CPU executor; on the
+GPU it is undefined.
 
 Names
 -----
 A kernel sees module globals and closure variables as they were when its decorator ran.
+An assignment has one target: a name, or one level of names unpacking a tuple
+(``i, j = z.index``; not ``a = b = v``, not ``a, (b, c) = ...``).
 A name bound inside a ``for`` body, and the loop variable itself, are not defined after the
 loop. After a runtime ``if``, a name is defined only if it was defined before or in both
 branches (with one type); a name holding a runtime value keeps its type through a branch or
@@ -180,14 +190,27 @@ def weak_dtype(v) -> DType:
     if isinstance(v, int):
         if -2**31 <= v < 2**31:
             return _d.int32
-        if -2**63 <= v < 2**63:
-            return _d.int64
-        raise SemanticsError(f"the integer {v} does not fit in 64 bits")
+        if 0 <= v < 2**32:
+            raise SemanticsError(
+                f"the compile-time int {v} lies in [2**31, 2**32): on its own Triton types it "
+                f"uint32, which the language does not have; make it a runtime int64 value with "
+                f"sl.full((), {v}, st.int64), or keep it inside int32")
+        int64_check(v)
+        return _d.int64
     if not fp32_normal(v):
         raise SemanticsError(
             f"the compile-time float {v!r} is not a normal fp32 number: it can only meet "
             f"float tiles (where it is rounded to their type)")
     return _d.float32
+
+
+def int64_check(v) -> None:
+    """Refuse a compile-time int outside int64 (the GPU has no wider int to build it in)."""
+    if isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63:
+        shown = v if v.bit_length() <= 256 else f"of {v.bit_length()} bits"
+        raise SemanticsError(f"the compile-time int {shown} does not fit in 64 bits, so it "
+                             f"cannot meet a runtime value; to meet float values write it as "
+                             f"a float (1e30, not 10**30)")
 
 
 def fp32_normal(v: float) -> bool:
@@ -241,6 +264,7 @@ def computation_dtype(a, b, div_or_mod: bool = False) -> DType:
         return _strong(weak_dtype(a), weak_dtype(b), div_or_mod)
     if wa or wb:
         v, t = (a, b) if wa else (b, a)
+        int64_check(v)
         if weak_kind(v) <= kind(t):
             _fit(v, t, "meets a tile of")
             if div_or_mod and t in (_d.float16, _d.bfloat16):
@@ -356,6 +380,7 @@ def representable(v, d: DType, what: str) -> None:
     if d.is_float:
         if isinstance(v, bool):
             raise SemanticsError(f"the bool {v!r} {what} a st.{d.name} tile: write 0.0 or 1.0")
+        int64_check(v)
         return
     if isinstance(v, float):
         raise SemanticsError(f"the float {v!r} cannot be {what} a st.{d.name} tile")

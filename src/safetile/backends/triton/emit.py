@@ -116,10 +116,14 @@ class Emitter(ViewEmitter):
                 out = self.specs[self.out_name(call.func.value)]
                 self.subs[node.targets[0].id] = (out.name, self.parts(call.args[0], len(out.tile)))
                 return [], state
+            if self.compile_time_binding(node):
+                return [], state
             targets = " = ".join(self.target(t) for t in node.targets)
             if self.constexpr_alias(node):
                 targets += ": tl.constexpr"
             text = f"{ind}{targets} = {self.expr(node.value)}"
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and self.compile_time_binding(node):
+            return [], state
         elif isinstance(node, ast.AugAssign):
             op = self.binop(node, BINOP_SPELLING[type(node.op)], node.target, node.value)
             text = f"{ind}{self.target(node.target)} = {op}"
@@ -141,28 +145,11 @@ class Emitter(ViewEmitter):
         pre = [f"{ind}tl.debug_barrier()  # token: read of an owned tile after a store"] if any(need) else []
         return pre + [text], state
 
-    def constexpr_alias(self, node) -> bool:
-        """Whether ``name = <compile-time int>`` is emitted as ``name: tl.constexpr = ...``.
-
-        Triton 3.6 makes a plain local alias of a constexpr (``BM = _st_z_t0``, from
-        ``BM = z.shape[0]``) a runtime value, so a tile shape built from it (``tl.arange(0,
-        BM)`` inside a load helper) fails to compile. The annotation keeps it a constexpr; it
-        is legal only for a name bound once in the body.
-        """
-        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
-            return False
-        if not isinstance(self.static(node.value), int):
-            return False
-        name = node.targets[0].id
-        binds = sum(1 for n in ast.walk(self.src.tree)
-                    if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store))
-        return binds == 1
-
     def target(self, node) -> str:
         if isinstance(node, ast.Name):
             return node.id
-        if isinstance(node, ast.Tuple):
-            return ", ".join(self.target(e) for e in node.elts)
+        if isinstance(node, ast.Tuple):            # one level of plain names (kernel/types.py)
+            return ", ".join(e.id for e in node.elts) + ("," if len(node.elts) == 1 else "")
         raise self.fail(node, f"cannot assign to `{ast.unparse(node)}`")
 
     def store_stmt(self, call, state, ind):

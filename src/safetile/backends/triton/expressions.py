@@ -11,6 +11,7 @@ import ast
 from ...errors import KernelDefinitionError
 from ...lang.views import inline_partition, kind_of
 from ...lang import semantics as S
+from .folding import ConstantNames
 from .constants import extremum_type, float_literal, fp32_operand, needs_type, typed_constant
 from .prelude import DEPENDS, helper_source
 
@@ -35,7 +36,7 @@ def _kept_bf16(src: str, t) -> str:
     return src
 
 
-class ExpressionEmitter:
+class ExpressionEmitter(ConstantNames):
     """Translates expressions of one kernel or @st.function body for one variant."""
 
     def fail(self, node, message):
@@ -136,7 +137,8 @@ class ExpressionEmitter:
     def pad(self, node) -> str:
         if node is None:
             return "0"
-        v = self.static_float(node)
+        t = self.tp(node)                      # the value the type check took, if typed
+        v = float(t.value) if t is not None and t.kind == "const" else self.static_float(node)
         if v is None:
             raise self.fail(node, "padding must be a compile-time constant (a literal or Const)")
         return float_literal(v)
@@ -153,7 +155,8 @@ class ExpressionEmitter:
                 return [self.idx(k) for k in range(len(out.tile))]
             if node.attr == "shape":
                 return [f"_st_{out.name}_t{k}" for k in range(len(out.tile))]
-        if rank == 1:
+        t = self.tp(node)
+        if rank == 1 and (t is None or t.kind != "tuple"):
             return [self.expr(node)]
         e = self.expr(node)
         return [f"({e})[{k}]" for k in range(rank)]
@@ -177,7 +180,7 @@ class ExpressionEmitter:
             raise self.fail(node, f"view '{node.id}' is not a value")
         r = self.scope.resolve(node)
         if r is None or r.kind in ("local", "param"):
-            return node.id
+            return self.folded_name(node) or node.id
         return self.resolved_value(node, r)
 
     def resolved_value(self, node, r):
@@ -196,7 +199,10 @@ class ExpressionEmitter:
         if kind in ("Out", "tile"):
             return "(" + ", ".join(self.parts(node, len(self.specs[self.out_name(node.value)].tile))) + ",)"
         if kind == "sub":
-            return "(" + ", ".join(self.subs[node.value.id][1]) + ",)"
+            v = node.value
+            shape = self.parts(v.args[0], len(self.specs[self.out_name(v)].tile)) \
+                if isinstance(v, ast.Call) else self.subs[v.id][1]
+            return "(" + ", ".join(shape) + ",)"
         r = self.scope.resolve(node)
         if r is not None:
             return self.resolved_value(node, r)
@@ -207,13 +213,14 @@ class ExpressionEmitter:
 
     def expr_Subscript(self, node):
         v = node.value
+        # the entry the type check took (a compile-time int, negative ones from the end)
+        k = self.tp(node.slice)
+        k = k.value if k is not None and k.kind == "const" else self.static(node.slice)
         if isinstance(v, ast.Attribute) and self.view_kind(v.value) == "In" and v.attr == "shape":
-            k = self.static(node.slice)
             if k is None:
                 raise self.fail(node, "index x.shape with a constant")
-            return f"_st_{v.value.id}_n{k}"
+            return f"_st_{v.value.id}_n{k % self.specs[v.value.id].rank}"
         if isinstance(v, ast.Attribute) and self.view_kind(v.value) in ("Out", "tile"):
-            k = self.static(node.slice)
             if k is not None:
                 return self.parts(v, len(self.specs[self.out_name(v.value)].tile))[k]
         return f"{self.expr(v)}[{self.slice(node.slice)}]"
@@ -418,7 +425,7 @@ class ExpressionEmitter:
             if v is not None and v.runtime and v.dtype.is_float and t is not None and \
                     not t.dtype.is_float and t.dtype.name != "bool_":
                 lo, hi = S.int_range(t.dtype)
-                d = self.expr(node.args[2])
+                d = self.expr(node.args[2] if len(node.args) > 2 else _kw(node, "dtype"))
                 value = f"{self.use('_st_f2i')}({self.expr(node.args[1])}, {d}, {lo}, {hi})"
                 return f"tl.full({self.expr(node.args[0])}, {value}, {d})"
             if v is not None and v.kind == "const" and t is not None and \

@@ -90,7 +90,7 @@ class ViewEmitter(ExpressionEmitter):
                 return self.in_prefetch(node, f.value)
             if method == "load_scalar":
                 s = self.specs[name]
-                index = node.args[0]
+                index = node.args[0] if node.args else _kw(node, "index")
                 pad = node.args[1] if len(node.args) > 1 else _kw(node, "padding")
                 e = ", ".join(self.parts(index, s.rank))
                 helper = self.use(f"_st_scalar{s.rank}")
