@@ -122,6 +122,11 @@ def test_from_torch_rejects_non_tensors_and_sparse_layouts():
         from_torch(torch.eye(3).to_sparse())
 
 
+def test_numpys_default_float64_is_refused_with_the_conversion_to_make():
+    with pytest.raises(ArgumentError, match=r"astype\(np.float32\)"):
+        from_numpy(np.zeros(3))
+
+
 def test_from_numpy_copies_the_array():
     a = np.arange(6, dtype=np.float32)
     t = from_numpy(a, device="cpu")

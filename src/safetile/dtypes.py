@@ -86,9 +86,14 @@ def from_name(name: str) -> DType:
 
 
 def from_torch(dtype: torch.dtype) -> DType:
-    """The safetile dtype of a torch dtype; ``TypeError`` if safetile has none."""
+    """The safetile dtype of a torch dtype; ``ArgumentError`` if safetile has none."""
     try:
         return _BY_TORCH[dtype]
     except KeyError:
         supported = ", ".join(d.name for d in ALL)
-        raise ArgumentError(f"torch dtype {dtype} has no safetile dtype (supported: {supported})") from None
+        hint = ""
+        if dtype is torch.float64:
+            hint = ("; convert first, e.g. t.float() or, for numpy's default float64 arrays, "
+                    "a.astype(np.float32)")
+        raise ArgumentError(f"torch dtype {dtype} has no safetile dtype (supported: "
+                            f"{supported}){hint}") from None
