@@ -9,6 +9,7 @@ with the op's output as ``error.recovered``.
 """
 import asyncio
 import copy
+import gc
 import pickle
 
 import pytest
@@ -147,3 +148,20 @@ def test_a_cancelled_submit_future_gives_its_output_through_recovered():
 
     x, y, z = asyncio.run(main())
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")   # dropped unrun on purpose
+@pytest.mark.parametrize("clones", [1, 2])
+def test_an_unrun_op_collected_in_a_cycle_with_its_shared_clones_hands_back_the_rest(clones):
+    # The collector may finalize the clones (which only the op holds) before the op: the
+    # op must still hand back every argument that is not a released clone.
+    s, y = vec(1, 2).share(), vec(3, 4)
+    z = st.empty((2,)).partition((2,))
+    op = add(s.clone(), s.clone() if clones == 2 else y, z)
+    cycle = [op]
+    cycle.append(cycle)
+    del op, cycle
+    gc.collect()
+    assert y.to_torch().tolist() == [3.0, 4.0]
+    assert z.unpartition().shape == (2,)
+    assert s.try_unwrap().to_torch().tolist() == [1.0, 2.0]     # the clones are gone

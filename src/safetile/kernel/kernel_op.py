@@ -5,7 +5,8 @@ from ..device.op import UNKNOWN, DeviceOp, RunContext, note_built
 from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
-from ..tensor.ownership import LOCK
+from ..errors import MovedError
+from ..tensor.ownership import LOCK, restore_moved_locked
 
 
 class KernelOp(DeviceOp):
@@ -59,8 +60,11 @@ class KernelOp(DeviceOp):
         self._released = True
         values = self.values
         with LOCK:
-            for i, _ in self.plan.moves:
-                values[i]._restore_locked()
+            try:
+                for i, _ in self.plan.moves:
+                    values[i]._restore_locked()
+            except MovedError:                    # a Shared clone collected with this op
+                restore_moved_locked([values[i] for i, _ in self.plan.moves])
 
     def _release(self) -> None:
         """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
