@@ -156,6 +156,18 @@ class KernelOp(DeviceOp):
             self._consumed = True
             self._release()
             warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
+            return
+        # Its borrows may outlive it (a `then` chain drops an op once it has handed its values
+        # back; they end when the execution finishes). The extents refer to the tensors
+        # weakly, and while the op lived it kept them alive: the hold keeps them from now on,
+        # so that the bytes stay allocated while borrowed and a strided extent's exact
+        # overlap check can still read its layout.
+        hold = getattr(self, "hold", None)
+        if hold is not None and not hold._released:
+            with LOCK:
+                if not hold._released:
+                    values = self.values
+                    hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
 
     def _host_bound(self) -> bool:
         return self.backend.host_bound

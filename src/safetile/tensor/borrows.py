@@ -102,8 +102,10 @@ def _where(a: Extent, b: Extent) -> str:
 class Hold:
     """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent).
 
-    ``tensors`` keeps the held tensors alive (extents refer to them weakly); ``owner`` is the
-    execution the operation runs in (set when it runs), whose own launches it never blocks."""
+    ``tensors`` keeps the held tensors alive (extents refer to them weakly; an operation that
+    keeps its tensors alive itself passes none and hands them over if it is collected first);
+    ``owner`` is the execution the operation runs in (set when it runs), whose own launches it
+    never blocks."""
 
     __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "remedy", "__weakref__")
 
