@@ -88,7 +88,7 @@ class CollectiveOp(DeviceOp):
             err.recovered = self._output()
             raise err
         hold = self.hold
-        if hold.owner is not None and hold.owner is not ctx:
+        if hold.checked_in is not None and hold.checked_in is not ctx:
             hold.release()                        # built in another execution's callback
             try:
                 with borrows.owned_by(ctx):

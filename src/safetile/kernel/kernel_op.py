@@ -84,7 +84,7 @@ class KernelOp(DeviceOp):
             self._take()                          # raises: an op runs once
         self._consumed = True
         hold = self.hold
-        if hold.owner is not None and hold.owner is not ctx:
+        if hold.checked_in is not None and hold.checked_in is not ctx:
             hold = self._borrow_again(ctx)
         hold.owner = ctx                          # ordered with the rest of this execution
         if ctx.keeps(self.plan.extents):

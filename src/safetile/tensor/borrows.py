@@ -47,9 +47,12 @@ __all__ = ["acquire", "prepare", "register", "hold_shared", "collect_shared", "b
 # ---------------------------------------------------------------------------------------
 
 # The execution running on this thread (the device layer's RunContext), or None. Holds of
-# operations that run in one execution are ordered by that execution's stream, so they never
-# conflict with each other, nor with host reads made from its callbacks (which are ordered on
-# the same stream); they still conflict with everything else until the execution finishes.
+# operations that have run in one execution (``Hold.owner``) are ordered by that execution's
+# stream before whatever it does next, so they never conflict with its later launches, nor
+# with host access from its callbacks; they still conflict with everything else until the
+# execution finishes. The hold of an operation built in a callback but not yet run is no
+# execution's: its work is enqueued after the callback returns, so what the callback does
+# meanwhile (share, read, export the bytes) is not ordered before it.
 _owner = threading.local()
 
 
@@ -104,17 +107,21 @@ class Hold:
 
     ``tensors`` keeps the held tensors alive (extents refer to them weakly; an operation that
     keeps its tensors alive itself passes none and hands them over if it is collected first);
-    ``owner`` is the execution the operation runs in (set when it runs), whose own launches it
-    never blocks."""
+    ``owner`` is the execution the operation runs in (set when it runs), whose later launches
+    and host access it never blocks; ``checked_in`` the execution whose own holds were set
+    aside when these borrows were checked (the one running on the registering thread): an
+    operation that runs in another execution must have them checked again."""
 
-    __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "remedy", "__weakref__")
+    __slots__ = ("holder", "owner", "checked_in", "_regs", "_released", "tensors", "remedy",
+                 "__weakref__")
 
     #: What a message tells the user to do about a conflict with an operation's hold.
     SYNC = "synchronize that operation first (op.sync() or await op)"
 
-    def __init__(self, holder: str, tensors=(), owner=None):
+    def __init__(self, holder: str, tensors=(), checked_in=None):
         self.holder = holder                  # "in-flight kernel 'add'", "Shared value ..."
-        self.owner = owner
+        self.owner = None
+        self.checked_in = checked_in
         self.tensors = tensors
         self.remedy = Hold.SYNC
         self._regs: list = []                 # the registries this hold is in
@@ -181,7 +188,7 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against. The caller need not hold ``LOCK``."""
     owner = getattr(_owner, "ctx", None)
-    hold = Hold(f"in-flight {holder}", tensors, owner)
+    hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
     with LOCK:
@@ -238,9 +245,8 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     value): while it lasts, no launch may write the storage, through any view (but the
     replays of a graph that recorded the sharing, see ``collect_shared``)."""
     hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
-    # The value's borrow, not an execution's: even launches of the execution that shared it
-    # (in a callback) may not write the bytes afterwards.
-    hold.owner = None
+    # The value's borrow, never an execution's (its owner stays None): even launches of the
+    # execution that shared it (in a callback) may not write the bytes afterwards.
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
     collecting = getattr(_collecting, "into", None)
