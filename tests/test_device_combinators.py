@@ -294,3 +294,20 @@ def test_another_thread_meets_the_borrow_of_a_strided_view_after_its_op_was_coll
     assert "kernel 'add'" in str(errors[0])
     assert base.to_torch().tolist() == [2, 0, 3, 0, 4, 0, 5, 0]
 
+
+class _NoSignature:
+    """A callable whose signature inspect cannot read (it raises TypeError)."""
+    __signature__ = "unreadable"
+
+    def __call__(self, *values):
+        raise TypeError("raised inside the callback")
+
+
+@pytest.mark.parametrize("kind", ["then", "map"])
+def test_a_callback_without_a_readable_signature_raises_its_own_error_with_the_values(kind):
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    with pytest.raises(TypeError, match="raised inside the callback") as e:
+        getattr(op, kind)(_NoSignature()).sync()
+    rx, _, rz = e.value.recovered
+    assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]

@@ -32,9 +32,10 @@ def arity_error(kind: str, f, out, source) -> ArgumentError | None:
     values = spread(out)
     try:
         signature = inspect.signature(f)
+    except (TypeError, ValueError):              # none to read (a C callable, a malformed
+        return None                              # __signature__): f's own error stands
+    try:
         signature.bind(*values)
-        return None
-    except ValueError:                           # no signature to check (a C callable)
         return None
     except TypeError:
         pass
