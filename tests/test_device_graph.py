@@ -189,7 +189,7 @@ def test_a_value_shared_in_a_callback_cannot_be_written_later_in_the_same_execut
         view = st.from_torch(kept[0]._torch)           # another handle on the same bytes
         return inc(view.partition((2,)))
 
-    with pytest.raises(AliasError, match="shared value"):
+    with pytest.raises(AliasError, match="shared value.*try_unwrap"):
         inc(x.partition((2,))).then(share_then_write).sync()
 
 

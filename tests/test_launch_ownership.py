@@ -169,7 +169,7 @@ def test_a_callback_cannot_share_bytes_that_an_op_it_built_will_write():
         view.share()
         return op
 
-    with pytest.raises(AliasError, match="kernel 'scale'"):
+    with pytest.raises(AliasError, match="kernel 'scale'.*built in this callback"):
         scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
             write_then_share).sync()
     assert view.to_torch().abs().sum() == 0                  # nothing was written
@@ -187,7 +187,35 @@ def test_a_callback_cannot_touch_bytes_that_an_op_it_built_will_write(access):
         access(view)
         return op
 
-    with pytest.raises(BorrowError, match="kernel 'scale'"):
+    with pytest.raises(BorrowError, match="kernel 'scale'.*built in this callback"):
         scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
             write_then_touch).sync()
     assert view.to_torch().abs().sum() == 0
+
+
+def test_a_callback_cannot_build_an_op_reading_bytes_that_an_op_it_built_will_write():
+    # As outside callbacks: the two would be ordered only in the order they are run.
+    t = st.zeros((64,))
+    view = t.view(64)
+
+    def write_then_read(x, z, k):
+        return st.zip(scale(x, t.partition((16,)), 2.0),
+                      scale(view, st.empty((64,)).partition((16,)), 1.0))
+
+    with pytest.raises(AliasError, match="built in this callback.*chained after"):
+        scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
+            write_then_read).sync()
+    assert view.to_torch().abs().sum() == 0
+
+
+def test_a_callback_may_read_bytes_that_the_op_before_it_wrote():
+    t = st.zeros((64,))
+    view = t.view(64)
+    seen = []
+
+    def read_then_write_again(x, z, k):
+        seen.append(view.to_torch().sum().item())        # ordered after that op: allowed
+        return scale(x, z, 3.0)
+
+    scale(st.ones((64,)), t.partition((16,)), 2.0).then(read_then_write_again).sync()
+    assert seen == [128.0] and view.to_torch().sum().item() == 192.0

@@ -247,6 +247,7 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
     # The value's borrow, never an execution's (its owner stays None): even launches of the
     # execution that shared it (in a callback) may not write the bytes afterwards.
+    hold.checked_in = None                        # and no operation will run it
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
     collecting = getattr(_collecting, "into", None)
@@ -263,10 +264,21 @@ def _raise_internal(holder: str, w: Extent, other: Extent):
         f"the same launch: pass a copy or non-overlapping slices")
 
 
+def _remedy(hold: Hold) -> str:
+    """What to do about a conflict with ``hold``, met on this thread."""
+    ctx = getattr(_owner, "ctx", None)
+    if ctx is not None and hold.owner is None and hold.checked_in is ctx:
+        # Syncing it is not possible here (execution is not re-entrant), and not needed.
+        return ("that operation was built in this callback and runs only after it returns: "
+                "do this in a `then` callback chained after that operation")
+    return hold.remedy
+
+
 def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
     raise AliasError(
         f"{holder}: {_label(new.name, new.write)} overlaps {_label(held.name, held.write)} "
-        f"held by {hold.holder} ({_where(new, held)}); {hold.remedy} or use separate storage")
+        f"held by {hold.holder} ({_where(new, held)}); {_remedy(hold)}, or use separate "
+        f"storage")
 
 
 def _conflicting(t: torch.Tensor, writes_only: bool):
@@ -296,7 +308,7 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
         e, h = found
         raise BorrowError(
             f"cannot {what}: {h.holder} is writing this memory through "
-            f"{_label(e.name, True)}; {h.remedy}")
+            f"{_label(e.name, True)}; {_remedy(h)}")
 
 
 def check_host_write(t: torch.Tensor, what: str) -> None:
@@ -308,7 +320,7 @@ def check_host_write(t: torch.Tensor, what: str) -> None:
         verb = "writing" if e.write else "reading"
         raise BorrowError(
             f"cannot {what}: {h.holder} is {verb} this memory through "
-            f"{_label(e.name, e.write)}; {h.remedy}")
+            f"{_label(e.name, e.write)}; {_remedy(h)}")
 
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
