@@ -255,5 +255,18 @@ def test_a_scope_whose_block_raised_is_closed_and_refuses_later_records():
     with pytest.raises(GraphCaptureError, match="closed") as e:
         s.record(inc(st.zeros((4,)).partition((2,))))
     assert e.value.recovered[0].unpartition().shape == (4,)
-    with pytest.raises(GraphCaptureError):
+    with pytest.raises(GraphCaptureError, match="block raised, so it made no graph"):
         s.launch()
+
+
+def test_a_failed_record_leaves_none_of_its_launches_in_the_graph():
+    z = st.zeros((4,))
+    first = inc(z.partition((2,)))
+    failing = inc(st.zeros((4,)).partition((2,))).then(lambda z: "not an op")
+    with st.graph_scope() as s:
+        with pytest.raises(ExecutionError) as e:
+            s.record(st.zip(first, failing))
+    assert s.graph.records == []
+    s.launch().sync()
+    (zp,), _ = e.value.recovered
+    assert zp.unpartition().to_torch().tolist() == [0, 0, 0, 0]     # the replay left it alone

@@ -72,10 +72,16 @@ class GraphScope:
             raise err
         with executing(f"a record into {self.reason}"):
             ctx = RunContext(None, recording=self.records)
+            before = len(self.records)
             try:
                 with borrows.owned_by(ctx):
                     out = op._run(ctx)
             except BaseException:
+                # The launches a failed record appended are dropped: its values come back to
+                # the caller, so no replay may write them (and a value it shared follows no
+                # launch of it).
+                del self.records[before:]
+                self.shared_holds[:] = [(h, min(n, before)) for h, n in self.shared_holds]
                 abandon_and_finish(op, ctx)
                 raise
             ctx.finish()
@@ -100,7 +106,11 @@ def graph_scope(reason: str = "st.graph_scope()"):
                          "new st.graph_scope()")
         raise
     scope._closed = "; record inside the `with` block"
-    scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
+    try:
+        scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
+    except BaseException:
+        scope._closed = ": its graph could not be made (the error raised as its block ended)"
+        raise
 
 
 def _record(ops, reason: str, single: bool = False) -> GraphScope:
@@ -130,6 +140,8 @@ def record_graph(op: DeviceOp) -> "Graph":
 
 def _launch(scope: GraphScope) -> DeviceOp:
     if scope.graph is None:
+        if scope._closed is not None:
+            raise GraphCaptureError(f"{scope.reason} is closed{scope._closed}")
         raise GraphCaptureError(f"{scope.reason} is still recording; launch after the block")
     return scope.graph.launch()
 
@@ -295,11 +307,13 @@ class Graph:
                     f"kernels, argument dtypes and shapes, grids, in order): "
                     f"{_difference(self.records, scope.records)}; the graph is unchanged and "
                     f"the new ops' values are handed back (e.recovered)")
-            self._set(scope.records, scope.shared_holds)
+            # Made aside and swapped in whole: a failure (a capture that fails) leaves this
+            # graph as it was.
+            new = Graph(scope.records, output, self._single, scope.shared_holds)
         except BaseException as e:
             attach_recovered(e, output, replace=True)
             raise
-        self.output = output
+        self.__dict__.update(new.__dict__)
 
 
 class GraphLaunchOp(DeviceOp):
