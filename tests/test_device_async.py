@@ -167,3 +167,24 @@ def test_an_awaited_op_keeps_the_backend_and_unsafe_marking_of_the_awaiting_code
     p, at = asyncio.run(main())
     assert seeds == [7] and at == 0
     assert p.to_torch().tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.filterwarnings("ignore::safetile.BlockingSyncWarning")   # sync in a coroutine
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")        # the refused op
+def test_submit_inside_a_then_callback_raises_and_starts_nothing():
+    other_x = vec(5, 5, 5, 5)
+    other = add(other_x, vec(1, 1, 1, 1), out())
+    x, z = vec(1, 2, 3, 4), out()
+
+    def submit_there(x, y, z):
+        st.submit(other)
+        return add(x, y, z)
+
+    async def main():
+        add(x, vec(1, 1, 1, 1), z).then(submit_there).sync()
+
+    with pytest.raises(ExecutionError, match="cannot start execution.*inside a running `then`"):
+        asyncio.run(main())
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]     # handed back
+    assert other.values[0] is other_x and not other._consumed      # never started
+    other.sync()

@@ -261,3 +261,53 @@ def test_a_new_buffer_in_a_chain_is_borrowed_until_the_execution_finishes():
 
     add(x, y, out()).then(into_new).then(look).sync()
     assert seen[0].count("z") == 2               # the first z and the new one, both held
+
+
+def test_another_thread_meets_the_borrow_of_a_strided_view_after_its_op_was_collected():
+    # The op writing every other element of `base` is handed back, dropped and collected
+    # two callbacks later; its borrow lasts until the execution finishes all the same.
+    import threading
+    base = st.zeros((8,))
+    errors = []
+
+    def write_strided(x, y, z):
+        return add(x, y, base.slice(0, 0, 8, 2).partition((2,)))
+
+    def drop_it(x, y, strided):
+        return add(x, y, out())
+
+    def read_elsewhere(x, y, z):
+        def other_thread():
+            try:
+                base.to_torch()
+            except Exception as e:
+                errors.append(e)
+        gc.collect()
+        th = threading.Thread(target=other_thread)
+        th.start()
+        th.join()
+        return add(x, y, z)
+
+    add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(write_strided).then(drop_it).then(
+        read_elsewhere).sync()
+    assert [type(e).__name__ for e in errors] == ["BorrowError"]
+    assert "kernel 'add'" in str(errors[0])
+    assert base.to_torch().tolist() == [2, 0, 3, 0, 4, 0, 5, 0]
+
+
+class _NoSignature:
+    """A callable whose signature inspect cannot read (it raises TypeError)."""
+    __signature__ = "unreadable"
+
+    def __call__(self, *values):
+        raise TypeError("raised inside the callback")
+
+
+@pytest.mark.parametrize("kind", ["then", "map"])
+def test_a_callback_without_a_readable_signature_raises_its_own_error_with_the_values(kind):
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    with pytest.raises(TypeError, match="raised inside the callback") as e:
+        getattr(op, kind)(_NoSignature()).sync()
+    rx, _, rz = e.value.recovered
+    assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]

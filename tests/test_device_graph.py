@@ -189,7 +189,7 @@ def test_a_value_shared_in_a_callback_cannot_be_written_later_in_the_same_execut
         view = st.from_torch(kept[0]._torch)           # another handle on the same bytes
         return inc(view.partition((2,)))
 
-    with pytest.raises(AliasError, match="shared value"):
+    with pytest.raises(AliasError, match="shared value.*try_unwrap"):
         inc(x.partition((2,))).then(share_then_write).sync()
 
 
@@ -213,3 +213,60 @@ def test_a_host_replay_refuses_a_dtype_changed_through_a_torch_alias():
     zt.data = zt.view(torch.int32)
     with pytest.raises(GraphCaptureError, match="torch.int32 now"):
         g.launch().sync()
+
+
+def test_update_with_a_different_structure_hands_the_new_values_back_as_recovered():
+    g = inc(st.zeros((4,)).partition((2,))).graph()
+    z = st.zeros((8,))
+    with pytest.raises(GraphCaptureError, match="structure") as e:
+        g.update(inc(z.partition((2,))))
+    (zp,) = e.value.recovered
+    assert zp.unpartition() is z
+
+
+def test_an_update_whose_record_fails_hands_back_the_values_of_every_op():
+    g = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).graph()
+    x, z = vec(1, 1, 1, 1), st.empty((4,))
+    failing = inc(st.zeros((4,)).partition((2,))).then(lambda z: "not an op")
+    later = add(x, vec(1, 1, 1, 1), z.partition((2,)))
+    with pytest.raises(ExecutionError) as e:
+        g.update(failing, later)
+    (zf,), (rx, _, rz) = e.value.recovered
+    assert rx is x and x.to_torch().tolist() == [1, 1, 1, 1]
+    assert rz.unpartition() is z and zf.unpartition().shape == (4,)
+
+
+def test_recording_into_a_closed_scope_raises_and_hands_the_op_back():
+    with st.graph_scope() as s:
+        pass
+    z = st.zeros((4,))
+    with pytest.raises(GraphCaptureError, match="closed") as e:
+        s.record(inc(z.partition((2,))))
+    (zp,) = e.value.recovered
+    assert zp.unpartition() is z
+
+
+def test_a_scope_whose_block_raised_is_closed_and_refuses_later_records():
+    z = st.zeros((4,))
+    with pytest.raises(ValueError):
+        with st.graph_scope() as s:
+            s.record(inc(z.partition((2,))))
+            raise ValueError("the block fails")
+    with pytest.raises(GraphCaptureError, match="closed") as e:
+        s.record(inc(st.zeros((4,)).partition((2,))))
+    assert e.value.recovered[0].unpartition().shape == (4,)
+    with pytest.raises(GraphCaptureError, match="block raised, so it made no graph"):
+        s.launch()
+
+
+def test_a_failed_record_leaves_none_of_its_launches_in_the_graph():
+    z = st.zeros((4,))
+    first = inc(z.partition((2,)))
+    failing = inc(st.zeros((4,)).partition((2,))).then(lambda z: "not an op")
+    with st.graph_scope() as s:
+        with pytest.raises(ExecutionError) as e:
+            s.record(st.zip(first, failing))
+    assert s.graph.records == []
+    s.launch().sync()
+    (zp,), _ = e.value.recovered
+    assert zp.unpartition().to_torch().tolist() == [0, 0, 0, 0]     # the replay left it alone

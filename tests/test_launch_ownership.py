@@ -9,7 +9,7 @@ import torch
 
 import safetile as st
 import safetile.lang as sl
-from safetile.errors import AliasError, LaunchError, MovedError
+from safetile.errors import AliasError, BorrowError, LaunchError, MovedError
 
 
 @pytest.fixture(autouse=True)
@@ -145,7 +145,9 @@ def test_an_op_built_in_another_executions_callback_is_checked_again_where_it_ru
 
     def build(*_):
         # stands for work of this execution still writing w when the op runs elsewhere
-        kept.append(borrows.acquire("the first execution's writer", writes=[("w", w._torch)]))
+        writer = borrows.acquire("the first execution's writer", writes=[("w", w._torch)])
+        writer.owner = borrows.current_owner()            # work this execution has run
+        kept.append(writer)
         kept.append(scale(w, st.empty((64,)).partition((16,)), 3.0))
 
     scale(x, z.partition((16,)), 2.0).map(build).sync()
@@ -154,3 +156,66 @@ def test_an_op_built_in_another_executions_callback_is_checked_again_where_it_ru
         op.sync()
     writer.release()
     assert op.values[0] is w and torch.equal(w.to_torch(), w._torch)   # handed back
+
+
+def test_a_callback_cannot_share_bytes_that_an_op_it_built_will_write():
+    # The op built in the callback has not run: its write is not ordered before the share,
+    # so the Shared value would be written while it is shared.
+    t = st.zeros((64,))
+    view = t.view(64)
+
+    def write_then_share(x, z, k):
+        op = scale(x, t.partition((16,)), 2.0)
+        view.share()
+        return op
+
+    with pytest.raises(AliasError, match="kernel 'scale'.*built in this callback"):
+        scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
+            write_then_share).sync()
+    assert view.to_torch().abs().sum() == 0                  # nothing was written
+
+
+@pytest.mark.parametrize("access", [lambda v: v.to_torch(), lambda v: v.into_torch(),
+                                    lambda v: v.__dlpack__()],
+                         ids=["to_torch", "into_torch", "dlpack"])
+def test_a_callback_cannot_touch_bytes_that_an_op_it_built_will_write(access):
+    t = st.zeros((64,))
+    view = t.view(64)
+
+    def write_then_touch(x, z, k):
+        op = scale(x, t.partition((16,)), 2.0)
+        access(view)
+        return op
+
+    with pytest.raises(BorrowError, match="kernel 'scale'.*built in this callback"):
+        scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
+            write_then_touch).sync()
+    assert view.to_torch().abs().sum() == 0
+
+
+def test_a_callback_cannot_build_an_op_reading_bytes_that_an_op_it_built_will_write():
+    # As outside callbacks: the two would be ordered only in the order they are run.
+    t = st.zeros((64,))
+    view = t.view(64)
+
+    def write_then_read(x, z, k):
+        return st.zip(scale(x, t.partition((16,)), 2.0),
+                      scale(view, st.empty((64,)).partition((16,)), 1.0))
+
+    with pytest.raises(AliasError, match="built in this callback.*chained after"):
+        scale(st.ones((64,)), st.empty((64,)).partition((16,)), 1.0).then(
+            write_then_read).sync()
+    assert view.to_torch().abs().sum() == 0
+
+
+def test_a_callback_may_read_bytes_that_the_op_before_it_wrote():
+    t = st.zeros((64,))
+    view = t.view(64)
+    seen = []
+
+    def read_then_write_again(x, z, k):
+        seen.append(view.to_torch().sum().item())        # ordered after that op: allowed
+        return scale(x, z, 3.0)
+
+    scale(st.ones((64,)), t.partition((16,)), 2.0).then(read_then_write_again).sync()
+    assert seen == [128.0] and view.to_torch().sum().item() == 192.0

@@ -9,6 +9,7 @@ with the op's output as ``error.recovered``.
 """
 import asyncio
 import copy
+import gc
 import pickle
 
 import pytest
@@ -147,3 +148,65 @@ def test_a_cancelled_submit_future_gives_its_output_through_recovered():
 
     x, y, z = asyncio.run(main())
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")   # dropped unrun on purpose
+@pytest.mark.parametrize("clones", [1, 2])
+def test_an_unrun_op_collected_in_a_cycle_with_its_shared_clones_hands_back_the_rest(clones):
+    # The collector may finalize the clones (which only the op holds) before the op: the
+    # op must still hand back every argument that is not a released clone.
+    s, y = vec(1, 2).share(), vec(3, 4)
+    z = st.empty((2,)).partition((2,))
+    op = add(s.clone(), s.clone() if clones == 2 else y, z)
+    cycle = [op]
+    cycle.append(cycle)
+    del op, cycle
+    gc.collect()
+    assert y.to_torch().tolist() == [3.0, 4.0]
+    assert z.unpartition().shape == (2,)
+    assert s.try_unwrap().to_torch().tolist() == [1.0, 2.0]     # the clones are gone
+
+
+def _fails_in_callback():
+    return add(vec(1, 1), vec(1, 1), st.empty((2,)).partition((2,))).then(
+        lambda *v: "not an op")
+
+
+def test_a_failed_zip_hands_back_the_values_of_a_shared_op_that_never_ran():
+    x = vec(5, 6)
+    never = add(x, vec(1, 1), st.empty((2,)).partition((2,))).shared()
+    with pytest.raises(st.ExecutionError) as e:
+        st.zip(_fails_in_callback(), never).sync()
+    _, (rx, ry, rz) = e.value.recovered
+    assert rx is x and x.to_torch().tolist() == [5.0, 6.0]
+    assert rz.unpartition().shape == (2,)
+
+
+def test_a_zip_whose_middle_op_fails_hands_back_the_values_of_every_op():
+    first = _op()
+    never = _op().shared()
+    with pytest.raises(st.ExecutionError) as e:
+        st.zip(first, _fails_in_callback(), never).sync()
+    done, (fx, fy, fz), (nx, ny, nz) = e.value.recovered
+    assert done[2].unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert fz.unpartition().to_torch().tolist() == [2.0, 2.0]
+    assert nx.to_torch().tolist() == [1.0, 2.0] and nz.unpartition().shape == (2,)
+
+
+def test_a_shared_op_abandoned_by_a_failed_execution_refuses_its_other_consumers():
+    never = _op().shared()
+    with pytest.raises(st.ExecutionError):
+        st.zip(_fails_in_callback(), never).sync()
+    with pytest.raises(st.ExecutionError, match="never ran") as e:
+        never.sync()
+    x, y, z = e.value.recovered
+    assert x.to_torch().tolist() == [1.0, 2.0] and z.unpartition().shape == (2,)
+
+
+def test_a_failed_record_hands_back_the_values_of_a_shared_op_that_never_ran():
+    failing, never = _fails_in_callback(), _op().shared()
+    with st.graph_scope() as s:
+        with pytest.raises(st.ExecutionError) as e:
+            s.record(st.zip(failing, never))
+    x, y, z = e.value.recovered[1]
+    assert x.to_torch().tolist() == [1.0, 2.0] and z.unpartition().shape == (2,)

@@ -36,7 +36,7 @@ import threading
 import weakref
 
 from . import streams
-from .op import enqueue
+from .op import _state, enqueue, executing
 
 
 def submit(op, stream=None) -> "asyncio.Future":
@@ -52,6 +52,11 @@ def submit(op, stream=None) -> "asyncio.Future":
     op's arguments' handles) when it completes."""
     loop = asyncio.get_running_loop()
     if not streams.cuda_available() or op._host_bound():
+        # The execution runs on another thread, where this thread's running execution is not
+        # seen: refuse a re-entrant start here, as enqueue does on the GPU path.
+        if getattr(_state, "busy", None) is not None:
+            with executing("st.submit(op)"):     # raises ExecutionError
+                pass
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         fut = loop.create_future()
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..errors import ArgumentError, CollectiveError, GraphCaptureError, SafetileError
+from ..errors import ArgumentError, CollectiveError, GraphCaptureError, MovedError, SafetileError
 from ..tensor import LOCK, Partition, Shared, Tensor, borrows
-from ..tensor.ownership import LIVE
+from ..tensor.ownership import LIVE, restore_moved_locked
 from .op import UNKNOWN, DeviceOp, RunContext, note_built
 from .unrun import building_site, warn_unrun
 
@@ -68,8 +68,11 @@ class CollectiveOp(DeviceOp):
             return
         self._released = True
         with LOCK:
-            for v in self.values:
-                v._restore_locked()
+            try:
+                for v in self.values:
+                    v._restore_locked()
+            except MovedError:                    # a Shared clone collected with this op
+                restore_moved_locked(self.values)
 
     def _release(self) -> None:
         self.hold.release()
@@ -85,7 +88,7 @@ class CollectiveOp(DeviceOp):
             err.recovered = self._output()
             raise err
         hold = self.hold
-        if hold.owner is not None and hold.owner is not ctx:
+        if hold.checked_in is not None and hold.checked_in is not ctx:
             hold.release()                        # built in another execution's callback
             try:
                 with borrows.owned_by(ctx):

@@ -16,7 +16,7 @@ import threading
 
 from ..errors import ArgumentError, ExecutionError
 from .op import (UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, collecting_built,
-                 in_callback, spread)
+                 fail_in_sequence, in_callback, spread)
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -32,9 +32,10 @@ def arity_error(kind: str, f, out, source) -> ArgumentError | None:
     values = spread(out)
     try:
         signature = inspect.signature(f)
+    except (TypeError, ValueError):              # none to read (a C callable, a malformed
+        return None                              # __signature__): f's own error stands
+    try:
         signature.bind(*values)
-        return None
-    except ValueError:                           # no signature to check (a C callable)
         return None
     except TypeError:
         pass
@@ -174,15 +175,7 @@ class ZipOp(DeviceOp):
             try:
                 outs.append(op._run(ctx))
             except BaseException as e:
-                rest = self.ops[i + 1:]
-                for later in rest:                # they will not run: hand their values back
-                    later._abandon()
-                # every value the zip took: the outputs so far, what the failed op took, and
-                # the values of the ops that never ran
-                failed = getattr(e, "recovered", None)
-                attach_recovered(e, tuple(outs) + (failed if failed is not None else
-                                                   op._values(),) +
-                                 tuple(later._values() for later in rest), replace=True)
+                fail_in_sequence(e, outs, op, self.ops[i + 1:])
                 raise
         return tuple(outs)
 
@@ -215,6 +208,7 @@ class SharedOp(DeviceOp):
         self.inner = _check_op(inner, "op.shared()'s op")
         self._lock = threading.Lock()
         self._done = False
+        self._abandoned = False
         self._out = None
         self._error = None
         self._event = None
@@ -240,6 +234,12 @@ class SharedOp(DeviceOp):
                     self._event.record(ctx.stream)
                     self._stream = ctx.stream
                 return self._out
+        if self._abandoned:
+            err = ExecutionError(f"the shared op {self.inner!r} never ran: an execution that "
+                                 f"consumed it failed first, and its values were handed back "
+                                 f"(e.recovered); build the op again to run it")
+            attach_recovered(err, self.inner._values())
+            raise err
         if self._error is not None:
             raise ExecutionError(f"the shared op {self.inner!r} failed when its first consumer "
                                  f"ran it: {self._error!r}") from self._error
@@ -250,8 +250,17 @@ class SharedOp(DeviceOp):
             ctx.stream.wait_event(self._event)
         return self._out
 
+    def _abandon(self) -> None:
+        # An execution that consumed this op failed before running it. Its values come back
+        # now (the error's `recovered` names them), so no later consumer may run it.
+        with self._lock:
+            if self._done:
+                return
+            self._done = self._abandoned = True
+        self.inner._abandon()
+
     def _values(self):
-        return self._out if self._done else self.inner._values()
+        return self._out if self._done and not self._abandoned else self.inner._values()
 
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()

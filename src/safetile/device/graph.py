@@ -36,7 +36,8 @@ import torch
 from ..errors import GraphCaptureError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
-from .op import DeviceOp, RunContext, executing
+from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
+                 fail_in_sequence)
 from .unrun import building_site, warn_unrun
 
 
@@ -48,7 +49,7 @@ class GraphScope:
         self.records: list = []          # KernelOps, in launch order
         self.outputs: list = []          # one output per record() call
         self.graph: Graph | None = None
-        self._closed = False
+        self._closed = None              # why records are refused now, once the scope closed
         self.shared_holds: list = []     # (read borrow, launches before it) per value shared
 
     def count(self) -> int:
@@ -57,18 +58,31 @@ class GraphScope:
 
     def record(self, op: DeviceOp):
         """Record ``op`` and return its output (its values are handed back now)."""
-        if self._closed:
-            raise GraphCaptureError(f"{self.reason} is closed; record inside the `with` block")
-        if not isinstance(op, DeviceOp):
-            raise GraphCaptureError(f"record() takes a DeviceOp, got {type(op).__name__}")
+        if self._closed is not None or not isinstance(op, DeviceOp):
+            if not isinstance(op, DeviceOp):
+                err = GraphCaptureError(f"record() takes a DeviceOp, got {type(op).__name__}")
+                attach_recovered(err, op)
+                raise err
+            # The op will never be recorded: its values come back with the error.
+            err = GraphCaptureError(f"{self.reason} is closed{self._closed}; the op was not "
+                                    f"recorded and its values are handed back "
+                                    f"(e.recovered)")
+            op._abandon()
+            attach_recovered(err, op._values())
+            raise err
         with executing(f"a record into {self.reason}"):
             ctx = RunContext(None, recording=self.records)
+            before = len(self.records)
             try:
                 with borrows.owned_by(ctx):
                     out = op._run(ctx)
             except BaseException:
-                op._abandon()
-                ctx.finish()
+                # The launches a failed record appended are dropped: its values come back to
+                # the caller, so no replay may write them (and a value it shared follows no
+                # launch of it).
+                del self.records[before:]
+                self.shared_holds[:] = [(h, min(n, before)) for h, n in self.shared_holds]
+                abandon_and_finish(op, ctx)
                 raise
             ctx.finish()
         self.outputs.append(out)
@@ -82,30 +96,52 @@ def graph_scope(reason: str = "st.graph_scope()"):
     After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
     output) and ``s.launch()`` replays it."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
-        yield scope
-    scope._closed = True
-    scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
+    try:
+        with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
+            yield scope
+    except BaseException:
+        # A scope whose block failed makes no graph, and a later record() into it (from a
+        # handler, or a kept reference) must not pass for part of one.
+        scope._closed = (": its `with` block raised, so it made no graph; record into a "
+                         "new st.graph_scope()")
+        raise
+    scope._closed = "; record inside the `with` block"
+    try:
+        scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
+    except BaseException:
+        scope._closed = ": its graph could not be made (the error raised as its block ended)"
+        raise
 
 
-def _record(ops, reason: str) -> GraphScope:
-    """Record ``ops`` into a fresh scope (not yet captured)."""
+def _record(ops, reason: str, single: bool = False) -> GraphScope:
+    """Record ``ops`` into a fresh scope (not yet captured). If one fails, the ops after it
+    are never recorded: every value comes back, as ``e.recovered`` (the one op's values if
+    ``single``, else one entry per op)."""
     scope = GraphScope(reason)
     with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
-        for op in ops:
-            scope.record(op)
-    scope._closed = True
+        for i, op in enumerate(ops):
+            try:
+                scope.record(op)
+            except BaseException as e:
+                if single:
+                    attach_recovered(e, op._values() if isinstance(op, DeviceOp) else op)
+                else:
+                    fail_in_sequence(e, scope.outputs, op, ops[i + 1:])
+                raise
+    scope._closed = "; record inside the `with` block"
     return scope
 
 
 def record_graph(op: DeviceOp) -> "Graph":
     """``op.graph()``: a graph of one op whose output is that op's output."""
-    scope = _record((op,), "op.graph()")
+    scope = _record((op,), "op.graph()", single=True)
     return Graph(scope.records, scope.outputs[0], single=True, shared_holds=scope.shared_holds)
 
 
 def _launch(scope: GraphScope) -> DeviceOp:
     if scope.graph is None:
+        if scope._closed is not None:
+            raise GraphCaptureError(f"{scope.reason} is closed{scope._closed}")
         raise GraphCaptureError(f"{scope.reason} is still recording; launch after the block")
     return scope.graph.launch()
 
@@ -261,15 +297,23 @@ class Graph:
     def update(self, *ops) -> None:
         """Re-record from ``ops`` (one per original record) and re-capture; see the module
         docstring. Raises ``GraphCaptureError`` if the structure differs."""
-        scope = _record(ops, "graph.update()")
-        if _structure(scope.records) != _structure(self.records):
-            raise GraphCaptureError(
-                f"graph.update() needs ops with the structure of the recorded ones (same "
-                f"kernels, argument dtypes and shapes, grids, in order): "
-                f"{_difference(self.records, scope.records)}")
-        self._set(scope.records, scope.shared_holds)
+        scope = _record(ops, "graph.update()", single=self._single and len(ops) == 1)
         outs = tuple(scope.outputs)
-        self.output = outs[0] if self._single else outs
+        output = outs[0] if self._single and len(outs) == 1 else outs
+        try:
+            if _structure(scope.records) != _structure(self.records):
+                raise GraphCaptureError(
+                    f"graph.update() needs ops with the structure of the recorded ones (same "
+                    f"kernels, argument dtypes and shapes, grids, in order): "
+                    f"{_difference(self.records, scope.records)}; the graph is unchanged and "
+                    f"the new ops' values are handed back (e.recovered)")
+            # Made aside and swapped in whole: a failure (a capture that fails) leaves this
+            # graph as it was.
+            new = Graph(scope.records, output, self._single, scope.shared_holds)
+        except BaseException as e:
+            attach_recovered(e, output, replace=True)
+            raise
+        self.__dict__.update(new.__dict__)
 
 
 class GraphLaunchOp(DeviceOp):

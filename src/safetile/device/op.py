@@ -172,6 +172,23 @@ def attach_recovered(error: BaseException, values, replace: bool = False) -> Non
             pass
 
 
+def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
+    """``failed``, one of a sequence of ops run in order (``st.zip``, the ops of a
+    ``graph.update``), raised ``error``. The ops ``rest`` after it will never run: hand back
+    what they hold, and record on ``error`` every value the sequence took: ``outs`` (the
+    outputs of the ops before it, handed back when their execution ends), what ``failed``
+    handed back, and the values of ``rest``."""
+    for later in rest:
+        if isinstance(later, DeviceOp):
+            later._abandon()
+    took = getattr(error, "recovered", None)
+    if took is None and isinstance(failed, DeviceOp):
+        took = failed._values()
+    attach_recovered(error, tuple(outs) + (took,) + tuple(
+        later._values() if isinstance(later, DeviceOp) else later for later in rest),
+        replace=True)
+
+
 def note_built(op) -> None:
     """Record an op built while a ``then``/``map`` callback runs on this thread (so that, if
     the callback fails, the values it moved into that op come back: ``abandon_built``)."""
@@ -196,6 +213,26 @@ def collecting_built():
         _state.built = outer
 
 
+def abandon_and_finish(op, ctx: RunContext) -> None:
+    """An execution of ``op`` failed: hand back what the parts of ``op`` that never ran hold,
+    let the work already enqueued complete, then end its borrows and hand back its values.
+    Every step runs even if an earlier one raises (the execution's error is the one to
+    report, so theirs are dropped)."""
+    try:
+        op._abandon()
+    except BaseException:
+        pass
+    try:
+        if ctx.stream is not None:
+            ctx.stream.synchronize()
+    except BaseException:
+        pass
+    try:
+        ctx.finish()
+    except BaseException:
+        pass
+
+
 def enqueue(op, stream, what: str):
     """Start an execution of ``op`` on ``stream`` (default: torch's current stream) and
     enqueue its work; returns ``(ctx, output)``, the caller finishes ``ctx`` once the work is
@@ -218,10 +255,7 @@ def enqueue(op, stream, what: str):
                 with streams.using(ctx.stream):
                     out = op._run(ctx)
         except BaseException:
-            op._abandon()
-            if ctx.stream is not None:           # let enqueued work finish before handing back
-                ctx.stream.synchronize()
-            ctx.finish()
+            abandon_and_finish(op, ctx)
             raise
     finally:
         owner.ctx = outer_owner

@@ -5,7 +5,8 @@ from ..device.op import UNKNOWN, DeviceOp, RunContext, note_built
 from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
-from ..tensor.ownership import LOCK
+from ..errors import MovedError
+from ..tensor.ownership import LOCK, restore_moved_locked
 
 
 class KernelOp(DeviceOp):
@@ -59,8 +60,11 @@ class KernelOp(DeviceOp):
         self._released = True
         values = self.values
         with LOCK:
-            for i, _ in self.plan.moves:
-                values[i]._restore_locked()
+            try:
+                for i, _ in self.plan.moves:
+                    values[i]._restore_locked()
+            except MovedError:                    # a Shared clone collected with this op
+                restore_moved_locked([values[i] for i, _ in self.plan.moves])
 
     def _release(self) -> None:
         """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
@@ -80,7 +84,7 @@ class KernelOp(DeviceOp):
             self._take()                          # raises: an op runs once
         self._consumed = True
         hold = self.hold
-        if hold.owner is not None and hold.owner is not ctx:
+        if hold.checked_in is not None and hold.checked_in is not ctx:
             hold = self._borrow_again(ctx)
         hold.owner = ctx                          # ordered with the rest of this execution
         if ctx.keeps(self.plan.extents):
@@ -152,6 +156,18 @@ class KernelOp(DeviceOp):
             self._consumed = True
             self._release()
             warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
+            return
+        # Its borrows may outlive it (a `then` chain drops an op once it has handed its values
+        # back; they end when the execution finishes). The extents refer to the tensors
+        # weakly, and while the op lived it kept them alive: the hold keeps them from now on,
+        # so that the bytes stay allocated while borrowed and a strided extent's exact
+        # overlap check can still read its layout.
+        hold = getattr(self, "hold", None)
+        if hold is not None and not hold._released:
+            with LOCK:
+                if not hold._released:
+                    values = self.values
+                    hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
 
     def _host_bound(self) -> bool:
         return self.backend.host_bound

@@ -47,9 +47,12 @@ __all__ = ["acquire", "prepare", "register", "hold_shared", "collect_shared", "b
 # ---------------------------------------------------------------------------------------
 
 # The execution running on this thread (the device layer's RunContext), or None. Holds of
-# operations that run in one execution are ordered by that execution's stream, so they never
-# conflict with each other, nor with host reads made from its callbacks (which are ordered on
-# the same stream); they still conflict with everything else until the execution finishes.
+# operations that have run in one execution (``Hold.owner``) are ordered by that execution's
+# stream before whatever it does next, so they never conflict with its later launches, nor
+# with host access from its callbacks; they still conflict with everything else until the
+# execution finishes. The hold of an operation built in a callback but not yet run is no
+# execution's: its work is enqueued after the callback returns, so what the callback does
+# meanwhile (share, read, export the bytes) is not ordered before it.
 _owner = threading.local()
 
 
@@ -102,17 +105,23 @@ def _where(a: Extent, b: Extent) -> str:
 class Hold:
     """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent).
 
-    ``tensors`` keeps the held tensors alive (extents refer to them weakly); ``owner`` is the
-    execution the operation runs in (set when it runs), whose own launches it never blocks."""
+    ``tensors`` keeps the held tensors alive (extents refer to them weakly; an operation that
+    keeps its tensors alive itself passes none and hands them over if it is collected first);
+    ``owner`` is the execution the operation runs in (set when it runs), whose later launches
+    and host access it never blocks; ``checked_in`` the execution whose own holds were set
+    aside when these borrows were checked (the one running on the registering thread): an
+    operation that runs in another execution must have them checked again."""
 
-    __slots__ = ("holder", "owner", "_regs", "_released", "tensors", "remedy", "__weakref__")
+    __slots__ = ("holder", "owner", "checked_in", "_regs", "_released", "tensors", "remedy",
+                 "__weakref__")
 
     #: What a message tells the user to do about a conflict with an operation's hold.
     SYNC = "synchronize that operation first (op.sync() or await op)"
 
-    def __init__(self, holder: str, tensors=(), owner=None):
+    def __init__(self, holder: str, tensors=(), checked_in=None):
         self.holder = holder                  # "in-flight kernel 'add'", "Shared value ..."
-        self.owner = owner
+        self.owner = None
+        self.checked_in = checked_in
         self.tensors = tensors
         self.remedy = Hold.SYNC
         self._regs: list = []                 # the registries this hold is in
@@ -179,7 +188,7 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against. The caller need not hold ``LOCK``."""
     owner = getattr(_owner, "ctx", None)
-    hold = Hold(f"in-flight {holder}", tensors, owner)
+    hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
     with LOCK:
@@ -236,9 +245,9 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     value): while it lasts, no launch may write the storage, through any view (but the
     replays of a graph that recorded the sharing, see ``collect_shared``)."""
     hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
-    # The value's borrow, not an execution's: even launches of the execution that shared it
-    # (in a callback) may not write the bytes afterwards.
-    hold.owner = None
+    # The value's borrow, never an execution's (its owner stays None): even launches of the
+    # execution that shared it (in a callback) may not write the bytes afterwards.
+    hold.checked_in = None                        # and no operation will run it
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
     collecting = getattr(_collecting, "into", None)
@@ -255,10 +264,21 @@ def _raise_internal(holder: str, w: Extent, other: Extent):
         f"the same launch: pass a copy or non-overlapping slices")
 
 
+def _remedy(hold: Hold) -> str:
+    """What to do about a conflict with ``hold``, met on this thread."""
+    ctx = getattr(_owner, "ctx", None)
+    if ctx is not None and hold.owner is None and hold.checked_in is ctx:
+        # Syncing it is not possible here (execution is not re-entrant), and not needed.
+        return ("that operation was built in this callback and runs only after it returns: "
+                "do this in a `then` callback chained after that operation")
+    return hold.remedy
+
+
 def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
     raise AliasError(
         f"{holder}: {_label(new.name, new.write)} overlaps {_label(held.name, held.write)} "
-        f"held by {hold.holder} ({_where(new, held)}); {hold.remedy} or use separate storage")
+        f"held by {hold.holder} ({_where(new, held)}); {_remedy(hold)}, or use separate "
+        f"storage")
 
 
 def _conflicting(t: torch.Tensor, writes_only: bool):
@@ -288,7 +308,7 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
         e, h = found
         raise BorrowError(
             f"cannot {what}: {h.holder} is writing this memory through "
-            f"{_label(e.name, True)}; {h.remedy}")
+            f"{_label(e.name, True)}; {_remedy(h)}")
 
 
 def check_host_write(t: torch.Tensor, what: str) -> None:
@@ -300,7 +320,7 @@ def check_host_write(t: torch.Tensor, what: str) -> None:
         verb = "writing" if e.write else "reading"
         raise BorrowError(
             f"cannot {what}: {h.holder} is {verb} this memory through "
-            f"{_label(e.name, e.write)}; {h.remedy}")
+            f"{_label(e.name, e.write)}; {_remedy(h)}")
 
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:

@@ -27,7 +27,7 @@ import threading
 
 from ..errors import CopyError, MovedError
 
-__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED"]
+__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
 #: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
@@ -158,3 +158,16 @@ class Handle(NoCopies):
         if self._state is RELEASED:
             return f", released by {self._moved_to}"
         return f", moved into {self._moved_to}"
+
+
+def restore_moved_locked(handles) -> None:
+    """Hand back every handle of ``handles`` that is still moved (caller holds ``LOCK``).
+
+    The slow path of an operation's hand-back, taken when a handle it holds was released
+    meanwhile. Only a ``Shared`` clone can be: when the operation and the clone are garbage
+    of one reference cycle, the collector finalizes them in no particular order, and the
+    clone's finalizer releases it (its count already dropped). It is skipped, and every
+    other argument still comes back."""
+    for h in handles:
+        if h._state is MOVED:
+            h._restore_locked()
