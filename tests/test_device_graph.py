@@ -132,6 +132,30 @@ def test_launching_before_the_scope_closes_raises():
 
 
 
+def test_running_an_op_inside_a_scope_raises_and_leaves_it_to_record():
+    z = st.zeros((4,)).partition((2,))
+    with st.graph_scope() as s:
+        op = inc(z)
+        with pytest.raises(GraphCaptureError, match=r"record it with s\.record\(op\)"):
+            op.sync()
+        (z,) = s.record(op)                   # nothing was lost: the same op records
+    s.launch().sync()
+    assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_awaiting_an_op_inside_a_scope_raises():
+    z = st.zeros((4,)).partition((2,))
+
+    async def main():
+        with st.graph_scope() as s:
+            op = inc(z)
+            with pytest.raises(GraphCaptureError, match="outside the graph"):
+                await op
+            return s.record(op)
+    (z,) = asyncio.run(main())
+    assert z.unpartition().to_torch().tolist() == [0, 0, 0, 0]
+
+
 def test_a_replay_rewrites_values_shared_while_recording_before_the_launches_that_read_them():
     # Each add reads, as a Shared value, the vector the previous one wrote (a decode step).
     cur, one = vec(1, 2, 3, 4), vec(1, 1, 1, 1).share()

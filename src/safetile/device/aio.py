@@ -36,7 +36,7 @@ import threading
 import weakref
 
 from . import streams
-from .op import _state, enqueue, executing
+from .op import _state, enqueue, executing, refuse_inside_recording
 
 
 def submit(op, stream=None) -> "asyncio.Future":
@@ -57,6 +57,7 @@ def submit(op, stream=None) -> "asyncio.Future":
         if getattr(_state, "busy", None) is not None:
             with executing("st.submit(op)"):     # raises ExecutionError
                 pass
+        refuse_inside_recording(op, "st.submit(op)")
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         fut = loop.create_future()
 

@@ -27,8 +27,9 @@ import threading
 import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
-from ..errors import BlockingSyncWarning, CopyError, ExecutionError
+from ..errors import BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
 from ..tensor import borrows
+from ..tensor.alloc import allocation_forbidden
 from ..tensor.ownership import NoCopies
 from . import streams
 
@@ -233,6 +234,17 @@ def abandon_and_finish(op, ctx: RunContext) -> None:
         pass
 
 
+def refuse_inside_recording(op, what: str) -> None:
+    """Running an op inside a graph scope's block would run it now, outside the graph being
+    recorded, which is never what the block means: raise, leaving ``op`` unrun (its values
+    stay in it, so it can still be recorded)."""
+    reason = allocation_forbidden()
+    if reason is not None:
+        raise GraphCaptureError(f"{what} inside {reason} would run {op!r} now, outside the "
+                                f"graph it records; record it with s.record(op) instead, or "
+                                f"run it before the scope")
+
+
 def enqueue(op, stream, what: str):
     """Start an execution of ``op`` on ``stream`` (default: torch's current stream) and
     enqueue its work; returns ``(ctx, output)``, the caller finishes ``ctx`` once the work is
@@ -242,6 +254,7 @@ def enqueue(op, stream, what: str):
     if getattr(_state, "busy", None) is not None:
         with executing(what):                    # raises ExecutionError
             pass
+    refuse_inside_recording(op, what)
     _state.busy = "execution"
     owner = borrows._owner
     outer_owner = getattr(owner, "ctx", None)

@@ -244,7 +244,7 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     """A read borrow of ``t`` for as long as a Shared value holds it (``what`` names the
     value): while it lasts, no launch may write the storage, through any view (but the
     replays of a graph that recorded the sharing, see ``collect_shared``)."""
-    hold = register(what, prepare(what, reads=[("shared", t)]), (t,))
+    hold = register(what, prepare(what, reads=[("a shared read", t)]), (t,))
     # The value's borrow, never an execution's (its owner stays None): even launches of the
     # execution that shared it (in a callback) may not write the bytes afterwards.
     hold.checked_in = None                        # and no operation will run it
