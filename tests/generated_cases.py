@@ -10,6 +10,7 @@ import pathlib
 
 import safetile as st
 from safetile.ops.argmax import argmax_final_kernel, argmax_partial_kernel
+from safetile.ops.early_attention import _kernel as early_attention_kernel
 from safetile.ops.decode_attention import (DEFAULT_MASKED, WHOLE_STAGES, _split_kernel,
                                            decode_merge_kernel, decode_whole_kernel)
 from safetile.ops.elementwise import add_kernel, mul_kernel, silu_mul_kernel
@@ -94,6 +95,10 @@ CASES = {
         z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
         out((8, 4096, 128), (1, 4096, 128)), out((8, 4096, 128), (1, 4096, 128)),
         out((8, 4, 128), (1, 16, 128)), 1e-6, 0.1, 4, 32, 8, 64)),
+    "early_attention": lambda: (early_attention_kernel(8, 1, True, False), (
+        z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32), z((128,)), z((128,)),
+        z((64,), st.f32), z((48, 128)), out((8, 4, 128), (1, 16, 128)),
+        out((8, 1, 128), (1, 1, 128)), 1e-6, 0.1, 4, 32, 8, 64, 4, True)),
     "decode_split": lambda: (_split_kernel(4, 3, pdl=True, trigger_early=True), (
         z((32, 128)), z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32),
         out((8, 16, 4, 128), (1, 1, 16, 128), st.f32),

@@ -227,6 +227,10 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
 # Off: the one kernel saves a boundary but serializes the append and the attention in each
 # of its Hkv programs, and the step is no faster (benchmarks/TUNING.md).
 FUSED_SHORT_ATTENTION = False
+# Whether a short-context step attends before it appends (ops.qk_norm_rope_attention, then
+# ops.kv_append), so that the attention's cache loads precede its PDL wait and overlap the
+# qkv gemv; off while the two-kernel prologue and attention is the measured default.
+EARLY_CACHE_ATTENTION = False
 
 
 def prologue_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
@@ -249,15 +253,25 @@ def prologue_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: 
 def attention_steps(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st.Tensor,
                     b: DecodeBuffers, gemm: SafetileGemm, short: bool) -> list:
     """The fused step's attention from ``b.qkv`` to ``b.attn``: q/k norm, RoPE, the K/V
-    append and the attention in one kernel when ``short`` (and ``FUSED_SHORT_ATTENTION``),
-    else the prologue (:func:`prologue_steps`), then the attention (see
-    :func:`attention_args`)."""
+    append and the attention in one kernel when ``short`` (and ``FUSED_SHORT_ATTENTION``);
+    when ``short`` and ``EARLY_CACHE_ATTENTION``, the norm, RoPE and the attention in one
+    kernel reading the cache before the append, then the append; else the prologue
+    (:func:`prologue_steps`), then the attention (see :func:`attention_args`)."""
     eps = cfg.rms_norm_eps
     if short and FUSED_SHORT_ATTENTION and \
             ops.prologue_attention_fits(cfg.head_dim, k_cache.shape[1]):
         return [lambda: ops.qk_norm_rope_append_attention(
             b.qkv, layer.q_norm, layer.k_norm, b.pos, b.inv_freq, k_cache, v_cache, eps,
             out=b.attn, trigger_early=True)]
+    if short and EARLY_CACHE_ATTENTION and ops.early_attention_fits(cfg.head_dim):
+        return [
+            # it signals after its wait, ending each layer's chain of early signals as the
+            # attention below does; the append then writes the row it attended from registers
+            lambda: ops.qk_norm_rope_attention(b.qkv, layer.q_norm, layer.k_norm, b.pos,
+                                               b.inv_freq, k_cache, v_cache, eps, out=b.attn,
+                                               k_out=b.kn, trigger_early=False),
+            lambda: ops.kv_append(b.kn, b.v, b.pos, k_cache, v_cache,
+                                  trigger_early=gemm.trigger_early)]
     return [
         *prologue_steps(cfg, layer, k_cache, v_cache, b, gemm),
         # the attention's reads after its PDL wait, so it may launch during the append; it

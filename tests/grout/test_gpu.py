@@ -161,3 +161,27 @@ def test_the_fused_step_follows_the_unfused_step(models):
         assert (a - b).abs().max().item() <= two_ulps
     fused = len(eng.runner.graph(True).records)
     assert fused == 1 + 7 * eng.config.num_hidden_layers + 4
+
+
+def test_early_cache_attention_follows_the_default_step(models, monkeypatch):
+    """With ``model.EARLY_CACHE_ATTENTION`` the short step attends before it appends; the
+    same rounding points, another reduction order: logits within two bf16 ulps while the
+    tokens agree, and the tokens agree for at least the first 8 steps."""
+    from grout import model as model_module
+    eng = models[0]
+    r = eng.runner
+    theirs, their_logits = _decode(eng, 16)
+    saved = r.graphs, r.chunks
+    r.graphs, r.chunks = {}, {}
+    monkeypatch.setattr(model_module, "EARLY_CACHE_ATTENTION", True)
+    try:
+        ours, our_logits = _decode(eng, 16)
+        names = [rec.kernel.name for rec in r.graphs[(True, True)].records]
+    finally:
+        r.graphs, r.chunks = saved
+    assert names.count("early_attention_kernel") == eng.config.num_hidden_layers
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+    assert agree >= 8, (ours, theirs)
+    for a, b in zip(our_logits[:agree], their_logits[:agree]):
+        two_ulps = 2.0 * 2.0 ** (math.floor(math.log2(b.abs().max().item())) - 7)
+        assert (a - b).abs().max().item() <= two_ulps

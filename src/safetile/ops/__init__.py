@@ -43,6 +43,7 @@ from .gemv_argmax import gemv_argmax_workspace, rmsnorm_gemv_argmax  # noqa: F40
 from .qk_rope_append import qk_norm_rope, qk_norm_rope_kv_append  # noqa: F401
 from .prologue_attention import (prologue_attention_fits,  # noqa: F401
                                  qk_norm_rope_append_attention)
+from .early_attention import early_attention_fits, qk_norm_rope_attention  # noqa: F401
 
 __all__ = [
     "add", "mul", "silu_mul", "embedding", "rmsnorm", "add_rmsnorm", "rope", "inv_freq_table",
@@ -53,5 +54,6 @@ __all__ = [
     "sampling_key",
     "sampling_params", "copy", "add_scalar", "rmsnorm_gemv", "gemv_add", "silu_mul_gemv_add",
     "rmsnorm_gemv_argmax", "gemv_argmax_workspace", "qk_norm_rope", "qk_norm_rope_kv_append",
-    "qk_norm_rope_append_attention", "prologue_attention_fits",
+    "qk_norm_rope_append_attention", "prologue_attention_fits", "qk_norm_rope_attention",
+    "early_attention_fits",
 ]

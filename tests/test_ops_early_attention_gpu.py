@@ -1,0 +1,51 @@
+"""ops.qk_norm_rope_attention then ops.kv_append on the GPU at Qwen3-4B's shapes (bf16, PDL
+on): the caches equal the prologue's, the output the attention over them."""
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+
+pytestmark = pytest.mark.gpu
+
+HQ, HKV, D = 32, 8, 128
+
+
+@pytest.fixture(autouse=True)
+def triton_backend():
+    with st.backend("triton"):
+        yield
+
+
+def rand(shape, seed, scale=1.0, offset=0.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * scale + offset).to(torch.bfloat16)
+
+
+def wrap(t):
+    return st.from_torch(t.clone())
+
+
+@pytest.mark.parametrize("p", [0, 63, 64, 127, 130, 255, 1000])
+def test_attention_then_append_matches_the_prologue_then_attention(p):
+    max_seq = 2048
+    qkv, qw, kw = rand((HQ + 2 * HKV) * D, 14, 2.0), rand(D, 15, 0.1, 1.0), rand(D, 16, 0.1, 1.0)
+    kc, vc = rand((HKV, max_seq, D), 17), rand((HKV, max_seq, D), 18)
+    kc[:, p:], vc[:, p:] = float("nan"), float("nan")     # row p is the append's
+    pos = lambda: st.from_torch(torch.tensor([p], dtype=torch.int32, device="cuda"))  # noqa
+    inv = ops.inv_freq_table(D)
+    out, k_rows = ops.qk_norm_rope_attention(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
+                                             wrap(kc), wrap(vc)).sync()
+    k_cache, v_cache = ops.kv_append(k_rows, wrap(qkv.view(-1, D)[HQ + HKV:]), pos(), wrap(kc),
+                                     wrap(vc), pdl=True).sync()
+    q, k_ref, v_ref = ops.qk_norm_rope_kv_append(wrap(qkv), wrap(qw), wrap(kw), pos(), inv,
+                                                 wrap(kc), wrap(vc)).sync()
+    assert torch.equal(k_cache.to_torch()[:, :p + 1], k_ref.to_torch()[:, :p + 1])
+    assert torch.equal(v_cache.to_torch()[:, :p + 1], v_ref.to_torch()[:, :p + 1])
+    group = HQ // HKV
+    keys = k_ref.to_torch()[:, :p + 1].float().repeat_interleave(group, 0)
+    values = v_ref.to_torch()[:, :p + 1].float().repeat_interleave(group, 0)
+    w = torch.softmax(torch.einsum("hd,hnd->hn", q.to_torch().float(), keys) / D ** 0.5, -1)
+    want = torch.einsum("hn,hnd->hd", w, values)
+    got = out.to_torch().double()
+    assert ((got - want.double()).norm() / want.double().norm()).item() < 1e-2
