@@ -1,8 +1,9 @@
 """Regression tests for the disagreements a GPU differential run found between the GPU and
 the CPU executor (``scripts/differential_gpu.py``), one family each: IEEE division,
-compile-time numbers in comparisons and extrema, bf16 constants and extrema, shifts of bools. Each
-checks the generated code for the mechanism (its source, or its sm_90 compilation) and the
-CPU executor against the result ``lang/semantics.py`` states, on edge values."""
+compile-time numbers in comparisons and extrema, bf16 constants and extrema, shifts of bools
+and the type of a shift's result. Each checks the generated code for the mechanism (its
+source, or its sm_90 compilation) and the CPU executor against the result
+``lang/semantics.py`` states, on edge values."""
 import math
 
 import torch
@@ -142,6 +143,23 @@ def test_a_bool_shifted_by_an_int8_is_an_int8_shift():
     z, s = both(bool_shift, args, 2, 2)
     assert z.tolist() == [-128, 64, 0]                  # 1 << 7 wraps in int8
     assert s.tolist() == [-128.0, 64.0, 0.0]
+
+
+@st.kernel
+def negated_shift(x: st.In[st.int8], z: st.Out[st.int8]):
+    a = sl.load_like(x, z)
+    z.store(-(a >> (a & 7)))
+
+
+def test_a_shift_of_int8_stays_int8_so_its_negation_wraps():
+    args = lambda: [t([-128, -127, 5, 127], torch.int8), out(4, st.int8)]
+    (z,) = both(negated_shift, args, 1, 1)
+    assert z.tolist() == [-128, 64, 0, 0]               # -(-128) wraps in int8
+    # Triton's interpreter does not widen the helper's result, the GPU compiler did: the
+    # negation must be an int8 subtraction in the compiled IR.
+    ir = negated_shift.compile(*args()).asm["ttir"]
+    negations = [line for line in ir.splitlines() if "arith.subi" in line]
+    assert negations and all("xi8>" in line for line in negations), negations
 
 
 # ---- bf16 extrema -------------------------------------------------------------------------------

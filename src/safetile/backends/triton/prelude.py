@@ -61,14 +61,15 @@ def _st_cdiv(a, b):
 ''',
     # Shifts by an amount outside [0, bits) are 0 (<<) or the sign fill (>>), never undefined.
     # Both operands broadcast through `x ^ x` (a zero of x's own type): `bool * 0` would be
-    # int32 and widen an int8 or bool shift (lang/semantics.py promotes bool to the int).
+    # int32 and widen an int8 or bool shift (lang/semantics.py promotes bool to the int); the
+    # fill constants are int32 too, hence the cast of the result back to the operands' type.
     "_st_shl": '''
 @triton.jit
 def _st_shl(a, b):
     a2 = a + (b ^ b)
     b2 = b + (a ^ a)
     ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
-    return tl.where(ok, a2 << tl.where(ok, b2, 0), 0)
+    return tl.where(ok, a2 << tl.where(ok, b2, 0), 0).to(a2.dtype)
 ''',
     "_st_shr": '''
 @triton.jit
@@ -76,7 +77,7 @@ def _st_shr(a, b):
     a2 = a + (b ^ b)
     b2 = b + (a ^ a)
     ok = (b2 >= 0) & (b2 < a2.dtype.primitive_bitwidth)
-    return tl.where(ok, a2 >> tl.where(ok, b2, 0), tl.where(a2 < 0, -1, 0))
+    return tl.where(ok, a2 >> tl.where(ok, b2, 0), tl.where(a2 < 0, -1, 0)).to(a2.dtype)
 ''',
     # float -> int: truncate toward zero and saturate; NaN gives 0 (never an undefined cast).
     "_st_f2i": '''
