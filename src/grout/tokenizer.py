@@ -17,6 +17,7 @@ import base64
 import functools
 import hashlib
 import json
+import operator
 import os
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,7 @@ QWEN3_ADDED = [
     ("<think>", False), ("</think>", False),
 ]
 FIRST_ADDED_ID = 151643
+LONG_TEXT = 1 << 16     # characters: longer texts are tokenized without holding the GIL
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -132,6 +134,38 @@ def _qwen_json() -> str:
     return data
 
 
+def check_unicode(text: str) -> None:
+    """``RequestError`` unless ``text`` is valid Unicode: a lone surrogate (from JSON's
+    ``"\\ud800"`` or bytes decoded with ``surrogateescape``) has no UTF-8 and no tokens."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"text must be valid Unicode: character {e.start} is a lone "
+                           f"surrogate (U+{ord(text[e.start]):04X}); decode bytes with "
+                           f"errors='replace'") from None
+
+
+def _token_ids(ids) -> list[int]:
+    """``ids`` as a list of ints in the tokenizer's id range [0, 2**32), or RequestError."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"decode takes a list of token ids, got {type(ids).__name__}")
+    out = []
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise RequestError(f"token ids must be ints, got {type(i).__name__}") from None
+        if not 0 <= i < 1 << 32:
+            got = i if abs(i) < 1 << 64 else f"an int of {i.bit_length()} bits"
+            raise RequestError(f"token ids must be in [0, 2**32), got {got}")
+        out.append(i)
+    return out
+
+
 def _message_text(m, i: int) -> tuple[str, str]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r}")
@@ -207,11 +241,17 @@ class Tokenizer:
         """Token ids of ``text`` (special tokens written in the text are recognized)."""
         if not isinstance(text, str):
             raise RequestError(f"encode takes a str, got {type(text).__name__}")
+        check_unicode(text)
+        if len(text) > LONG_TEXT:
+            # encode holds the GIL for the whole text; encode_batch lets other threads (a
+            # server's event loop) run while a long one is tokenized.
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
-        """The text of ``ids``, special tokens included."""
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+        """The text of ``ids``, special tokens included (ids the vocabulary lacks add no
+        text: a model's vocabulary may be padded past the tokenizer's)."""
+        return self._tok.decode(_token_ids(ids), skip_special_tokens=False)
 
     def token_id(self, text: str) -> int | None:
         """The id of a single token's text (e.g. ``"<think>"``), or None."""
