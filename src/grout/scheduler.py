@@ -2,8 +2,8 @@
 
 Loading, warm-up and every generation run on a single worker thread, so the asyncio event
 loop never blocks on the engine and the engine never sees two requests at once. The loop
-enqueues a `Job` when its request arrives; the worker takes jobs in that order, each once
-its prompt is tokenized (which the loop has done beside the worker). The worker hands
+enqueues a `Job` once its request's prompt is tokenized and checked (beside the worker);
+the worker takes jobs in that order. The worker hands
 results back to the loop with ``call_soon_threadsafe`` and never waits for the loop, so
 streaming costs the engine no round trip per token. A job is cancelled (its client went
 away, or the server is stopping) by a flag that the worker checks before each decode step:
@@ -67,7 +67,6 @@ class Job:
         self.arrived = time.monotonic()
         self.prompt_ids: list[int] | None = None
         self.max_new_tokens = 0
-        self.prepared: asyncio.Future[None] | None = None   # prompt tokenized and checked
         self.fault_after: int | None = None                 # tests: fail after this many tokens
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.generated = 0          # tokens produced so far (written by the engine thread)
@@ -150,11 +149,6 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while True:
             job = await self._queue.get()
-            if job.prepared is not None:
-                try:
-                    await job.prepared
-                except Exception:   # its handler answers the error; nothing to run
-                    continue
             if job.cancelled:
                 log.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason.message)
                 job.emit(Failed(job.cancel_reason))

@@ -9,6 +9,7 @@ errors come out as OpenAI-shaped 400s, not a framework's 422s, and the server ne
 FastAPI nor pydantic. Requests are served one at a time in arrival order
 (grout.scheduler); the port opens at once, ``/health`` answers 503 while the engine loads and
 captures its decode graph and 200 after, and the server exits with status 1 if loading fails.
+A request body over ``max_request_bytes`` is refused (413) before it is parsed.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -38,6 +39,10 @@ from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_u
 
 log = logging.getLogger("grout.server")
 
+# The largest request body accepted: a full context of the largest Qwen3 (40960 tokens),
+# as text or as token ids, is well under a megabyte, even with every character escaped.
+MAX_REQUEST_BYTES = 4 << 20
+
 
 @dataclass
 class ServerState:
@@ -46,21 +51,24 @@ class ServerState:
     scheduler: Scheduler
     model_name: str
     fault_injection: bool
+    max_request_bytes: int = MAX_REQUEST_BYTES
     load_error: BaseException | None = None
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def error_response(err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
-               on_load_failure: Callable[[BaseException], None] | None = None) -> Starlette:
+               on_load_failure: Callable[[BaseException], None] | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
-    state = ServerState(Scheduler(load, generate), model_name, fault_injection)
+    state = ServerState(Scheduler(load, generate), model_name, fault_injection,
+                        max_request_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -82,7 +90,7 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(APIError(f"{request.method} {request.url.path}: {exc.detail}",
-                                       status=exc.status_code, type=kind))
+                                       status=exc.status_code, type=kind), exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -131,12 +139,30 @@ async def _model(state: ServerState, request: Request) -> Response:
     return JSONResponse(_model_card(state))
 
 
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
+async def _read_json(request: Request, limit: int) -> Any:
+    """The decoded body, or APIError: 413 past ``limit`` bytes (before reading more of it),
+    400 for anything Python's json cannot decode."""
+    too_large = APIError(f"the request body is larger than this server's limit of {limit} "
+                         f"bytes (grout serve --max-request-bytes)", status=413,
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
     try:
-        return json.loads(raw)
+        return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply to decode") from None
+    except ValueError:      # an integer of more digits than int() converts
+        raise APIError(f"the request body holds an integer of more than "
+                       f"{sys.get_int_max_str_digits()} digits") from None
 
 
 async def _wait_for_disconnect(request: Request, job: Job) -> None:
@@ -164,25 +190,26 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
         return error_response(APIError("the model is still loading; retry when /health says ok",
                                        status=503, type="service_unavailable"))
     try:
-        req = parse(await _read_json(request), state.model_name)
+        req = parse(await _read_json(request, state.max_request_bytes), state.model_name)
         fault_after = _fault_after(state, request)
     except APIError as err:
         return error_response(err)
+    except ClientDisconnect:
+        log.info("a client went away while sending its request")
+        return Response(status_code=499)
     loop = asyncio.get_running_loop()
     job = Job(req, loop)
     job.fault_after = fault_after
-    # The job takes its place in the queue now; its prompt is tokenized beside the engine
-    # thread, so a prompt too long for the context is refused without waiting in line.
-    job.prepared = loop.run_in_executor(None, prepare, state.scheduler.engine, job)
+    # The prompt is tokenized and checked beside the engine thread, and only then does the
+    # job join the queue: a prompt too long for the context is refused without waiting in
+    # line, and one that takes seconds to tokenize holds up no request behind it.
+    try:
+        await loop.run_in_executor(None, prepare, state.scheduler.engine, job)
+    except APIError as err:
+        return error_response(err)
     state.scheduler.submit(job)
     watcher: asyncio.Task[None] | None = asyncio.create_task(_wait_for_disconnect(request, job))
     try:
-        try:
-            await job.prepared
-        except APIError as err:
-            job.cancel()
-            return error_response(err)
-        assert watcher is not None
         first = await _next_event(job, watcher)
         if first is None:
             return Response(status_code=499)

@@ -11,7 +11,7 @@ from typing import Any
 
 import grout
 from grout.logprobs import TokenLogprobs
-from grout.protocol import APIError, GenerationRequest
+from grout.protocol import APIError, GenerationRequest, shown
 from grout.scheduler import Delta, Failed, Finished, Job
 
 FAULT_HEADER = "x-grout-fault"
@@ -36,26 +36,32 @@ def max_model_len(engine: Any) -> int:
     return int(engine.max_seq_len)
 
 
+def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
+    """The request's prompt as token ids (chat template applied); RequestError (the
+    template failed, the text is not valid Unicode) or APIError for a bad prompt."""
+    tokenizer = engine.tokenizer
+    if req.kind == "chat":
+        return tokenizer.encode(tokenizer.apply_chat_template(
+            req.messages, add_generation_prompt=True, enable_thinking=req.enable_thinking))
+    if isinstance(req.prompt, str):
+        return tokenizer.encode(req.prompt)
+    ids = list(req.prompt or [])
+    vocab = engine.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise APIError(f"token ids {shown(bad[:5])} are outside the vocabulary [0, {vocab})",
+                       param="prompt")
+    return ids
+
+
 def prepare(engine: Any, job: Job) -> None:
     """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
     req = job.request
-    tokenizer = engine.tokenizer
-    if req.kind == "chat":
-        try:
-            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
-                                                 enable_thinking=req.enable_thinking)
-        except grout.RequestError as err:
-            raise APIError(str(err), param="messages") from None
-        ids, param = tokenizer.encode(text), "messages"
-    elif isinstance(req.prompt, str):
-        ids, param = tokenizer.encode(req.prompt), "prompt"
-    else:
-        ids, param = list(req.prompt or []), "prompt"
-        vocab = engine.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise APIError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
-                           param="prompt")
+    param = "messages" if req.kind == "chat" else "prompt"
+    try:
+        ids = _prompt_ids(engine, req)
+    except grout.RequestError as err:
+        raise APIError(str(err), param=param) from None
     context = max_model_len(engine)
     if len(ids) >= context:
         raise APIError(f"this model's maximum context length is {context} tokens, and the "
@@ -64,8 +70,9 @@ def prepare(engine: Any, job: Job) -> None:
     budget = context - len(ids)
     if req.max_tokens is not None and req.max_tokens > budget:
         raise APIError(f"this model's maximum context length is {context} tokens: the prompt "
-                       f"has {len(ids)} and {req.max_tokens} more were asked for; ask for at "
-                       f"most {budget}", param="max_tokens", code="context_length_exceeded")
+                       f"has {len(ids)} and {shown(req.max_tokens)} more were asked for; ask "
+                       f"for at most {budget}", param="max_tokens",
+                       code="context_length_exceeded")
     job.prompt_ids = ids
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
 

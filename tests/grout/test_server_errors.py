@@ -1,10 +1,13 @@
 """grout serve under bad input and faults: OpenAI-shaped 400s and 500s, a client that walks
 away mid-stream, a checkpoint that cannot load; after each, the next request is served."""
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -39,15 +42,93 @@ def assert_still_serving(client):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("body", [b'{"prompt": "Hello", "max_tokens": 4', b"not json at all",
-                                  b"\xff\xfe", b"[1, 2, 3]"], ids=["truncated", "text",
-                                                                    "not-utf8", "array"])
+@pytest.mark.parametrize("body", [
+    b'{"prompt": "Hello", "max_tokens": 4', b"not json at all", b"\xff\xfe", b"[1, 2, 3]",
+    b"[" * 100_000 + b"]" * 100_000, b'{"prompt": "Hello", "max_tokens": ' + b"9" * 5000 + b"}",
+], ids=["truncated", "text", "not-utf8", "array", "nested-too-deep", "5000-digit-integer"])
 def test_malformed_json_is_a_400(server, client, body):
     r = httpx.post(f"{server.url}/v1/completions", content=body,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert_openai_error(r.json())
     assert_still_serving(client)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}',
+     "messages"),
+], ids=["prompt", "chat"])
+def test_a_lone_surrogate_in_the_text_is_a_400(server, client, path, body, param):
+    r = httpx.post(f"{server.url}{path}", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert r.json()["error"]["param"] == param and "valid Unicode" in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("body, param", [
+    ('{"model": "\\ud800", "prompt": "hi", "max_tokens": 1}', "model"),
+    ('{"prompt": "hi", "max_tokens": 1, "x\\ud800": 1}', "x\\ud800"),
+], ids=["model", "field name"])
+def test_an_error_that_quotes_a_lone_surrogate_escapes_it(server, client, body, param):
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert r.json()["error"]["param"] == param and "\\ud800" in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+def test_a_body_over_the_size_limit_is_a_413(server, client):
+    from grout.server import MAX_REQUEST_BYTES
+    body = json.dumps({"prompt": "x" * MAX_REQUEST_BYTES, "max_tokens": 1}).encode()
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert_openai_error(r.json())
+    assert str(MAX_REQUEST_BYTES) in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+def test_a_huge_prompt_being_tokenized_holds_up_no_other_request(server, client):
+    """A prompt just under the body limit takes seconds to tokenize and is then refused;
+    a small request sent meanwhile is answered first, without waiting for it."""
+    from grout.server import MAX_REQUEST_BYTES
+    huge = {"model": "tiny", "prompt": "fox " * (MAX_REQUEST_BYTES // 5), "max_tokens": 1}
+    done = {}
+
+    def send_huge():
+        r = httpx.post(f"{server.url}/v1/completions", json=huge, timeout=120)
+        done["huge"] = (time.monotonic(), r.status_code, r.json()["error"]["code"])
+    thread = threading.Thread(target=send_huge)
+    thread.start()
+    time.sleep(0.3)
+    sent = time.monotonic()
+    assert_still_serving(client)
+    answered = time.monotonic()
+    thread.join()
+    assert done["huge"][1:] == (400, "context_length_exceeded")
+    assert answered < done["huge"][0], "the small request waited for the huge prompt"
+    assert answered - sent < 1.0
+
+
+def test_a_wrong_method_is_a_405_that_names_the_allowed_ones(server):
+    r = httpx.get(f"{server.url}/v1/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert_openai_error(r.json())
+
+
+def test_a_client_that_goes_away_while_sending_its_body_is_one_info_line(server, client):
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                     b'{"prompt": "Hel')
+        time.sleep(0.2)
+    server.wait_for_log(r"INFO grout\.server: a client went away while sending its request")
+    assert_still_serving(client)
+    assert "Traceback" not in server.log() and "ClientDisconnect" not in server.log()
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -77,6 +158,7 @@ BAD_REQUESTS = {
     "prompt too long": ({"prompt": "fox " * 400}, "prompt"),
     "prompt plus max_tokens too long": ({"max_tokens": MAX_SEQ_LEN}, "max_tokens"),
     "token id outside the vocabulary": ({"prompt": [1, 2, 10 ** 6]}, "prompt"),
+    "max_tokens past the context by 300 digits": ({"max_tokens": 1e300}, "max_tokens"),
 }
 
 
@@ -89,6 +171,7 @@ def test_a_bad_completion_request_is_a_400_and_the_next_is_served(client, case):
     assert info.value.status_code == 400
     assert_openai_error(info.value.response.json())
     assert info.value.body["param"] == param
+    assert len(info.value.body["message"]) < 300     # a value it quotes is cut short
     assert_still_serving(client)
 
 
