@@ -204,6 +204,11 @@ def test_a_tiny_top_p_is_greedy_and_the_engine_keeps_a_graph_per_mode(eng, refer
     assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
 
 
+def test_a_top_p_too_small_for_float32_is_greedy(eng, reference):
+    assert eng.generate(PROMPT, max_new_tokens=3, temperature=1.0, top_p=1e-46,
+                        seed=1).token_ids == reference
+
+
 def test_chat_applies_the_template():
     eng = grout.load("tiny", device="cpu", max_seq_len=128, progress=False)
     msgs = [{"role": "user", "content": "Hi"}]
