@@ -6,6 +6,7 @@ context; `generate` runs on the engine thread, turning the engine's token stream
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -77,11 +78,21 @@ def prepare(engine: Any, job: Job) -> None:
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
 
 
+# The logprob written for -inf (a token of probability 0 in fp32): OpenAI's and vLLM's floor.
+LOGPROB_FLOOR = -9999.0
+
+
+def json_logprob(value: float) -> float | None:
+    """A logprob as JSON can hold it: NaN (a model whose logits are NaN) as null, -inf as
+    LOGPROB_FLOOR (JSON has neither)."""
+    return None if math.isnan(value) else max(value, LOGPROB_FLOOR)
+
+
 def token_entry(tokenizer: Any, lp: TokenLogprobs, offset: int) -> dict[str, Any]:
     """The neutral logprob entry (grout.responses) of one generated token."""
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         raw = tokenizer.token_bytes(token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": json_logprob(logprob),
                 "bytes": list(raw)}
 
     entry = one(lp.token_id, lp.logprob)

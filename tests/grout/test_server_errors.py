@@ -3,6 +3,7 @@ away mid-stream, a checkpoint that cannot load; after each, the next request is 
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import SRC, cpu_server
+from server_process import SRC, ServerProcess, cpu_server, shared_checkpoint
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -232,6 +233,48 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_token(server,
     started = time.monotonic()
     assert_still_serving(client)
     assert time.monotonic() - started < 30
+
+
+@pytest.fixture(scope="module")
+def nan_server(tmp_path_factory):
+    """A server for a copy of the test checkpoint with one NaN weight (an embedding row, so
+    one logit, and with it every logprob, is NaN)."""
+    from safetensors.torch import load_file, save_file
+    src = shared_checkpoint(tmp_path_factory)
+    root = tmp_path_factory.mktemp("server_nan")
+    shutil.copytree(src, root / "checkpoint")
+    weights = root / "checkpoint" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.embed_tokens.weight"][7, 0] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with ServerProcess(str(root / "checkpoint"), root / "serve.log", "--device", "cpu",
+                       "--dtype", "float32", "--max-seq-len", "64",
+                       "--served-model-name", "tiny") as s:
+        yield s
+
+
+def test_nan_logprobs_are_null_in_a_response(nan_server):
+    r = httpx.post(f"{nan_server.url}/v1/completions", json={
+        "model": "tiny", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [None] * 3
+    assert all(v is None for top in lp["top_logprobs"] for v in top.values())
+
+
+def test_nan_logprobs_are_null_in_a_stream_of_valid_json(nan_server):
+    def strict(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    with httpx.stream("POST", f"{nan_server.url}/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "temperature": 0, "logprobs": True, "top_logprobs": 1, "stream": True}) as r:
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e, parse_constant=strict) for e in events[:-1]]
+    entries = [e for c in chunks if c["choices"][0]["logprobs"]
+               for e in c["choices"][0]["logprobs"]["content"]]
+    assert len(entries) == 3
+    assert all(e["logprob"] is None and e["top_logprobs"][0]["logprob"] is None for e in entries)
 
 
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
