@@ -227,10 +227,12 @@ class Tokenizer:
     """Text <-> token ids, and the chat template (``encode``, ``decode``,
     ``apply_chat_template``)."""
 
-    def __init__(self, backend, chat_template: str | None = None, source: str = ""):
+    def __init__(self, backend, chat_template: str | None = None, source: str = "",
+                 template_source: str = "the chat template"):
         self._tok = backend
         self._template = chat_template
         self.source = source
+        self.template_source = template_source     # the file the chat template came from
 
     @property
     def vocab_size(self) -> int:
@@ -275,9 +277,15 @@ class Tokenizer:
             return qwen3_chat(messages, add_generation_prompt, enable_thinking)
         for i, m in enumerate(messages):
             _message_text(m, i)
-        return _jinja(self._template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
+        try:
+            return _jinja(self._template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
+        except GroutError:
+            raise
+        except Exception as e:  # the template is the checkpoint's code: its failure, on these
+            raise RequestError(f"{self.template_source}: the chat template failed on these "
+                               f"messages ({type(e).__name__}: {e})") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -292,19 +300,32 @@ def _template_error(message):
     raise RequestError(f"chat template: {message}")
 
 
-def _checkpoint_template(directory: Path) -> str | None:
+def _checkpoint_template(directory: Path) -> tuple[str, Path] | None:
+    """The checkpoint's chat template and its file, compiled once to check it: a template
+    that cannot compile would fail every chat request, so the load fails instead."""
     jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
     cfg = directory / "tokenizer_config.json"
-    if cfg.is_file():
+    if jinja.is_file():
         try:
-            template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
-        if isinstance(template, str):
-            return template
-    return None
+            template, where = jinja.read_text(encoding="utf-8"), jinja
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{jinja}: cannot be read as UTF-8 text ({e})") from None
+    elif cfg.is_file():
+        try:
+            template, where = json.loads(cfg.read_text(encoding="utf-8")), cfg
+        except (OSError, ValueError, RecursionError) as e:
+            raise CheckpointError(f"{cfg}: not valid JSON ({e!s:.200})") from None
+        template = template.get("chat_template") if isinstance(template, dict) else None
+        if not isinstance(template, str):
+            return None
+    else:
+        return None
+    try:
+        _jinja(template)
+    except Exception as e:  # syntax errors, unknown filters and tests: whatever compiling says
+        raise CheckpointError(f"{where}: the chat template does not compile "
+                              f"({type(e).__name__}: {e})") from None
+    return template, where
 
 
 @functools.lru_cache(maxsize=1)
@@ -324,7 +345,9 @@ def load_tokenizer(directory: Path | None) -> Tokenizer:
             backend = Backend.from_file(str(path))
         except Exception as e:
             raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
-        return Tokenizer(backend, _checkpoint_template(directory), source=str(path))
+        template, where = _checkpoint_template(directory) or (None, None)
+        return Tokenizer(backend, template, source=str(path),
+                         template_source=str(where or "the chat template"))
     return qwen_tokenizer()
 
 

@@ -209,6 +209,40 @@ def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
         "[user]hi[assistant]"
 
 
+@pytest.mark.parametrize("template, what", [
+    ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
+    ("{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", "nosuchfilter"),
+], ids=["syntax error", "unknown filter"])
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_a_chat_template_that_does_not_compile_fails_the_load_naming_its_file(
+        checkpoint_copy, no_new_holds, template, what, where):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    text = template if where.endswith(".jinja") else json.dumps({"chat_template": template})
+    (checkpoint_copy / where).write_text(text)
+    with pytest.raises(grout.CheckpointError, match=rf"{where}: .*{what}"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_is_not_utf8_fails_the_load(checkpoint_copy, no_new_holds):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(grout.CheckpointError, match=r"chat_template\.jinja: .*UTF-8"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_fails_on_the_messages_is_a_request_error(checkpoint_copy):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content.foo.bar }}{% endfor %}")
+    eng = load(checkpoint_copy)
+    with pytest.raises(grout.RequestError, match=r"chat_template\.jinja: .*UndefinedError"):
+        eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=1)
+    assert eng.generate([1, 2, 3], max_new_tokens=1).token_ids
+
+
 def test_weights_are_shared_on_the_device_and_released_with_the_engine(checkpoints):
     import gc
     from safetile.tensor import active_holds

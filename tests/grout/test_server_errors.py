@@ -235,21 +235,27 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_token(server,
     assert time.monotonic() - started < 30
 
 
+def damaged_server(tmp_path_factory, name, damage) -> ServerProcess:
+    """A server (not started) for a copy of the test checkpoint that ``damage(directory)``
+    changed."""
+    root = tmp_path_factory.mktemp(name)
+    shutil.copytree(shared_checkpoint(tmp_path_factory), root / "checkpoint")
+    damage(root / "checkpoint")
+    return ServerProcess(str(root / "checkpoint"), root / "serve.log", "--device", "cpu",
+                         "--dtype", "float32", "--max-seq-len", "64",
+                         "--served-model-name", "tiny")
+
+
 @pytest.fixture(scope="module")
 def nan_server(tmp_path_factory):
-    """A server for a copy of the test checkpoint with one NaN weight (an embedding row, so
-    one logit, and with it every logprob, is NaN)."""
-    from safetensors.torch import load_file, save_file
-    src = shared_checkpoint(tmp_path_factory)
-    root = tmp_path_factory.mktemp("server_nan")
-    shutil.copytree(src, root / "checkpoint")
-    weights = root / "checkpoint" / "model.safetensors"
-    tensors = load_file(weights)
-    tensors["model.embed_tokens.weight"][7, 0] = float("nan")
-    save_file(tensors, weights, metadata={"format": "pt"})
-    with ServerProcess(str(root / "checkpoint"), root / "serve.log", "--device", "cpu",
-                       "--dtype", "float32", "--max-seq-len", "64",
-                       "--served-model-name", "tiny") as s:
+    """A server for a checkpoint with one NaN weight (an embedding row, so one logit, and
+    with it every logprob, is NaN)."""
+    def nan_weight(directory):
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(directory / "model.safetensors")
+        tensors["model.embed_tokens.weight"][7, 0] = float("nan")
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    with damaged_server(tmp_path_factory, "server_nan", nan_weight) as s:
         yield s
 
 
@@ -275,6 +281,20 @@ def test_nan_logprobs_are_null_in_a_stream_of_valid_json(nan_server):
                for e in c["choices"][0]["logprobs"]["content"]]
     assert len(entries) == 3
     assert all(e["logprob"] is None and e["top_logprobs"][0]["logprob"] is None for e in entries)
+
+
+def test_a_chat_template_that_fails_on_a_request_is_a_400_naming_it(tmp_path_factory):
+    def template(directory):
+        (directory / "chat_template.jinja").write_text(
+            "{% for m in messages %}{{ m.content.foo.bar }}{% endfor %}")
+    with damaged_server(tmp_path_factory, "server_template", template) as server:
+        client = server.client()
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", max_tokens=1,
+                                           messages=[{"role": "user", "content": "Hi"}])
+        assert info.value.body["param"] == "messages"
+        assert re.search(r"chat_template\.jinja: .*UndefinedError", info.value.body["message"])
+        assert_still_serving(client)
 
 
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
