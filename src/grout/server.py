@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -309,10 +310,31 @@ class _Server(uvicorn.Server):
         asyncio.get_event_loop().call_soon_threadsafe(self.scheduler.cancel_all)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (uvicorn's way: IPv6 when the host has a colon);
+    OSError when the address is taken or not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
-          port: int = 8000, log_level: str = "info", fault_injection: bool = False) -> int:
+          port: int = 8000, log_level: str = "info", fault_injection: bool = False,
+          max_request_bytes: int = MAX_REQUEST_BYTES) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
-    interrupted; returns the process exit status (1 when loading fails)."""
+    interrupted; returns the process exit status (1 when the address cannot be listened on,
+    checked before loading starts, or when loading fails)."""
+    try:
+        sock = listen(host, port)
+    except OSError as err:
+        print(f"grout serve: cannot listen on {host}:{port}: {err}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed: list[BaseException] = []
@@ -324,12 +346,13 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
             server.should_exit = True
 
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
-                     on_load_failure=on_load_failure)
+                     on_load_failure=on_load_failure, max_request_bytes=max_request_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)
     started = time.monotonic()
-    server.run()
+    log.info("listening on http://%s:%d", host, sock.getsockname()[1])
+    server.run(sockets=[sock])
     if failed:
         err = failed[0]
         print(f"grout serve: could not load {model_name!r}: {type(err).__name__}: {err}",
