@@ -296,8 +296,9 @@ class EventStream:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within one token) with
-    a "shutting down" error, so that open streams close before the graceful timeout."""
+    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within its decode chunk
+    in flight) with a "shutting down" error, so that open streams close before the graceful
+    timeout."""
 
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
         super().__init__(config)

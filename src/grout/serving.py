@@ -106,7 +106,7 @@ def generate(engine: Any, job: Job) -> None:
 
     The engine holds back text that may still become a stop string (or an incomplete
     character) and cuts it at a stop string, so each piece's text can be sent as it comes.
-    A cancelled job stops before the next decode step.
+    A cancelled job stops before the engine starts another chunk of decode steps.
     """
     req: GenerationRequest = job.request
     assert job.prompt_ids is not None
@@ -120,6 +120,7 @@ def generate(engine: Any, job: Job) -> None:
     released = 0
     with stream:
         for piece in stream:
+            job.decoded = stream.decoded
             job.last_token_at = time.perf_counter()
             if not job.generated:
                 job.first_token_at = job.last_token_at
