@@ -147,7 +147,7 @@ async def _read_json(request: Request, limit: int) -> Any:
                          f"bytes (grout serve --max-request-bytes)", status=413,
                          code="request_too_large")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():
