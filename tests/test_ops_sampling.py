@@ -90,6 +90,25 @@ def test_top_k_one_and_a_tiny_top_p_are_greedy_for_every_seed():
         assert draw(logits, 1.0, top_p=1e-6, seed=seed) == best
 
 
+def test_a_top_p_below_float32s_range_keeps_the_top_token():
+    logits = rand(1500, st.f32, 3)
+    best = int(torch.argmax(logits))
+    assert float(ops.sampling_params(1.0, top_p=1e-46, device="cpu").to_torch()[2]) > 0.0
+    for top_p in (1e-38, 1e-46, 5e-324):
+        assert draw(logits, 1.0, top_p=top_p, seed=1) == best
+
+
+def test_the_kernel_keeps_the_top_token_even_for_a_top_p_of_zero():
+    """params written on the device bypass the host's checks: a top_p of 0 (nothing to
+    keep) still draws the most likely token, never an index from an empty set."""
+    logits = rand(1500, st.f32, 3)
+    logits[0] = -50.0
+    params = st.from_torch(torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    key, ctr = ops.sampling_key(1, device="cpu"), st.zeros((1,), dtype=st.i32, device="cpu")
+    tok = ops.sample(wrap(logits), params, key, ctr).sync()
+    assert int(tok.to_torch()[0]) == int(torch.argmax(logits))
+
+
 def test_the_same_seed_and_counter_give_the_same_token_and_others_vary():
     logits = torch.zeros(64)                       # uniform: every token equally likely
     a = [draw(logits, seed=7, counter=c) for c in range(12)]

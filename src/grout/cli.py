@@ -2,16 +2,32 @@
 
 Every subcommand takes ``--device cpu|cuda``, ``--dtype`` and ``--max-seq-len``. Text goes to
 stdout as it is produced; progress bars and statistics go to stderr. A bad request or
-checkpoint exits with status 1 and a one-line ``grout: error: ...``; bad usage with 2.
+checkpoint, a file that cannot be written or an address ``serve`` cannot listen on exits
+with status 1 and a one-line error; bad usage (an option out of range) with 2.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from .errors import GroutError
+
+
+def _int_in(low: int, high: int | None, what: str):
+    """An argparse type: an int in [low, high] (high None: no bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value} is not {what}")
+        return value
+    return parse
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -54,9 +70,13 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
     _common(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free one)")
+    s.add_argument("--port", type=_int_in(0, 65535, "a port (0 to 65535)"), default=8000,
+                   help="port to listen on (0: any free one)")
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the --model argument)")
+    s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
+                   default=None, help="largest request body accepted (default 4 MiB); larger "
+                                      "ones get HTTP 413")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     s.add_argument("--fault-injection", action="store_true",
@@ -97,8 +117,26 @@ def generate(args) -> int:
     return 0
 
 
+def _check_writable(path: str) -> None:
+    """GroutError unless ``path`` can be written: checked before the bench runs (minutes on
+    a GPU), not after it."""
+    target = Path(path)
+    if target.is_dir():
+        problem = "is a directory"
+    elif not target.parent.is_dir():
+        problem = f"its directory {target.parent} does not exist"
+    elif not os.access(target.parent, os.W_OK) or (target.exists() and
+                                                    not os.access(target, os.W_OK)):
+        problem = "is not writable"
+    else:
+        return
+    raise GroutError(f"--json {path}: {problem}")
+
+
 def bench(args) -> int:
     from . import bench as measure
+    if args.json:
+        _check_writable(args.json)
     eng = _load(args)
     result = measure.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats)
     print(measure.report(result))
@@ -110,10 +148,12 @@ def bench(args) -> int:
 
 
 def serve(args) -> int:
+    from .server import MAX_REQUEST_BYTES
     from .server import serve as run_server
     return run_server(lambda: _load(args), args.served_model_name or args.model, host=args.host,
                       port=args.port, log_level=args.log_level,
-                      fault_injection=args.fault_injection)
+                      fault_injection=args.fault_injection,
+                      max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES)
 
 
 def main(argv=None) -> int:
@@ -121,6 +161,9 @@ def main(argv=None) -> int:
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
     except (GroutError, ValueError) as e:
+        print(f"grout: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:                 # a file that cannot be written, a full disk
         print(f"grout: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

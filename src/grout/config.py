@@ -7,6 +7,7 @@ the real tokenizer while every op stays small enough for the CPU executor.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -128,8 +129,8 @@ def _read_json(path: Path, required: bool) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:   # ValueError: decoding, digits
+        raise CheckpointError(f"{path}: not valid JSON ({e!s:.200})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -140,16 +141,35 @@ def _rope_theta(raw: dict, path: Path) -> float:
     only the default (unscaled) rotary embedding is supported."""
     params = raw.get("rope_parameters")
     scaling = raw.get("rope_scaling")
-    if isinstance(params, dict):
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(f"{path}: {key} must be an object (or null), got "
+                                  f"{value!r:.60}")
+    if params is not None:
         kind = params.get("rope_type", params.get("type", "default"))
         theta = params.get("rope_theta", raw.get("rope_theta"))
     else:
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
         theta = raw.get("rope_theta")
     if kind != "default":
-        raise CheckpointError(f"{path}: rope scaling {kind!r} is not supported (only the "
+        raise CheckpointError(f"{path}: rope scaling {kind!r:.60} is not supported (only the "
                               f"default rotary embedding)")
-    return float(theta if theta is not None else 1_000_000.0)
+    return _number(path, "rope_theta", 1_000_000.0 if theta is None else theta, positive=True)
+
+
+def _number(path, key: str, value, positive: bool = False) -> float:
+    """A float field of config.json: finite, and > 0 (``positive``) or >= 0; a NaN or a
+    negative rope_theta would load and only make the model's output garbage."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and \
+        math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise CheckpointError(f"{path}: {key} must be a finite number "
+                              f"{'> 0' if positive else '>= 0'}, got {value!r:.60}")
+    return float(value)
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _eos_ids(generation: dict | None, raw: dict) -> tuple:
@@ -175,6 +195,9 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -
     """The config of a config.json's contents ``raw`` (``transformers``' ``config.to_dict()``
     works too); ``path`` names the source in a ``CheckpointError``."""
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"{path}: architectures must be a list of class names, got "
+                              f"{archs!r:.60}")
     if ARCHITECTURE not in archs and not (not archs and raw.get("model_type") == "qwen3"):
         raise CheckpointError(f"{path}: architecture {archs or raw.get('model_type')!r} is not "
                               f"supported; grout runs {ARCHITECTURE}")
@@ -185,21 +208,28 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
     try:
-        heads = raw["num_attention_heads"]
+        heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
+        head_dim = raw.get("head_dim")
+        if head_dim is None and _positive_int(heads) and _positive_int(hidden):
+            head_dim = hidden // heads      # otherwise the config check names the bad field
         cfg = Qwen3Config(
-            vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"],
+            vocab_size=raw["vocab_size"], hidden_size=hidden,
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads", heads),
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads), head_dim=head_dim,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            rope_theta=_rope_theta(raw, path), rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(raw, path),
+            rms_norm_eps=_number(path, "rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get("max_position_embeddings", 40960),
             dtype=dtype, eos_token_ids=_eos_ids(generation, raw), name=name)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None
     except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        # Qwen3Config's checks name the model; name the file instead (once).
+        message = str(e)
+        if not message.startswith(f"{path}: "):
+            message = f"{path}: {message.removeprefix((name or 'config') + ': ')}"
+        raise CheckpointError(message) from None
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: {e}") from None
     return cfg

@@ -2,13 +2,16 @@
 
 Batch 1: one request at a time owns the device state (the cache and the decode buffers).
 A request is checked completely before anything runs (``RequestError``), so a bad one
-leaves the engine as it was. ``stream`` returns a generator that produces one
-:class:`Piece` per token; closing it (or dropping it) stops generation, and a new request
-supersedes an unfinished stream (which then raises if resumed).
+leaves the engine as it was. ``generate``, ``chat`` and ``logits`` own the engine for their
+whole request: one called from another thread meanwhile waits its turn. ``stream`` returns
+a generator that produces one :class:`Piece` per token; closing it (or dropping it) stops
+generation, and a request made while a stream is unfinished supersedes it (the stream then
+raises if resumed).
 """
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,7 @@ class Completion:
     token_ids: list
     finish_reason: str
     prompt_tokens: int
+    logprobs: list | None = None     # with generate(..., logprobs=k): a TokenLogprobs a token
 
     @property
     def completion_tokens(self) -> int:
@@ -63,11 +67,14 @@ class Piece:
 
 class Stream:
     """The generator :meth:`Engine.stream` returns: iterate it for :class:`Piece` values;
-    ``close()`` stops generation. ``prompt_tokens``: the prompt's length in tokens."""
+    ``close()`` stops generation. ``prompt_tokens``: the prompt's length in tokens;
+    ``decoded``: the tokens the engine has produced so far, those decoded ahead in a chunk
+    of graph replays and not yet yielded included."""
 
-    def __init__(self, gen, prompt_tokens: int):
-        self._gen = gen
+    def __init__(self, prompt_tokens: int):
+        self._gen: Iterator[Piece] = iter(())
         self.prompt_tokens = prompt_tokens
+        self.decoded = 0
 
     def __iter__(self):
         return self
@@ -211,11 +218,13 @@ class Engine:
         stops = _stop_strings(stop)
         check_top_logprobs(logprobs)
         ids = self._ids(prompt)
-        return Stream(self._generate(ids, max_new_tokens, sampling, stops, logprobs,
-                                     bool(ignore_eos)), len(ids))
+        stream = Stream(len(ids))
+        stream._gen = self._generate(ids, max_new_tokens, sampling, stops, logprobs,
+                                     bool(ignore_eos), stream)
+        return stream
 
-    def _generate(self, ids, max_new_tokens, sampling, stops, logprobs=None,
-                  ignore_eos=False) -> Iterator[Piece]:
+    def _generate(self, ids, max_new_tokens, sampling, stops, logprobs, ignore_eos,
+                  stream: Stream) -> Iterator[Piece]:
         if max_new_tokens == 0:
             return
         with self._lock:
@@ -225,6 +234,7 @@ class Engine:
             with st.backend(self.backend):
                 token = self.runner.begin(ids, params, key, sampling.greedy)
                 lp = step_logprobs(self.runner, token, logprobs)
+            stream.decoded = 1
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         position = len(ids)                      # where the token just sampled goes
         # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
@@ -263,18 +273,26 @@ class Engine:
                             max_new_tokens - n, self.max_seq_len - position)
                         ahead = self.runner.steps(sampling.greedy,
                                                   self.runner.chunk_size(wanted))
+                        stream.decoded += len(ahead)
                     token = ahead.pop(0)
                     lp = step_logprobs(self.runner, token, logprobs)
             position += 1
 
     def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 stop=None) -> Completion:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (a str or token ids)."""
-        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop)
-        pieces = list(stream)
+                 stop=None, *, logprobs: int | None = None,
+                 ignore_eos: bool = False) -> Completion:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (a str or token ids);
+        ``logprobs`` and ``ignore_eos`` as :meth:`stream`."""
+        stream = self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, stop,
+                             logprobs=logprobs, ignore_eos=ignore_eos)
+        # The whole request holds the (reentrant) lock, so a request from another thread
+        # waits for it rather than superseding it between two steps.
+        with self._lock:
+            pieces = list(stream)
         return Completion("".join(p.text for p in pieces), [p.token_id for p in pieces],
-                          pieces[-1].finish_reason if pieces else "length", stream.prompt_tokens)
+                          pieces[-1].finish_reason if pieces else "length", stream.prompt_tokens,
+                          None if logprobs is None else [p.logprobs for p in pieces])
 
     def chat(self, messages, enable_thinking: bool = False, **kwargs) -> Completion:
         """Generate the assistant's reply to ``messages`` (the chat template applied)."""
@@ -301,8 +319,16 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     ``fused=False``: the unfused decode step (for comparison); ``decode_chunk``: the most
     decode steps replayed between two reads of the host (1: a read after every token)."""
     check_options(gemm, max_seq_len, decode_chunk)
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise RequestError(f"model must be a checkpoint directory or a named shape "
+                           f"({', '.join(config_mod.SHAPES)}), got {model!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+        got = repr(seed) if isinstance(seed, bool) or not isinstance(seed, int) else \
+            f"an int of {seed.bit_length()} bits"
+        raise RequestError(f"seed (of a named shape's random weights) must be an int in "
+                           f"[-2**63, 2**64), got {got}")
     dev = resolve_device(device)
-    path = Path(str(model)).expanduser()
+    path = Path(model).expanduser()
     if path.is_dir():
         cfg = config_mod.from_checkpoint(path)
         tokenizer = load_tokenizer(path)

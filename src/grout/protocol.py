@@ -16,16 +16,30 @@ MAX_TOP_LOGPROBS = 5        # what a request may ask for (the engine computes up
 MAX_STOP_STRINGS = 16
 
 
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate written as its escape (``\\ud800``): an error that
+    quotes what a client sent must still encode as UTF-8."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for an error message, cut short (a client may send megabytes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 class APIError(Exception):
     """An error the server answers with an OpenAI-shaped body and an HTTP status."""
 
     def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = encodable(message)
         self.status = status
         self.type = type
-        self.param = param
+        self.param = None if param is None else encodable(param)
         self.code = code
 
     def body(self) -> dict[str, Any]:
@@ -104,9 +118,7 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
     req.max_tokens = _int(fields, "max_completion_tokens", default=None, low=0)
     if req.max_tokens is None:
         req.max_tokens = _int(fields, "max_tokens", default=None, low=0)
-    want = fields.get("logprobs")
-    if want not in (None, True, False):
-        raise APIError("'logprobs' must be a boolean", param="logprobs")
+    want = _bool(fields, "logprobs", default=False)
     top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS)
     if top is not None and not want:
         raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
@@ -132,10 +144,10 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
             continue
         if name in _DEFAULTS_ONLY:
             if not any(type(value) is type(d) and value == d for d in _DEFAULTS_ONLY[name]):
-                raise APIError(f"'{name}' = {value!r} is not supported by this server "
+                raise APIError(f"'{name}' = {shown(value)} is not supported by this server "
                                f"(batch-1 engine)", param=name, code="unsupported_parameter")
             continue
-        raise APIError(f"unrecognized request argument '{name}'", param=name,
+        raise APIError(f"unrecognized request argument {shown(name)}", param=name[:200],
                        code="unsupported_parameter")
     return body
 
@@ -143,8 +155,8 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
 def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> None:
     model = fields.get("model")
     if model is not None and model != model_name:
-        raise APIError(f"the model '{model}' does not exist; this server serves '{model_name}'",
-                       param="model", code="model_not_found")
+        raise APIError(f"the model {shown(model)} does not exist; this server serves "
+                       f"'{model_name}'", param="model", code="model_not_found")
     req.stream = _bool(fields, "stream", default=False)
     options = fields.get("stream_options")
     if options is not None:
@@ -159,7 +171,7 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
     req.temperature = _float(fields, "temperature", default=1.0, low=0.0)
     req.top_p = _float(fields, "top_p", default=1.0)
     if not 0.0 < req.top_p <= 1.0:
-        raise APIError(f"'top_p' must be in (0, 1], got {req.top_p}", param="top_p")
+        raise APIError(f"'top_p' must be in (0, 1], got {shown(req.top_p)}", param="top_p")
     top_k = _int(fields, "top_k", default=0, low=-1) or 0
     req.top_k = 0 if top_k == -1 else top_k
     req.seed = _int(fields, "seed", default=None)
@@ -171,7 +183,8 @@ def _prompt(fields: dict[str, Any]) -> str | list[int]:
     prompt = fields.get("prompt")
     if prompt is None:
         raise APIError("'prompt' is required", param="prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt) or
+                                                all(isinstance(p, list) for p in prompt)):
         if len(prompt) != 1:
             raise APIError("a list of several prompts is not supported (batch 1): send one "
                            "prompt per request", param="prompt", code="unsupported_parameter")
@@ -183,8 +196,8 @@ def _prompt(fields: dict[str, Any]) -> str | list[int]:
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
-    raise APIError("'prompt' must be a non-empty string or a non-empty list of token ids",
-                   param="prompt")
+    raise APIError("'prompt' must be a non-empty string, a non-empty list of token ids (ints), "
+                   "or a list holding one of those", param="prompt")
 
 
 def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
@@ -200,7 +213,7 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
             raise APIError(f"{where} must be an object", param=where)
         role = message.get("role")
         if role not in _ROLES:
-            raise APIError(f"{where}.role must be one of {sorted(_ROLES)}, got {role!r}",
+            raise APIError(f"{where}.role must be one of {sorted(_ROLES)}, got {shown(role)}",
                            param=f"{where}.role")
         if message.get("tool_calls"):
             raise APIError(f"{where}.tool_calls: tool calls are not supported",
@@ -257,11 +270,11 @@ def _int(fields: dict[str, Any], name: str, *, default: int | None, low: int | N
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise APIError(f"'{name}' must be an integer, got {value!r}", param=name)
+        raise APIError(f"'{name}' must be an integer, got {shown(value)}", param=name)
     if low is not None and value < low:
-        raise APIError(f"'{name}' must be >= {low}, got {value}", param=name)
+        raise APIError(f"'{name}' must be >= {low}, got {shown(value)}", param=name)
     if high is not None and value > high:
-        raise APIError(f"'{name}' must be <= {high}, got {value}", param=name)
+        raise APIError(f"'{name}' must be <= {high}, got {shown(value)}", param=name)
     return value
 
 
@@ -271,7 +284,7 @@ def _float(fields: dict[str, Any], name: str, *, default: float,
     if value is None:
         return default
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise APIError(f"'{name}' must be a finite number, got {value!r}", param=name)
+        raise APIError(f"'{name}' must be a finite number, got {shown(value)}", param=name)
     if low is not None and value < low:
-        raise APIError(f"'{name}' must be >= {low}, got {value}", param=name)
+        raise APIError(f"'{name}' must be >= {low}, got {shown(value)}", param=name)
     return float(value)

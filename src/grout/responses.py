@@ -3,7 +3,8 @@
 Logprob entries arrive in one neutral form per token, ``{"token", "bytes", "logprob",
 "top": [{"token", "logprob", "bytes"}], "offset"}`` (offset: the length of the completion's
 text sent before the token's own chunk), and are written in each endpoint's own format: the
-legacy completions columns or chat's ``content`` list.
+legacy completions columns or chat's ``content`` list. A logprob is a JSON number or null:
+-inf is written as -9999.0 and NaN as null (grout.serving.json_logprob).
 """
 from __future__ import annotations
 
@@ -67,8 +68,10 @@ def full_body(job: Job, model: str, text: str, entries: list[dict[str, Any]],
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
-    """One server-sent event: ``data: <json>`` and a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    """One server-sent event: ``data: <json>`` and a blank line. Strict JSON, as a
+    non-streamed body is: NaN or infinity raise rather than print as invalid JSON."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"),
+                                                               allow_nan=False)
     return f"data: {data}\n\n".encode()
 
 

@@ -2,12 +2,13 @@
 
 Loading, warm-up and every generation run on a single worker thread, so the asyncio event
 loop never blocks on the engine and the engine never sees two requests at once. The loop
-enqueues a `Job` when its request arrives; the worker takes jobs in that order, each once
-its prompt is tokenized (which the loop has done beside the worker). The worker hands
-results back to the loop with ``call_soon_threadsafe`` and never waits for the loop, so
-streaming costs the engine no round trip per token. A job is cancelled (its client went
-away, or the server is stopping) by a flag that the worker checks before each decode step:
-a cancelled generation stops within one token.
+enqueues a `Job` once its request's prompt is tokenized and checked (beside the worker);
+the worker takes jobs in that order. The worker hands results back to the loop with
+``call_soon_threadsafe`` and never waits for the loop, so streaming costs the engine no
+round trip per token. A job is cancelled (its client went away, or the server is stopping)
+by a flag that the worker checks after each token it hands over: a cancelled generation
+starts no further chunk of decode steps, so it stops within the chunk in flight (at most
+the engine's ``decode_chunk`` tokens).
 """
 from __future__ import annotations
 
@@ -67,17 +68,17 @@ class Job:
         self.arrived = time.monotonic()
         self.prompt_ids: list[int] | None = None
         self.max_new_tokens = 0
-        self.prepared: asyncio.Future[None] | None = None   # prompt tokenized and checked
         self.fault_after: int | None = None                 # tests: fail after this many tokens
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self.generated = 0          # tokens produced so far (written by the engine thread)
+        self.generated = 0          # tokens handed over so far (written by the engine thread)
+        self.decoded = 0            # tokens the engine decoded, a chunk's not yet handed over too
         self.first_token_at = 0.0   # perf_counter() when the first and the latest token came
         self.last_token_at = 0.0
         self.finished = False       # its terminal event (Finished or Failed) is out
         self._loop = loop
         self._cancelled = threading.Event()
         self.cancel_reason = client_closed()   # the error a cancelled job ends with
-        self._generated_at_cancel: int | None = None
+        self._decoded_at_cancel: int | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -92,7 +93,7 @@ class Job:
         if not self.finished and not self._cancelled.is_set():
             if reason is not None:
                 self.cancel_reason = reason
-            self._generated_at_cancel = self.generated
+            self._decoded_at_cancel = self.decoded
             self._cancelled.set()
 
     def emit(self, event: Event) -> None:
@@ -105,11 +106,12 @@ class Job:
             pass
 
     @property
-    def tokens_after_cancel(self) -> int | None:
-        """Decode steps that ran after the cancel (at most one, by design)."""
-        if self._generated_at_cancel is None:
+    def decoded_after_cancel(self) -> int | None:
+        """Tokens decoded after the cancel: those of the chunk in flight when it came (at
+        most ``decode_chunk``), since no chunk starts after it."""
+        if self._decoded_at_cancel is None:
             return None
-        return self.generated - self._generated_at_cancel
+        return self.decoded - self._decoded_at_cancel
 
 
 class Scheduler:
@@ -150,11 +152,6 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while True:
             job = await self._queue.get()
-            if job.prepared is not None:
-                try:
-                    await job.prepared
-                except Exception:   # its handler answers the error; nothing to run
-                    continue
             if job.cancelled:
                 log.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason.message)
                 job.emit(Failed(job.cancel_reason))
@@ -182,7 +179,8 @@ class Scheduler:
             rate = (job.generated - 1) / max(job.last_token_at - job.first_token_at, 1e-9)
             timing += f", decode {rate:.2f} tok/s"
         if job.cancelled:
-            log.info("%s: cancelled (%s) after %d tokens (%s after the cancel); %s", job.id,
-                     job.cancel_reason.message, job.generated, job.tokens_after_cancel, timing)
+            log.info("%s: cancelled (%s) after %d tokens (%d decoded, %d after the cancel); %s",
+                     job.id, job.cancel_reason.message, job.generated, job.decoded,
+                     job.decoded_after_cancel, timing)
         else:
             log.info("%s: %d tokens; %s", job.id, job.generated, timing)

@@ -9,6 +9,7 @@ errors come out as OpenAI-shaped 400s, not a framework's 422s, and the server ne
 FastAPI nor pydantic. Requests are served one at a time in arrival order
 (grout.scheduler); the port opens at once, ``/health`` answers 503 while the engine loads and
 captures its decode graph and 200 after, and the server exits with status 1 if loading fails.
+A request body over ``max_request_bytes`` is refused (413) before it is parsed.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +28,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -38,6 +40,10 @@ from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_u
 
 log = logging.getLogger("grout.server")
 
+# The largest request body accepted: a full context of the largest Qwen3 (40960 tokens),
+# as text or as token ids, is well under a megabyte, even with every character escaped.
+MAX_REQUEST_BYTES = 4 << 20
+
 
 @dataclass
 class ServerState:
@@ -46,21 +52,24 @@ class ServerState:
     scheduler: Scheduler
     model_name: str
     fault_injection: bool
+    max_request_bytes: int = MAX_REQUEST_BYTES
     load_error: BaseException | None = None
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+def error_response(err: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
-               on_load_failure: Callable[[BaseException], None] | None = None) -> Starlette:
+               on_load_failure: Callable[[BaseException], None] | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
-    state = ServerState(Scheduler(load, generate), model_name, fault_injection)
+    state = ServerState(Scheduler(load, generate), model_name, fault_injection,
+                        max_request_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -82,7 +91,7 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(APIError(f"{request.method} {request.url.path}: {exc.detail}",
-                                       status=exc.status_code, type=kind))
+                                       status=exc.status_code, type=kind), exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -131,12 +140,30 @@ async def _model(state: ServerState, request: Request) -> Response:
     return JSONResponse(_model_card(state))
 
 
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
+async def _read_json(request: Request, limit: int) -> Any:
+    """The decoded body, or APIError: 413 past ``limit`` bytes (before reading more of it),
+    400 for anything Python's json cannot decode."""
+    too_large = APIError(f"the request body is larger than this server's limit of {limit} "
+                         f"bytes (grout serve --max-request-bytes)", status=413,
+                         code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
     try:
-        return json.loads(raw)
+        return json.loads(b"".join(chunks))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise APIError(f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError("the request body is nested too deeply to decode") from None
+    except ValueError:      # an integer of more digits than int() converts
+        raise APIError(f"the request body holds an integer of more than "
+                       f"{sys.get_int_max_str_digits()} digits") from None
 
 
 async def _wait_for_disconnect(request: Request, job: Job) -> None:
@@ -164,25 +191,26 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
         return error_response(APIError("the model is still loading; retry when /health says ok",
                                        status=503, type="service_unavailable"))
     try:
-        req = parse(await _read_json(request), state.model_name)
+        req = parse(await _read_json(request, state.max_request_bytes), state.model_name)
         fault_after = _fault_after(state, request)
     except APIError as err:
         return error_response(err)
+    except ClientDisconnect:
+        log.info("a client went away while sending its request")
+        return Response(status_code=499)
     loop = asyncio.get_running_loop()
     job = Job(req, loop)
     job.fault_after = fault_after
-    # The job takes its place in the queue now; its prompt is tokenized beside the engine
-    # thread, so a prompt too long for the context is refused without waiting in line.
-    job.prepared = loop.run_in_executor(None, prepare, state.scheduler.engine, job)
+    # The prompt is tokenized and checked beside the engine thread, and only then does the
+    # job join the queue: a prompt too long for the context is refused without waiting in
+    # line, and one that takes seconds to tokenize holds up no request behind it.
+    try:
+        await loop.run_in_executor(None, prepare, state.scheduler.engine, job)
+    except APIError as err:
+        return error_response(err)
     state.scheduler.submit(job)
     watcher: asyncio.Task[None] | None = asyncio.create_task(_wait_for_disconnect(request, job))
     try:
-        try:
-            await job.prepared
-        except APIError as err:
-            job.cancel()
-            return error_response(err)
-        assert watcher is not None
         first = await _next_event(job, watcher)
         if first is None:
             return Response(status_code=499)
@@ -268,8 +296,9 @@ class EventStream:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within one token) with
-    a "shutting down" error, so that open streams close before the graceful timeout."""
+    """uvicorn's server; on SIGINT or SIGTERM every generation ends (within its decode chunk
+    in flight) with a "shutting down" error, so that open streams close before the graceful
+    timeout."""
 
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
         super().__init__(config)
@@ -282,10 +311,31 @@ class _Server(uvicorn.Server):
         asyncio.get_event_loop().call_soon_threadsafe(self.scheduler.cancel_all)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (uvicorn's way: IPv6 when the host has a colon);
+    OSError when the address is taken or not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
-          port: int = 8000, log_level: str = "info", fault_injection: bool = False) -> int:
+          port: int = 8000, log_level: str = "info", fault_injection: bool = False,
+          max_request_bytes: int = MAX_REQUEST_BYTES) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
-    interrupted; returns the process exit status (1 when loading fails)."""
+    interrupted; returns the process exit status (1 when the address cannot be listened on,
+    checked before loading starts, or when loading fails)."""
+    try:
+        sock = listen(host, port)
+    except OSError as err:
+        print(f"grout serve: cannot listen on {host}:{port}: {err}", file=sys.stderr)
+        return 1
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed: list[BaseException] = []
@@ -297,12 +347,13 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
             server.should_exit = True
 
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
-                     on_load_failure=on_load_failure)
+                     on_load_failure=on_load_failure, max_request_bytes=max_request_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)
     started = time.monotonic()
-    server.run()
+    log.info("listening on http://%s:%d", host, sock.getsockname()[1])
+    server.run(sockets=[sock])
     if failed:
         err = failed[0]
         print(f"grout serve: could not load {model_name!r}: {type(err).__name__}: {err}",

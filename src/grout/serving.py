@@ -6,12 +6,13 @@ context; `generate` runs on the engine thread, turning the engine's token stream
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 import grout
 from grout.logprobs import TokenLogprobs
-from grout.protocol import APIError, GenerationRequest
+from grout.protocol import APIError, GenerationRequest, shown
 from grout.scheduler import Delta, Failed, Finished, Job
 
 FAULT_HEADER = "x-grout-fault"
@@ -36,26 +37,32 @@ def max_model_len(engine: Any) -> int:
     return int(engine.max_seq_len)
 
 
+def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
+    """The request's prompt as token ids (chat template applied); RequestError (the
+    template failed, the text is not valid Unicode) or APIError for a bad prompt."""
+    tokenizer = engine.tokenizer
+    if req.kind == "chat":
+        return tokenizer.encode(tokenizer.apply_chat_template(
+            req.messages, add_generation_prompt=True, enable_thinking=req.enable_thinking))
+    if isinstance(req.prompt, str):
+        return tokenizer.encode(req.prompt)
+    ids = list(req.prompt or [])
+    vocab = engine.config.vocab_size
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise APIError(f"token ids {shown(bad[:5])} are outside the vocabulary [0, {vocab})",
+                       param="prompt")
+    return ids
+
+
 def prepare(engine: Any, job: Job) -> None:
     """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
     req = job.request
-    tokenizer = engine.tokenizer
-    if req.kind == "chat":
-        try:
-            text = tokenizer.apply_chat_template(req.messages, add_generation_prompt=True,
-                                                 enable_thinking=req.enable_thinking)
-        except grout.RequestError as err:
-            raise APIError(str(err), param="messages") from None
-        ids, param = tokenizer.encode(text), "messages"
-    elif isinstance(req.prompt, str):
-        ids, param = tokenizer.encode(req.prompt), "prompt"
-    else:
-        ids, param = list(req.prompt or []), "prompt"
-        vocab = engine.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise APIError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
-                           param="prompt")
+    param = "messages" if req.kind == "chat" else "prompt"
+    try:
+        ids = _prompt_ids(engine, req)
+    except grout.RequestError as err:
+        raise APIError(str(err), param=param) from None
     context = max_model_len(engine)
     if len(ids) >= context:
         raise APIError(f"this model's maximum context length is {context} tokens, and the "
@@ -64,17 +71,28 @@ def prepare(engine: Any, job: Job) -> None:
     budget = context - len(ids)
     if req.max_tokens is not None and req.max_tokens > budget:
         raise APIError(f"this model's maximum context length is {context} tokens: the prompt "
-                       f"has {len(ids)} and {req.max_tokens} more were asked for; ask for at "
-                       f"most {budget}", param="max_tokens", code="context_length_exceeded")
+                       f"has {len(ids)} and {shown(req.max_tokens)} more were asked for; ask "
+                       f"for at most {budget}", param="max_tokens",
+                       code="context_length_exceeded")
     job.prompt_ids = ids
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens
+
+
+# The logprob written for -inf (a token of probability 0 in fp32): OpenAI's and vLLM's floor.
+LOGPROB_FLOOR = -9999.0
+
+
+def json_logprob(value: float) -> float | None:
+    """A logprob as JSON can hold it: NaN (a model whose logits are NaN) as null, -inf as
+    LOGPROB_FLOOR (JSON has neither)."""
+    return None if math.isnan(value) else max(value, LOGPROB_FLOOR)
 
 
 def token_entry(tokenizer: Any, lp: TokenLogprobs, offset: int) -> dict[str, Any]:
     """The neutral logprob entry (grout.responses) of one generated token."""
     def one(token_id: int, logprob: float) -> dict[str, Any]:
         raw = tokenizer.token_bytes(token_id)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob,
+        return {"token": raw.decode("utf-8", errors="replace"), "logprob": json_logprob(logprob),
                 "bytes": list(raw)}
 
     entry = one(lp.token_id, lp.logprob)
@@ -88,7 +106,7 @@ def generate(engine: Any, job: Job) -> None:
 
     The engine holds back text that may still become a stop string (or an incomplete
     character) and cuts it at a stop string, so each piece's text can be sent as it comes.
-    A cancelled job stops before the next decode step.
+    A cancelled job stops before the engine starts another chunk of decode steps.
     """
     req: GenerationRequest = job.request
     assert job.prompt_ids is not None
@@ -102,6 +120,7 @@ def generate(engine: Any, job: Job) -> None:
     released = 0
     with stream:
         for piece in stream:
+            job.decoded = stream.decoded
             job.last_token_at = time.perf_counter()
             if not job.generated:
                 job.first_token_at = job.last_token_at

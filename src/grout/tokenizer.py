@@ -17,6 +17,7 @@ import base64
 import functools
 import hashlib
 import json
+import operator
 import os
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,7 @@ QWEN3_ADDED = [
     ("<think>", False), ("</think>", False),
 ]
 FIRST_ADDED_ID = 151643
+LONG_TEXT = 1 << 16     # characters: longer texts are tokenized without holding the GIL
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -132,6 +134,38 @@ def _qwen_json() -> str:
     return data
 
 
+def check_unicode(text: str) -> None:
+    """``RequestError`` unless ``text`` is valid Unicode: a lone surrogate (from JSON's
+    ``"\\ud800"`` or bytes decoded with ``surrogateescape``) has no UTF-8 and no tokens."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"text must be valid Unicode: character {e.start} is a lone "
+                           f"surrogate (U+{ord(text[e.start]):04X}); decode bytes with "
+                           f"errors='replace'") from None
+
+
+def _token_ids(ids) -> list[int]:
+    """``ids`` as a list of ints in the tokenizer's id range [0, 2**32), or RequestError."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise RequestError(f"decode takes a list of token ids, got {type(ids).__name__}")
+    out = []
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise RequestError(f"token ids must be ints, got {type(i).__name__}") from None
+        if not 0 <= i < 1 << 32:
+            got = i if abs(i) < 1 << 64 else f"an int of {i.bit_length()} bits"
+            raise RequestError(f"token ids must be in [0, 2**32), got {got}")
+        out.append(i)
+    return out
+
+
 def _message_text(m, i: int) -> tuple[str, str]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r}")
@@ -193,10 +227,12 @@ class Tokenizer:
     """Text <-> token ids, and the chat template (``encode``, ``decode``,
     ``apply_chat_template``)."""
 
-    def __init__(self, backend, chat_template: str | None = None, source: str = ""):
+    def __init__(self, backend, chat_template: str | None = None, source: str = "",
+                 template_source: str = "the chat template"):
         self._tok = backend
         self._template = chat_template
         self.source = source
+        self.template_source = template_source     # the file the chat template came from
 
     @property
     def vocab_size(self) -> int:
@@ -207,11 +243,17 @@ class Tokenizer:
         """Token ids of ``text`` (special tokens written in the text are recognized)."""
         if not isinstance(text, str):
             raise RequestError(f"encode takes a str, got {type(text).__name__}")
+        check_unicode(text)
+        if len(text) > LONG_TEXT:
+            # encode holds the GIL for the whole text; encode_batch lets other threads (a
+            # server's event loop) run while a long one is tokenized.
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
-        """The text of ``ids``, special tokens included."""
-        return self._tok.decode(list(ids), skip_special_tokens=False)
+        """The text of ``ids``, special tokens included (ids the vocabulary lacks add no
+        text: a model's vocabulary may be padded past the tokenizer's)."""
+        return self._tok.decode(_token_ids(ids), skip_special_tokens=False)
 
     def token_id(self, text: str) -> int | None:
         """The id of a single token's text (e.g. ``"<think>"``), or None."""
@@ -235,9 +277,15 @@ class Tokenizer:
             return qwen3_chat(messages, add_generation_prompt, enable_thinking)
         for i, m in enumerate(messages):
             _message_text(m, i)
-        return _jinja(self._template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
+        try:
+            return _jinja(self._template).render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
+        except GroutError:
+            raise
+        except Exception as e:  # the template is the checkpoint's code: its failure, on these
+            raise RequestError(f"{self.template_source}: the chat template failed on these "
+                               f"messages ({type(e).__name__}: {e})") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -252,19 +300,32 @@ def _template_error(message):
     raise RequestError(f"chat template: {message}")
 
 
-def _checkpoint_template(directory: Path) -> str | None:
+def _checkpoint_template(directory: Path) -> tuple[str, Path] | None:
+    """The checkpoint's chat template and its file, compiled once to check it: a template
+    that cannot compile would fail every chat request, so the load fails instead."""
     jinja = directory / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
     cfg = directory / "tokenizer_config.json"
-    if cfg.is_file():
+    if jinja.is_file():
         try:
-            template = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{cfg}: not valid JSON ({e})") from None
-        if isinstance(template, str):
-            return template
-    return None
+            template, where = jinja.read_text(encoding="utf-8"), jinja
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{jinja}: cannot be read as UTF-8 text ({e})") from None
+    elif cfg.is_file():
+        try:
+            template, where = json.loads(cfg.read_text(encoding="utf-8")), cfg
+        except (OSError, ValueError, RecursionError) as e:
+            raise CheckpointError(f"{cfg}: not valid JSON ({e!s:.200})") from None
+        template = template.get("chat_template") if isinstance(template, dict) else None
+        if not isinstance(template, str):
+            return None
+    else:
+        return None
+    try:
+        _jinja(template)
+    except Exception as e:  # syntax errors, unknown filters and tests: whatever compiling says
+        raise CheckpointError(f"{where}: the chat template does not compile "
+                              f"({type(e).__name__}: {e})") from None
+    return template, where
 
 
 @functools.lru_cache(maxsize=1)
@@ -284,7 +345,9 @@ def load_tokenizer(directory: Path | None) -> Tokenizer:
             backend = Backend.from_file(str(path))
         except Exception as e:
             raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
-        return Tokenizer(backend, _checkpoint_template(directory), source=str(path))
+        template, where = _checkpoint_template(directory) or (None, None)
+        return Tokenizer(backend, template, source=str(path),
+                         template_source=str(where or "the chat template"))
     return qwen_tokenizer()
 
 

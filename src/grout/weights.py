@@ -112,17 +112,22 @@ def read_header(path: Path) -> dict:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
         table = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    except (ValueError, RecursionError) as e:     # ValueError: decoding, digits
+        raise CheckpointError(f"{path}: corrupt safetensors header ({e!s:.200})") from None
     if not isinstance(table, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     table.pop("__metadata__", None)
     out = {}
     for name, info in table.items():
         try:
-            dtype, shape, (b, e) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            dtype, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry") from None
+        if not isinstance(dtype, str) or not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry (dtype "
+                                  f"{dtype!r:.40}, shape {shape!r:.60})")
+        shape = tuple(shape)
         if dtype not in SAFETENSORS_DTYPES:
             out[name] = (dtype, shape, (8 + n + b, 8 + n + e))
             continue
@@ -144,7 +149,7 @@ def checkpoint_files(directory: Path) -> dict:
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             return {name: directory / file for name, file in weight_map.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise CheckpointError(f"{index}: corrupt index ({e!r})") from None
     single = directory / "model.safetensors"
     if single.is_file():

@@ -79,6 +79,47 @@ def test_rope_scaling_is_rejected(checkpoint_copy):
         load(checkpoint_copy)
 
 
+def _edit_config(directory, **fields):
+    """config.json with ``fields`` set (None: removed); json.dumps writes NaN as NaN, as a
+    hand-edited config.json might hold it."""
+    cfg = json.loads((directory / "config.json").read_text())
+    for key, value in fields.items():
+        cfg.pop(key, None)
+        if value is not None:
+            cfg[key] = value
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": float("nan")}), "rope_theta"),
+    (dict(rope_parameters=None, rope_theta=-1.0), "rope_theta"),
+    (dict(rope_parameters=None, rope_theta="abc"), "rope_theta"),
+    (dict(rope_parameters=None, rope_scaling="yarn"), "rope_scaling"),
+    (dict(rope_parameters="default"), "rope_parameters"),
+    (dict(architectures=5), "architectures"),
+    (dict(num_attention_heads=0, head_dim=None), "num_attention_heads"),
+    (dict(hidden_size="64", head_dim=None), "hidden_size"),
+    (dict(rms_norm_eps="x"), "rms_norm_eps"),
+    (dict(rms_norm_eps=float("inf")), "rms_norm_eps"),
+], ids=["theta NaN", "theta negative", "theta text", "rope_scaling text", "rope_parameters text",
+        "architectures int", "zero heads", "hidden_size text", "eps text", "eps infinite"])
+def test_a_bad_config_value_names_the_file_and_field(checkpoint_copy, no_new_holds, fields, field):
+    _edit_config(checkpoint_copy, **fields)
+    with pytest.raises(grout.CheckpointError, match=rf"config\.json: .*{field}"):
+        load(checkpoint_copy)
+
+
+@pytest.mark.parametrize("entry", [dict(shape="abc"), dict(shape=[-64]), dict(shape=[64.0]),
+                                   dict(dtype=["F32"])], ids=["text", "negative", "float",
+                                                              "dtype list"])
+def test_a_corrupt_header_entry_names_the_file_and_tensor(checkpoint_copy, no_new_holds, entry):
+    _rewrite_header(checkpoint_copy / "model.safetensors",
+                    lambda h: h["model.norm.weight"].update(entry))
+    with pytest.raises(grout.CheckpointError,
+                       match=r"model\.safetensors: tensor 'model\.norm\.weight'"):
+        load(checkpoint_copy)
+
+
 def test_a_truncated_safetensors_file_names_the_file_and_tensor(checkpoint_copy, no_new_holds):
     f = checkpoint_copy / "model.safetensors"
     data = f.read_bytes()
@@ -166,6 +207,40 @@ def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
     assert eng.tokenizer.encode("Hello, world!") == [9707, 11, 1879, 0]
     assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
         "[user]hi[assistant]"
+
+
+@pytest.mark.parametrize("template, what", [
+    ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
+    ("{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", "nosuchfilter"),
+], ids=["syntax error", "unknown filter"])
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_a_chat_template_that_does_not_compile_fails_the_load_naming_its_file(
+        checkpoint_copy, no_new_holds, template, what, where):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    text = template if where.endswith(".jinja") else json.dumps({"chat_template": template})
+    (checkpoint_copy / where).write_text(text)
+    with pytest.raises(grout.CheckpointError, match=rf"{where}: .*{what}"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_is_not_utf8_fails_the_load(checkpoint_copy, no_new_holds):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(grout.CheckpointError, match=r"chat_template\.jinja: .*UTF-8"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_fails_on_the_messages_is_a_request_error(checkpoint_copy):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content.foo.bar }}{% endfor %}")
+    eng = load(checkpoint_copy)
+    with pytest.raises(grout.RequestError, match=r"chat_template\.jinja: .*UndefinedError"):
+        eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=1)
+    assert eng.generate([1, 2, 3], max_new_tokens=1).token_ids
 
 
 def test_weights_are_shared_on_the_device_and_released_with_the_engine(checkpoints):

@@ -1,6 +1,7 @@
 """The grout command line: ``python -m grout generate`` as a subprocess, ``bench`` and bad
 arguments in-process."""
 import json
+import socket
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ def test_generate_in_process_matches_the_engine(capsys):
     (["--model", "tiny", "--top-p", "0"], "top_p"),
     (["--model", "tiny", "--temperature", "-1"], "temperature"),
     (["--model", "./missing/dir"], "no such checkpoint"),
+    (["--model", "tiny", "--prompt", "\udcff\udcfe"], "valid Unicode"),   # argv not UTF-8
 ])
 def test_bad_arguments_exit_1_with_a_one_line_error(capsys, args, message):
     assert cli.main(["generate", "--prompt", "x", "--device", "cpu", "--no-progress",
@@ -77,3 +79,39 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
     for key in ("ttft_ms", "decode_tok_s", "ms_per_token", "pct_of_roofline", "roofline_tok_s"):
         assert r[key] > 0
     assert r["graph"] and r["model"] == "tiny"
+
+
+@pytest.mark.parametrize("where", ["missing-dir/b.json", "."], ids=["no such directory",
+                                                                 "a directory"])
+def test_bench_json_that_cannot_be_written_exits_1_before_running(tmp_path, capsys, where):
+    assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",
+                     "--repeats", "1", "--device", "cpu", "--no-progress", "--json",
+                     str(tmp_path / where)]) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("grout: error: --json ") and "time to first token" not in out
+
+
+@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"],
+                                  ["--max-request-bytes", "0"]])
+def test_serve_options_out_of_range_are_usage_errors(capsys, args):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--model", "tiny", *args])
+    assert e.value.code == 2
+
+
+def test_serve_on_an_address_it_cannot_listen_on_exits_1_before_loading():
+    code, _, err = run_cli("serve", "--model", "tiny", "--device", "cpu", "--host", "256.1.1.1",
+                           "--port", "8000", timeout=120)
+    assert code == 1 and "cannot listen on 256.1.1.1:8000" in err
+    assert "random tiny" not in err                         # the model never started loading
+
+
+def test_serve_on_a_port_in_use_exits_1_before_loading():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = run_cli("serve", "--model", "tiny", "--device", "cpu", "--port",
+                               str(port), timeout=120)
+    assert code == 1 and "address already in use" in err.lower()
+    assert "random tiny" not in err

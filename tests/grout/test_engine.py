@@ -1,6 +1,7 @@
 """The Engine API: generate / stream / chat / logits, stopping, seeded sampling, and every bad
 request (a RequestError, with the engine usable afterwards)."""
 import gc
+import threading
 
 import pytest
 import torch
@@ -73,6 +74,12 @@ def test_zero_new_tokens(eng):
 
 
 def test_bad_load_arguments():
+    with pytest.raises(grout.RequestError, match="model must be"):
+        grout.load("", device="cpu")
+    with pytest.raises(grout.RequestError, match="seed"):
+        grout.load("tiny", device="cpu", seed="x")
+    with pytest.raises(grout.RequestError, match="seed"):
+        grout.load("tiny", device="cpu", seed=2 ** 70)
     with pytest.raises(grout.RequestError, match="gemm"):
         grout.load("tiny", gemm="mkl")
     with pytest.raises(grout.RequestError, match="dtype"):
@@ -118,6 +125,49 @@ def test_a_newer_request_supersedes_an_unfinished_stream(eng, reference):
     gc.collect()
 
 
+def test_requests_from_several_threads_wait_their_turn(eng, reference):
+    """generate, chat and logits each own the engine for their whole request: a request
+    from another thread waits for it instead of superseding it."""
+    want = eng.logits(PROMPT)
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(3):
+                results.append(eng.generate(PROMPT, max_new_tokens=3).token_ids)
+                assert torch.equal(eng.logits(PROMPT), want)
+        except Exception as e:                      # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and results == [reference] * 9
+
+
+def test_generate_gives_logprobs_and_ignores_eos_like_stream(eng):
+    pieces = list(eng.stream(PROMPT, max_new_tokens=3, logprobs=2, ignore_eos=True))
+    c = eng.generate(PROMPT, max_new_tokens=3, logprobs=2, ignore_eos=True)
+    assert c.logprobs == [p.logprobs for p in pieces]
+    assert eng.generate(PROMPT, max_new_tokens=3).logprobs is None
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\udcff b"])
+def test_a_lone_surrogate_in_a_prompt_is_a_request_error(eng, reference, text):
+    with pytest.raises(grout.RequestError, match="valid Unicode"):
+        eng.generate(text, max_new_tokens=2)
+    with pytest.raises(grout.RequestError, match="valid Unicode"):
+        eng.chat([{"role": "user", "content": text}], max_new_tokens=2)
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+@pytest.mark.parametrize("ids", [[-1], [2 ** 70], None, [1.5], [True], "ab", 5])
+def test_decoding_what_is_not_a_list_of_token_ids_is_a_request_error(eng, ids):
+    with pytest.raises(grout.RequestError, match="token ids"):
+        eng.tokenizer.decode(ids)
+
+
 def test_stop_strings_end_the_text_before_them(engines):
     eng = engines["untied"]
     full = eng.generate(PROMPT, max_new_tokens=8)
@@ -152,6 +202,11 @@ def test_a_tiny_top_p_is_greedy_and_the_engine_keeps_a_graph_per_mode(eng, refer
                         seed=5).token_ids == reference
     assert {greedy for greedy, _ in eng.runner.graphs} == {True, False}
     assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
+def test_a_top_p_too_small_for_float32_is_greedy(eng, reference):
+    assert eng.generate(PROMPT, max_new_tokens=3, temperature=1.0, top_p=1e-46,
+                        seed=1).token_ids == reference
 
 
 def test_chat_applies_the_template():

@@ -52,3 +52,16 @@ def test_stream_logprobs_give_each_piece_its_tokens_distribution(tmp_path_factor
     assert all(p.logprobs is None for p in eng.stream(prompt, max_new_tokens=2))
     with pytest.raises(grout.RequestError, match="logprobs"):
         eng.stream(prompt, logprobs=21)
+
+
+def test_a_logprob_entry_holds_only_json_numbers(checkpoint):
+    """-inf (a token of probability 0 in fp32) is written as OpenAI's floor, -9999.0; NaN (a
+    model whose logits are NaN) as null."""
+    from grout.logprobs import TokenLogprobs
+    from grout.serving import token_entry
+    tok = load_tokenizer(checkpoint)
+    inf, nan = float("inf"), float("nan")
+    entry = token_entry(tok, TokenLogprobs(5, -inf, (6, 5), (nan, -inf)), 0)
+    assert entry["logprob"] == -9999.0
+    assert [t["logprob"] for t in entry["top"]] == [None, -9999.0]
+    assert token_entry(tok, TokenLogprobs(5, -0.5, (), ()), 0)["logprob"] == -0.5

@@ -1,17 +1,21 @@
 """grout serve under bad input and faults: OpenAI-shaped 400s and 500s, a client that walks
 away mid-stream, a checkpoint that cannot load; after each, the next request is served."""
+import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import openai
 import pytest
 
-from server_process import SRC, cpu_server
+from server_process import SRC, ServerProcess, cpu_server, shared_checkpoint
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -39,15 +43,93 @@ def assert_still_serving(client):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("body", [b'{"prompt": "Hello", "max_tokens": 4', b"not json at all",
-                                  b"\xff\xfe", b"[1, 2, 3]"], ids=["truncated", "text",
-                                                                    "not-utf8", "array"])
+@pytest.mark.parametrize("body", [
+    b'{"prompt": "Hello", "max_tokens": 4', b"not json at all", b"\xff\xfe", b"[1, 2, 3]",
+    b"[" * 100_000 + b"]" * 100_000, b'{"prompt": "Hello", "max_tokens": ' + b"9" * 5000 + b"}",
+], ids=["truncated", "text", "not-utf8", "array", "nested-too-deep", "5000-digit-integer"])
 def test_malformed_json_is_a_400(server, client, body):
     r = httpx.post(f"{server.url}/v1/completions", content=body,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert_openai_error(r.json())
     assert_still_serving(client)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}',
+     "messages"),
+], ids=["prompt", "chat"])
+def test_a_lone_surrogate_in_the_text_is_a_400(server, client, path, body, param):
+    r = httpx.post(f"{server.url}{path}", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert r.json()["error"]["param"] == param and "valid Unicode" in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize("body, param", [
+    ('{"model": "\\ud800", "prompt": "hi", "max_tokens": 1}', "model"),
+    ('{"prompt": "hi", "max_tokens": 1, "x\\ud800": 1}', "x\\ud800"),
+], ids=["model", "field name"])
+def test_an_error_that_quotes_a_lone_surrogate_escapes_it(server, client, body, param):
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert_openai_error(r.json())
+    assert r.json()["error"]["param"] == param and "\\ud800" in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+def test_a_body_over_the_size_limit_is_a_413(server, client):
+    from grout.server import MAX_REQUEST_BYTES
+    body = json.dumps({"prompt": "x" * MAX_REQUEST_BYTES, "max_tokens": 1}).encode()
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert_openai_error(r.json())
+    assert str(MAX_REQUEST_BYTES) in r.json()["error"]["message"]
+    assert_still_serving(client)
+
+
+def test_a_huge_prompt_being_tokenized_holds_up_no_other_request(server, client):
+    """A prompt just under the body limit takes seconds to tokenize and is then refused;
+    a small request sent meanwhile is answered first, without waiting for it."""
+    from grout.server import MAX_REQUEST_BYTES
+    huge = {"model": "tiny", "prompt": "fox " * (MAX_REQUEST_BYTES // 5), "max_tokens": 1}
+    done = {}
+
+    def send_huge():
+        r = httpx.post(f"{server.url}/v1/completions", json=huge, timeout=120)
+        done["huge"] = (time.monotonic(), r.status_code, r.json()["error"]["code"])
+    thread = threading.Thread(target=send_huge)
+    thread.start()
+    time.sleep(0.3)
+    assert_still_serving(client)
+    answered = time.monotonic()
+    thread.join()
+    assert done["huge"][1:] == (400, "context_length_exceeded")
+    assert answered < done["huge"][0], "the small request waited for the huge prompt"
+
+
+def test_a_wrong_method_is_a_405_that_names_the_allowed_ones(server):
+    r = httpx.get(f"{server.url}/v1/completions")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert_openai_error(r.json())
+
+
+def test_a_client_that_goes_away_while_sending_its_body_is_one_info_line(server, client):
+    before = len(server.log())
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n"
+                     b'{"prompt": "Hel')
+        time.sleep(0.2)
+    server.wait_for_log(r"INFO grout\.server: a client went away while sending its request")
+    assert_still_serving(client)
+    logged = server.log()[before:]
+    assert "Traceback" not in logged and "ClientDisconnect" not in logged
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -77,6 +159,7 @@ BAD_REQUESTS = {
     "prompt too long": ({"prompt": "fox " * 400}, "prompt"),
     "prompt plus max_tokens too long": ({"max_tokens": MAX_SEQ_LEN}, "max_tokens"),
     "token id outside the vocabulary": ({"prompt": [1, 2, 10 ** 6]}, "prompt"),
+    "max_tokens past the context by 300 digits": ({"max_tokens": 1e300}, "max_tokens"),
 }
 
 
@@ -89,6 +172,7 @@ def test_a_bad_completion_request_is_a_400_and_the_next_is_served(client, case):
     assert info.value.status_code == 400
     assert_openai_error(info.value.response.json())
     assert info.value.body["param"] == param
+    assert len(info.value.body["message"]) < 300     # a value it quotes is cut short
     assert_still_serving(client)
 
 
@@ -133,7 +217,9 @@ def test_an_internal_error_mid_stream_ends_that_stream_with_an_error(client):
     assert_still_serving(client)
 
 
-def test_a_client_that_disconnects_stops_its_generation_within_one_token(server, client):
+def test_a_client_that_disconnects_stops_its_generation_within_one_decode_chunk(server, client):
+    """The chunk of decode steps in flight finishes (at most decode_chunk = 8 tokens) and no
+    other starts; the log counts every token decoded, those of the chunk dropped included."""
     long = MAX_SEQ_LEN // 2
     stream = client.completions.create(model="tiny", prompt="Hello", max_tokens=long,
                                        stream=True, temperature=0.0,
@@ -143,12 +229,77 @@ def test_a_client_that_disconnects_stops_its_generation_within_one_token(server,
             break
     stream.close()
     m = server.wait_for_log(r"(cmpl-\w+): cancelled \(the client closed the connection\) "
-                            r"after (\d+) tokens \((\d+) after the cancel\)")
-    assert int(m.group(3)) <= 1
-    assert int(m.group(2)) < long
+                            r"after (\d+) tokens \((\d+) decoded, (\d+) after the cancel\)")
+    sent, decoded, after = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    assert sent <= decoded < long
+    assert after <= 8 and decoded - sent <= 8
     started = time.monotonic()
     assert_still_serving(client)
     assert time.monotonic() - started < 30
+
+
+def damaged_server(tmp_path_factory, name, damage) -> ServerProcess:
+    """A server (not started) for a copy of the test checkpoint that ``damage(directory)``
+    changed."""
+    root = tmp_path_factory.mktemp(name)
+    shutil.copytree(shared_checkpoint(tmp_path_factory), root / "checkpoint")
+    damage(root / "checkpoint")
+    return ServerProcess(str(root / "checkpoint"), root / "serve.log", "--device", "cpu",
+                         "--dtype", "float32", "--max-seq-len", "64",
+                         "--served-model-name", "tiny")
+
+
+@pytest.fixture(scope="module")
+def nan_server(tmp_path_factory):
+    """A server for a checkpoint with one NaN weight (an embedding row, so one logit, and
+    with it every logprob, is NaN)."""
+    def nan_weight(directory):
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(directory / "model.safetensors")
+        tensors["model.embed_tokens.weight"][7, 0] = float("nan")
+        save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    with damaged_server(tmp_path_factory, "server_nan", nan_weight) as s:
+        yield s
+
+
+def test_nan_logprobs_are_null_in_a_response(nan_server):
+    r = httpx.post(f"{nan_server.url}/v1/completions", json={
+        "model": "tiny", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 2,
+        "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == [None] * 3
+    assert all(v is None for top in lp["top_logprobs"] for v in top.values())
+
+
+def test_nan_logprobs_are_null_in_a_stream_of_valid_json(nan_server):
+    def strict(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    with httpx.stream("POST", f"{nan_server.url}/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "temperature": 0, "logprobs": True, "top_logprobs": 1, "stream": True,
+            "ignore_eos": True}) as r:
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e, parse_constant=strict) for e in events[:-1]]
+    entries = [e for c in chunks if c["choices"][0]["logprobs"]
+               for e in c["choices"][0]["logprobs"]["content"]]
+    assert len(entries) == 3
+    assert all(e["logprob"] is None and e["top_logprobs"][0]["logprob"] is None for e in entries)
+
+
+def test_a_chat_template_that_fails_on_a_request_is_a_400_naming_it(tmp_path_factory):
+    def template(directory):
+        (directory / "chat_template.jinja").write_text(
+            "{% for m in messages %}{{ m.content.foo.bar }}{% endfor %}")
+    with damaged_server(tmp_path_factory, "server_template", template) as server:
+        client = server.client()
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", max_tokens=1,
+                                           messages=[{"role": "user", "content": "Hi"}])
+        assert info.value.body["param"] == "messages"
+        assert re.search(r"chat_template\.jinja: .*UndefinedError", info.value.body["message"])
+        assert_still_serving(client)
 
 
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
@@ -163,8 +314,8 @@ def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path)
 
 def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_factory):
     """Its own server: /health says loading (503) before ok; SIGTERM mid-stream ends the
-    generation within one token and the stream with a "shutting down" error event, and the
-    process shuts down cleanly."""
+    generation within one decode chunk and the stream with a "shutting down" error event, and
+    the process shuts down cleanly."""
     server = cpu_server(tmp_path_factory, "server_shutdown", MAX_SEQ_LEN)
     try:
         server.start()
@@ -181,6 +332,6 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
         assert server.proc.wait(30) in (0, -signal.SIGTERM)
         assert "Application shutdown complete" in server.log()
         assert re.search(r"cancelled \(the server is shutting down\) after \d+ tokens "
-                         r"\([01] after the cancel\)", server.log())
+                         r"\(\d+ decoded, [0-8] after the cancel\)", server.log())
     finally:
         server.stop()

@@ -1,4 +1,6 @@
 """grout.protocol: which OpenAI request fields the server takes, their defaults, its 400s."""
+import json
+
 import pytest
 
 from grout.protocol import APIError, parse_chat_request, parse_completion_request
@@ -130,3 +132,26 @@ def test_the_body_must_be_an_object():
 def test_error_body_has_the_openai_shape():
     err = refused(completion, n=2)
     assert set(err.body()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("value", [1, 0, 1.0, "true"])
+def test_chat_logprobs_must_be_a_boolean_not_a_number(value):
+    assert refused(chat, logprobs=value).param == "logprobs"
+
+
+def test_a_prompt_mixing_text_and_token_ids_is_refused_as_such():
+    message = refused(completion, prompt=["a", 1]).message
+    assert "several prompts" not in message and "list of token ids" in message
+
+
+def test_a_quoted_value_is_cut_short():
+    err = refused(completion, temperature="x" * 10_000)
+    assert err.param == "temperature" and len(err.message) < 200
+
+
+def test_an_error_body_escapes_a_lone_surrogate_so_it_encodes():
+    err = refused(completion, model="\ud800")
+    body = json.dumps(err.body(), ensure_ascii=False).encode()
+    assert "\\\\ud800" in body.decode()
+    err = refused(completion, **{"x\udcff": 1})
+    assert err.param == "x\\udcff"

@@ -26,6 +26,7 @@ every device and in every program order.
 
 Launches: stats, init, ``passes`` x (search, step) per filter, draw, pick. A filter that is
 off (or greedy decoding) skips the search kernels' work and carries the bounds through.
+The most likely token is always kept (a top_p too small to keep anything keeps it alone).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ SLOTS = 64                    # state length (HEADER + NT, rounded up to a power
 # target (k, or top_p times the top-k mass), hi; thresholds from slot HEADER (the first is lo).
 MAX, INV_T, COUNT_LO, MASS_LO, TARGET, HI = range(6)
 MASK32 = 0xFFFFFFFF
+FLOAT32_TINY = 2.0 ** -126    # float32's smallest normal number
 
 
 @st.function
@@ -191,7 +193,9 @@ def draw_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1], params: st
     g = _gumbel(key.load_scalar((0,)), key.load_scalar((1,)),
                 counter.load_scalar((0,)).astype(st.i64), idx.astype(st.i64))
     noisy = sl.where(params.load_scalar((0,)) > 0.0, z + g, z)
-    score = sl.where(z >= _slot(s, HEADER), noisy, float("-inf"))
+    # The most likely token has z = 0 exactly: a threshold above it (a top_p of 0 makes
+    # every mass meet the target) would keep nothing, so it is kept whatever tau is.
+    score = sl.where(z >= sl.minimum(_slot(s, HEADER), 0.0), noisy, float("-inf"))
     values.store(sl.max(score, 0))
     indices.store(sl.argmax(score, 0) + b * B)
 
@@ -240,7 +244,10 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
         raise ArgumentError(f"top_k must be an int >= 0 (0 is off), got {top_k!r}")
     if not 0.0 < top_p <= 1.0:
         raise ArgumentError(f"top_p must be in (0, 1] (1 is off), got {top_p}")
-    values = [float(temperature), float(min(top_k, 1 << 24)), float(top_p), 0.0]
+    # A top_p below float32's smallest normal would round (or flush) to 0: keep it positive,
+    # which keeps only the most likely token, as the tiny top_p means.
+    top_p = max(float(top_p), FLOAT32_TINY)
+    values = [float(temperature), float(min(top_k, 1 << 24)), top_p, 0.0]
     return st.from_torch(torch.tensor(values, dtype=torch.float32,
                                       device=device or alloc.default_device()))
 
