@@ -109,6 +109,51 @@ def test_the_kernel_keeps_the_top_token_even_for_a_top_p_of_zero():
     assert int(tok.to_torch()[0]) == int(torch.argmax(logits))
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.0, 0, 1.0)] + CASES)
+def test_logits_masked_to_minus_infinity_are_never_drawn_and_the_rest_follow_hf(
+        temperature, top_k, top_p):
+    logits = rand(3000, st.f32, 5, scale=2.0)
+    logits[::3] = float("-inf")                      # a mask, as a logits processor makes
+    for seed in (0, 7):
+        got = draw(logits, temperature, top_k, top_p, seed=seed)
+        assert got % 3 != 0
+        assert got == expected(logits, temperature, top_k, top_p, seed, 0)
+
+
+@pytest.mark.parametrize("mask", [-1e12, torch.finfo(torch.float32).min])
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_a_hugely_negative_logit_leaves_top_k_and_top_p_exact(mask, temperature):
+    logits = rand(3000, st.f32, 6)
+    logits[5] = mask
+    best = int(torch.argmax(logits))
+    for seed in range(4):
+        assert draw(logits, temperature, top_k=1, seed=seed) == best
+        assert draw(logits, temperature, top_p=1e-6, seed=seed) == best
+        assert draw(logits, temperature, top_k=9, top_p=0.8, seed=seed) == \
+            expected(logits, temperature, 9, 0.8, seed, 0)
+
+
+@pytest.mark.parametrize("temperature,top_k", [(0.0, 0), (1.0, 0), (0.7, 5)])
+def test_a_plus_infinity_logit_is_drawn(temperature, top_k):
+    logits = rand(3000, st.f32, 7)
+    logits[2222] = float("inf")
+    for seed in range(3):
+        assert draw(logits, temperature, top_k=top_k, top_p=0.9, seed=seed) == 2222
+
+
+def test_a_nan_logit_is_never_drawn_and_leaves_top_p_working():
+    logits = rand(3000, st.f32, 8)
+    logits[11] = float("nan")
+    masked = torch.nan_to_num(logits, nan=float("-inf"))
+    best = int(torch.argmax(masked))
+    for seed in range(4):
+        assert draw(logits, 1.0, top_p=1e-6, seed=seed) == best
+        assert draw(logits, 0.0, seed=seed) == best
+        assert draw(logits, 1.0, top_p=0.3, seed=seed) == expected(masked, 1.0, 0, 0.3, seed, 0)
+    logits[:] = float("nan")
+    assert 0 <= draw(logits, 1.0, seed=0) < 3000        # all NaN: a token, never a crash
+
+
 def test_the_same_seed_and_counter_give_the_same_token_and_others_vary():
     logits = torch.zeros(64)                       # uniform: every token equally likely
     a = [draw(logits, seed=7, counter=c) for c in range(12)]

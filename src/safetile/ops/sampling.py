@@ -27,6 +27,14 @@ every device and in every program order.
 Launches: stats, init, ``passes`` x (search, step) per filter, draw, pick. A filter that is
 off (or greedy decoding) skips the search kernels' work and carries the bounds through.
 The most likely token is always kept (a top_p too small to keep anything keeps it alone).
+
+Logits that are not finite: a NaN logit is never drawn (as ``ops.argmax``, NaN never wins);
+a ``-inf`` logit has probability 0 and is never drawn; a ``+inf`` logit takes all the
+probability (``z = 0`` for it, ``-inf`` for the finite ones), so it is drawn, the first of
+several at temperature 0. The searches start at ``z = -Z_FLOOR``, not at the smallest
+logit: a token further below the maximum can never win the draw (the Gumbel noise spans
+less than ``Z_FLOOR``) and its mass is below float32's resolution of the top token's, so a
+masking logit such as ``-1e30`` neither stretches the search range nor changes a draw.
 """
 from __future__ import annotations
 
@@ -52,6 +60,9 @@ SLOTS = 64                    # state length (HEADER + NT, rounded up to a power
 MAX, INV_T, COUNT_LO, MASS_LO, TARGET, HI = range(6)
 MASK32 = 0xFFFFFFFF
 FLOAT32_TINY = 2.0 ** -126    # float32's smallest normal number
+# The search's lowest z: the noise g = -log(-log(u)) of the draw lies in [-2.9, 17.4] for
+# the u it uses, so a token with z < -20.3 never outscores the top token (z = 0).
+Z_FLOOR = 32.0
 
 
 @st.function
@@ -68,6 +79,19 @@ def _mix(h):
 def _slot(state, i):
     """Scalar ``state[i]`` of a state tile (a masked sum: tiles have no scalar indexing)."""
     return sl.sum(sl.where(sl.arange(SLOTS) == i, state, 0.0), 0)
+
+
+@st.function
+def _logits(x):
+    """Logits as fp32, a NaN as -inf (never drawn)."""
+    xf = x.astype(st.f32)
+    return sl.where(xf == xf, xf, float("-inf"))
+
+
+@st.function
+def _z(x, m, inv_t):
+    """``(x - m) / temperature`` with the maximum ``m`` at exactly 0, also when it is +inf."""
+    return sl.where(x == m, 0.0, (x - m) * inv_t)
 
 
 @st.function
@@ -97,13 +121,12 @@ def _state_tile(m, inv_t, count_lo, mass_lo, target, lo, hi):
 @st.kernel
 def stats_kernel(logits: st.In[st.floats, 1], params: st.In[st.f32, 1],
                  stats: st.Out[st.f32, 2], B: st.Const[int]):
-    """stats[b] = [max, min, sum exp((l - max) / T), 0] over block b of the logits."""
+    """stats[b] = [max, smallest finite, sum exp((l - max) / T), 0] over block b's logits."""
     b = stats.index[0]
-    x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
-    valid = b * B + sl.arange(B) < logits.shape[0]
+    x = _logits(logits.load((b,), (B,), padding=float("-inf")))
     m = sl.max(x, 0)
-    mn = sl.min(sl.where(valid, x, float("inf")), 0)
-    s = sl.sum(sl.exp((x - m) * _inv_temperature(params.load_scalar((0,)))), 0)
+    mn = sl.min(sl.where(x > float("-inf"), x, float("inf")), 0)
+    s = sl.sum(sl.exp(_z(x, m, _inv_temperature(params.load_scalar((0,))))), 0)
     col = sl.arange(4)
     row = sl.where(col == 0, m, sl.where(col == 1, mn, sl.where(col == 2, s, 0.0)))
     stats.store(sl.reshape(row, (1, 4)))
@@ -112,15 +135,18 @@ def stats_kernel(logits: st.In[st.floats, 1], params: st.In[st.f32, 1],
 @st.kernel
 def init_kernel(stats: st.In[st.f32, 2], params: st.In[st.f32, 1], state: st.Out[st.f32, 1],
                 n: int, NB: st.Const[int]):
-    """The global max, the total mass and the top-k search's first bounds [z_min, 1)."""
+    """The global max, the total mass and the top-k search's first bounds [lo, 1)."""
     maxes = sl.reshape(stats.load((0, 0), (NB, 1), padding=float("-inf")), (NB,))
     mins = sl.reshape(stats.load((0, 1), (NB, 1), padding=float("inf")), (NB,))
     sums = sl.reshape(stats.load((0, 2), (NB, 1)), (NB,))
     inv_t = _inv_temperature(params.load_scalar((0,)))
     m = sl.max(maxes, 0)
-    total = sl.sum(sums * sl.exp((maxes - m) * inv_t), 0)
+    total = sl.sum(sums * sl.exp(_z(maxes, m, inv_t)), 0)
     zmin = (sl.min(mins, 0) - m) * inv_t
-    state.store(_state_tile(m, inv_t, n * 1.0, total, params.load_scalar((1,)), zmin, 1.0))
+    # NaN (no finite logit below an infinite maximum) and anything under the floor start
+    # the search at the floor; the bound never passes 0, where the top token is.
+    lo = sl.where(zmin >= -Z_FLOOR, sl.minimum(zmin, 0.0), -Z_FLOOR)
+    state.store(_state_tile(m, inv_t, n * 1.0, total, params.load_scalar((1,)), lo, 1.0))
 
 
 @st.kernel
@@ -132,8 +158,8 @@ def search_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1],
                   logits.shape[0], PHASE == 1):
         b = counts.index[0]
         s = state.load((0,), (SLOTS,))
-        x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
-        z = (x - _slot(s, MAX)) * _slot(s, INV_T)
+        x = _logits(logits.load((b,), (B,), padding=float("-inf")))
+        z = _z(x, _slot(s, MAX), _slot(s, INV_T))
         t = state.load_at((HEADER,), (NT,))
         ge = z[:, None] >= t[None, :]
         counts.store(sl.reshape(sl.sum(ge.astype(st.f32), 0), (1, NT)))
@@ -187,8 +213,8 @@ def draw_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1], params: st
     """values[b], indices[b] = max and first argmax over block b's kept tokens of z + g."""
     b = values.index[0]
     s = state.load((0,), (SLOTS,))
-    x = logits.load((b,), (B,), padding=float("-inf")).astype(st.f32)
-    z = (x - _slot(s, MAX)) * _slot(s, INV_T)
+    x = _logits(logits.load((b,), (B,), padding=float("-inf")))
+    z = _z(x, _slot(s, MAX), _slot(s, INV_T))
     idx = b * B + sl.arange(B)
     g = _gumbel(key.load_scalar((0,)), key.load_scalar((1,)),
                 counter.load_scalar((0,)).astype(st.i64), idx.astype(st.i64))
