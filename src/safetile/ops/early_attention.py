@@ -186,16 +186,11 @@ def early_blocks(block_n: int, early_positions: int, max_seq: int) -> int:
     return max(1, -(-min(early_positions, max_seq) // block_n))
 
 
-_CONFIGURED: dict = {}
-
-
 def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
-    key = (num_warps, num_stages, pdl, trigger_early)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = early_attention_kernel.options(
-            num_warps=num_warps, num_stages=num_stages, pdl=pdl, early=EARLY if pdl else (),
-            trigger_early=pdl and trigger_early)
-    return _CONFIGURED[key]
+    """The kernel with these launch options (``Kernel.options`` keeps one copy per set)."""
+    return early_attention_kernel.options(
+        num_warps=num_warps, num_stages=num_stages, pdl=pdl, early=EARLY if pdl else (),
+        trigger_early=pdl and trigger_early)
 
 
 def _positive_int(name: str, what: str, value) -> int:
