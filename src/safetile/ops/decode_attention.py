@@ -6,6 +6,8 @@ Layout:
   positions of the cache are attended. Nothing about the length is known on the host, so one
   captured CUDA graph serves every decode step (grout passes its position tensor with
   ``length_offset=1``: the token just appended at ``pos`` attends positions ``0..pos``).
+  Being on the device, the length cannot be refused: a length past the cache attends the
+  whole cache, and a length of 0 or less attends nothing (the output is 0), on every path.
 
 Decode reads the whole cache once, so it is bandwidth-bound, and it has one query row per
 head, too little work for one program per head. Two kernels:
@@ -21,7 +23,8 @@ head, too little work for one program per head. Two kernels:
    contiguous runs of whole blocks); a split with no block stores an empty result (output 0,
    log-sum-exp -inf).
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
-   partial rows weighted by ``exp2(lse_s - max lse)``.
+   partial rows weighted by ``exp2(lse_s - max lse)`` (all weights 0, and the row 0, when no
+   split attended a key).
 
 With one split (a short cache, or ``num_splits=1``) the two become one kernel,
 ``decode_whole_kernel``: program (kv head) attends its group over the whole valid length and
@@ -84,6 +87,15 @@ def masked_step(s, vt, valid, m_i, l_i, acc):
                                sl.where(valid[:, None], vt, 0.0), m_i, l_i, acc)
 
 
+@st.function
+def valid_length(length, offset, size):
+    """``length + offset`` clamped to ``[0, size]``, computed so that no int32 overflows: the
+    device length cannot be refused at launch, so one past the cache attends the whole cache
+    (rows past it would read as zero keys and take softmax weight) and one of 0 or less
+    attends nothing."""
+    return max(min(length, size - offset), -offset) + offset
+
+
 @st.kernel
 def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
                         length: st.In[st.i32, 1], o: st.Out[st.f32, 4], lse: st.Out[st.f32, 4],
@@ -107,7 +119,7 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
         for p in range(PREFETCH):
             k.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
             v.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
-    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    n = valid_length(length.load_scalar((0,)), LENGTH_OFFSET, k.shape[1])
     # This split's key blocks: first, first + step, ... below the end of its run, ``stop``.
     if CYCLIC:
         stop = n
@@ -164,8 +176,13 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
                      (SPLITS,))
     parts = sl.reshape(po.load((kvh, 0, r, 0), (1, SPLITS, 1, out.shape[1])),
                        (SPLITS, out.shape[1]))
-    w = sl.exp2(lse - sl.max(lse, 0))
-    out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.sum(w, 0), (1, out.shape[1])))
+    # When no split attended a key (a length of 0 or less) every lse is -inf: the weights
+    # are then all 0 (not exp2(-inf - -inf), NaN) and the row is 0, as with one split.
+    m = sl.max(lse, 0)
+    w = sl.exp2(lse - sl.where(m > float("-inf"), m, 0.0))
+    total = sl.sum(w, 0)
+    out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.where(total > 0.0, total, 1.0),
+                         (1, out.shape[1])))
 
 
 @st.kernel
@@ -180,7 +197,7 @@ def decode_whole_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     short cache has only a few blocks, so the last one's load must be in flight with the
     others rather than issued after the loop."""
     kvh, _, _ = o.index
-    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    n = valid_length(length.load_scalar((0,)), LENGTH_OFFSET, k.shape[1])
     qt = q.load_at((kvh * (q.shape[0] // k.shape[0]), 0), (o.shape[1], o.shape[2]))
     m_i = sl.full((o.shape[1],), float("-inf"), st.f32)
     l_i = sl.zeros((o.shape[1],), st.f32)
@@ -341,7 +358,8 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None,
                      early: bool = True, masked: bool = DEFAULT_MASKED):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
-    positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
+    positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads. A length
+    past ``max_seq`` attends the whole cache; a length of 0 or less gives zeros.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not

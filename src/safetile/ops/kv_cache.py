@@ -9,15 +9,19 @@ host round trip.
   whole cache rounded up to a power of two, or as many rows as a tile holds) and the program
   whose block holds ``pos`` writes that one row through a sub-partition of its block: a store
   at a data-dependent sub-index, which can never leave the block (bounds are enforced: out of
-  range it is masked off on the GPU and an error on the CPU executor). The first and last
+  the block it is masked off on the GPU and an error on the CPU executor). The first and last
   blocks also take a position before or past the cache, so such a position reaches that
-  check. Only the new row's bytes are written.
+  check. The last block may reach past the cache (its rows rounded up to whole blocks): a
+  position between the cache's end and the block's writes nothing, on both backends, as
+  every store past a tensor's edge does. Only the new row's bytes are written.
 - ``kv_append_many`` (S tokens, prefill): ``k_new``, ``v_new`` are (Hkv, S, D), written at
   positions ``pos .. pos+S-1``. Program (h, b) owns a (1, BLOCK_S, D) block of the cache.
   Blocks the new rows do not touch do nothing; blocks wholly inside store the new rows
   (gathered at an element offset, since ``pos`` need not be block-aligned); the at most two
   blocks at the ends keep their old rows outside the range (a read of the owned block, then a
-  store, ordered by the token chain).
+  store, ordered by the token chain). Rows that would land before or past the cache (a
+  negative ``pos``, or one near the end) are dropped: the position is a device value, so it
+  cannot be refused.
 """
 from __future__ import annotations
 
@@ -118,9 +122,12 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     ``block_s``: cache rows one program owns (default: :func:`append_block`). ``pdl``
     (default: on Hopper and later): programmatic dependent launch, every load after the
     wait; ``trigger_early`` (with ``pdl``): the next kernel may be scheduled as soon as this
-    one's programs start. Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A
-    position outside the cache writes nothing on the GPU and raises ``OutOfBoundsError`` on
-    the CPU executor."""
+    one's programs start. Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``.
+
+    A position outside the cache writes nothing. On the CPU executor a position outside the
+    owned blocks, negative or at or past the cache's rows rounded up to whole blocks,
+    raises ``OutOfBoundsError``; one between the cache's end and the last block's end
+    writes nothing there too."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
@@ -134,8 +141,10 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
 def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
     """Write ``k_new``, ``v_new`` (Hkv, S, D) at rows ``pos[0] .. pos[0]+S-1`` of the caches.
 
-    Rows past the end of the cache are dropped. Returns a ``DeviceOp`` whose output is
-    ``(k_cache, v_cache)``."""
+    Rows that fall outside the cache are dropped: past its end, or before its start when
+    ``pos[0]`` is negative (the position is a device value, so it cannot be refused).
+    ``block_s``: cache rows one program owns (a power of two). Returns a ``DeviceOp`` whose
+    output is ``(k_cache, v_cache)``."""
     _check("ops.kv_append_many", k_new, v_new, pos, k_cache, v_cache, 3)
     hkv, max_seq, d = k_cache.shape
     tile = (1, block_s, d)

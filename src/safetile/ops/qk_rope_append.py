@@ -202,8 +202,11 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
     kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
     whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
-    (allocated when not given). A position outside the cache writes nothing on the GPU and
-    raises ``OutOfBoundsError`` on the CPU executor.
+    (allocated when not given). A position outside the cache writes nothing. On the CPU
+    executor a position outside the owned slab (negative, or at or past the cache's rows
+    rounded up to a power of two, or to whole ``block_s`` blocks) raises
+    ``OutOfBoundsError``; one between the cache's end and the slab's writes nothing there
+    too.
 
     ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
     one append program owns; a cache longer than one block takes two kernels, the rotated k
