@@ -98,12 +98,15 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
                          f"{n} logits need {-(-n // workspace.block)} of {dtype!r}")
     z = host.output("ops.argmax: out", out, (1,), dtype, x.device)
     ws = workspace
+    # Two launches: the second writes ``out`` only after the first has run.
+    host.check_disjoint("ops.argmax", {"x": x}, {"out": z, "workspace.values": ws.values,
+                                                 "workspace.indices": ws.indices})
     stage1 = _PARTIAL(host.warps_for(ws.block))(
         x, ws.values.view(-1).partition((1,)), ws.indices.view(-1).partition((1,)), ws.block)
     nb = host.next_pow2(ws.blocks)
 
     def stage2(*_):
         return _FINAL(host.warps_for(nb))(
-            host.borrow(ws.values), host.borrow(ws.indices),
+            *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
     return host.returning(stage1.then(stage2), z)

@@ -307,7 +307,8 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
     pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
     kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early, bool(early))
-    op = kernel(q, k_cache, v_cache, length, po, pl, scale * LOG2E, block_n, length_offset,
+    op = kernel(*host.inputs(q, k_cache, v_cache, length), po, pl, scale * LOG2E, block_n,
+                length_offset,
                 cyclic, int(prefetch), bool(masked))
     return host.returning(op, ws)
 
@@ -325,7 +326,7 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
     op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
                                      trigger_early=pdl and trigger_early)(
-        ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
+        *host.inputs(ws.partial, ws.lse), host.owned_view(out, (hq, d)).partition((1, d)),
         ws.group, host.next_pow2(ws.num_splits))
     return host.returning(op, out)
 
@@ -344,7 +345,7 @@ def _decode_whole(q, k_cache, v_cache, length, out, scale, length_offset, block_
         num_warps=num_warps, num_stages=num_stages, pdl=pdl,
         early=("q", "k", "v", "length") if pdl and early else (),
         trigger_early=pdl and trigger_early)
-    op = kernel(q, k_cache, v_cache, length,
+    op = kernel(*host.inputs(q, k_cache, v_cache, length),
                 host.owned_view(out, (hkv, hq // hkv, d)).partition((1, rows, d)),
                 scale * LOG2E, block_n, length_offset)
     return host.returning(op, out)
@@ -381,6 +382,10 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                              num_warps, WHOLE_STAGES if num_stages is None else num_stages,
                              pdl, trigger_early, early)
     ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
+    # Two launches: the merge writes ``out`` only after the split kernel has run.
+    host.check_disjoint("ops.decode_attention", dict(q=q, k_cache=k_cache, v_cache=v_cache,
+                                                     length=length),
+                        {"out": z, "workspace.partial": ws.partial, "workspace.lse": ws.lse})
     split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
                                    length_offset=length_offset, block_n=block_n,
                                    num_warps=num_warps,

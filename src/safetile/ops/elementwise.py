@@ -46,7 +46,7 @@ def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None)
     (av, bv), zv = host.elementwise_views(f"ops.{name}", [a, b], z)
     tile = host.elementwise_tile(tuple(zv.shape), block)
     warps = num_warps or host.warps_for(block)
-    op = configured(warps)(av, bv, zv.partition(tile))
+    op = configured(warps)(*host.inputs(av, bv), zv.partition(tile))
     return host.returning(op, z)
 
 

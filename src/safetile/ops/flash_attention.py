@@ -124,6 +124,6 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
     bm = min(block_m, max(16, host.next_pow2(s)))
     bn = min(block_n, bm)
     kern = _configured(num_warps, num_stages)
-    op = kern(q, k, v, host.owned_view(z, tuple(z.shape)).partition((1, bm, d)),
+    op = kern(*host.inputs(q, k, v), host.owned_view(z, tuple(z.shape)).partition((1, bm, d)),
               scale * LOG2E, bn)
     return host.returning(op, z)

@@ -173,4 +173,5 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
         early=early, trigger_early=cfg.pdl and cfg.trigger_early)
-    return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
+    op = kern(*host.inputs(w, x), y.view(n).partition((cfg.bn,)), -(-k // cfg.bk))
+    return host.returning(op, y)

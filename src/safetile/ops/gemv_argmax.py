@@ -114,8 +114,12 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
                             f"(ops.gemv_argmax_workspace)")
     y = host.output(f"{name}: logits", logits, (n,), w.dtype, w.device)
     z = host.output(f"{name}: token", token, (1,), dtype, w.device)
+    # Two launches: the second writes ``token`` only after the first has run.
+    host.check_disjoint(name, dict(x=x, norm_weight=norm_weight, w=w),
+                        {"logits": y, "token": z, "workspace.values": ws.values,
+                         "workspace.indices": ws.indices})
     kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
-    stage1 = kern(xv, host.borrow(norm_weight), host.borrow(w),
+    stage1 = kern(*host.inputs(xv, norm_weight, w),
                   host.owned_view(y, (n,)).partition((cfg.bn,)),
                   host.owned_view(ws.values, (blocks,)).partition((1,)),
                   host.owned_view(ws.indices, (blocks,)).partition((1,)), float(eps),
@@ -124,6 +128,6 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
 
     def stage2(*_):
         return _FINAL(min(16, host.warps_for(nb)))(
-            host.borrow(ws.values), host.borrow(ws.indices),
+            *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
     return host.returning(stage1.then(stage2), (y, z))

@@ -7,9 +7,9 @@ op's result tensors. Nothing here launches work.
 """
 from __future__ import annotations
 
-from ..errors import ArgumentError
+from ..errors import AliasError, ArgumentError
 from ..dtypes import DType
-from ..tensor import Shared, Tensor
+from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
 from ..tensor.hints import a_type_name, how_to_pass
 
@@ -84,6 +84,40 @@ def borrow(v):
     caller's handle is never consumed and one tensor may feed several inputs), or the Shared
     handle itself (held while the op is in flight, usable again after)."""
     return v.view(v.shape) if isinstance(v, Tensor) else v
+
+
+def inputs(*values) -> list:
+    """What an op passes to its kernel for the inputs ``values``: each :func:`borrow`-ed, so
+    one Tensor may feed several inputs; a Shared handle that feeds several is cloned for each
+    repeat, since a launch takes each handle once (the clone releases itself when the op
+    hands it back and drops it)."""
+    seen: set = set()
+    out = []
+    for v in values:
+        if isinstance(v, Shared) and id(v) in seen:
+            out.append(v.clone())
+        else:
+            seen.add(id(v))
+            out.append(borrow(v))
+    return out
+
+
+def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
+    """Refuse (``AliasError``) an output that shares memory with an input or another output
+    of one op (``None`` entries are left out). One launch refuses that itself; an op of
+    several launches calls this before building the first, so that when it refuses, no
+    launch of it has written anything."""
+    outs = [(n, v) for n, v in outputs.items() if v is not None]
+    ins = [(n, v) for n, v in inputs.items() if v is not None]
+    for i, (n, o) in enumerate(outs):
+        for kind, others in (("output", outs[i + 1:]), ("input", ins)):
+            for m, other in others:
+                # The handles' torch tensors, as the launcher reads them (no copy, no check).
+                if overlaps(o._torch, other._torch):
+                    raise AliasError(
+                        f"{name}: the output {n} overlaps the {kind} {m}; an op never writes "
+                        f"memory it reads, or writes it twice: pass separate storage (for an "
+                        f"in-place update, alternate two buffers)")
 
 
 def as_rows(name: str, v):

@@ -133,7 +133,8 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     op = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and bool(trigger_early))(
-        k_new, v_new, pos, host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
+        *host.inputs(k_new, v_new, pos),
+        host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(block), max_seq)
     return host.returning(op, (k_cache, v_cache))
 
@@ -148,7 +149,7 @@ def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
     _check("ops.kv_append_many", k_new, v_new, pos, k_cache, v_cache, 3)
     hkv, max_seq, d = k_cache.shape
     tile = (1, block_s, d)
-    op = kv_append_many_kernel(k_new, v_new, pos,
+    op = kv_append_many_kernel(*host.inputs(k_new, v_new, pos),
                                host.owned_view(k_cache, tuple(k_cache.shape)).partition(tile),
                                host.owned_view(v_cache, tuple(v_cache.shape)).partition(tile))
     return host.returning(op, (k_cache, v_cache))

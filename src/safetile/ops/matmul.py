@@ -366,6 +366,10 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     if cfg.split_k > 1 and workspace is None and out is not None:
         cfg = replace(cfg, split_k=1)
     c = host.output(f"{name}: out", out, (m, n), out_dtype, device)
+    # Split-K and head/tail run two launches: refuse an overlap before the first.
+    host.check_disjoint(name, {"a": a, "b": b},
+                        {"out": c, "workspace": workspace if cfg.split_k > 1 else None})
+    a, b = host.inputs(a, b)
     if cfg.tail is not None and 0 < cfg.head_rows < m and cfg.split_k == 1:
         head, tail = cfg, cfg.tail
         if head.head_rows % head.bm or head.head_rows % tail.bm or tail.split_k != 1:

@@ -76,8 +76,8 @@ def rmsnorm(x, weight, eps: float = 1e-6, out=None):
     xv = host.as_rows("ops.rmsnorm: x", x)
     zv = host.owned_view(z, xv.shape)
     tile = row_tile(*xv.shape)
-    op = _RMSNORM(host.warps_for(tile[0] * tile[1]))(xv, host.borrow(weight), zv.partition(tile),
-                                                     float(eps))
+    op = _RMSNORM(host.warps_for(tile[0] * tile[1]))(*host.inputs(xv, weight),
+                                                     zv.partition(tile), float(eps))
     return host.returning(op, z)
 
 
@@ -99,6 +99,6 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, residual_out=N
     rv = host.as_rows("ops.add_rmsnorm: residual", residual)
     tile = row_tile(*xv.shape)
     op = _ADD_RMSNORM(host.warps_for(tile[0] * tile[1]))(
-        xv, rv, host.borrow(weight), host.owned_view(s, xv.shape).partition(tile),
+        *host.inputs(xv, rv, weight), host.owned_view(s, xv.shape).partition(tile),
         host.owned_view(z, xv.shape).partition(tile), float(eps))
     return host.returning(op, (s, z))

@@ -154,8 +154,8 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     slab = (1, host.next_pow2(max_seq), d)
     op = _kernel(num_warps, num_stages, pdl, bool(trigger_early))(
-        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
+        *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq),
+        host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab),
         host.owned_view(z, (hkv, group, d)).partition((1, rows_per_program, d)), float(eps),
         scale * LOG2E, max_seq, group, hq, hkv, block_n)

@@ -226,18 +226,21 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
         slab = (1, host.next_pow2(max_seq), d)
         op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl, trigger_early)(
-            rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-            host.borrow(inv_freq), q_tiles,
+            *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
             host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
             host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group,
             hq, hkv)
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
+    # Two launches: the append writes the caches only after the first kernel has run.
+    host.check_disjoint(name, dict(qkv=qkv, q_norm_weight=q_norm_weight,
+                                   k_norm_weight=k_norm_weight, pos=pos, inv_freq=inv_freq),
+                        dict(q_out=q, k_cache=k_cache, v_cache=v_cache, k_rows=k))
     v = rows.slice(0, hq + hkv, hq + 2 * hkv)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hkv,
                  num_warps, pdl, trigger_early)
     return op.then(lambda *_: host.returning(
-        kv_append(host.borrow(k), v, host.borrow(pos), k_cache, v_cache, block_s=block),
+        kv_append(k, v, pos, k_cache, v_cache, block_s=block),
         (q, k_cache, v_cache)))
 
 
@@ -277,6 +280,6 @@ def _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hk
     d = q.shape[1]
     q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
     return _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
-        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
+        *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
+        host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
         float(eps), group, hq)

@@ -90,6 +90,6 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     z = host.output("ops.rope: out", out, x.shape, x.dtype, x.device)
     tile = rope_tile(seq, heads, d)
     op = _ROPE(host.warps_for(tile[0] * tile[1] * tile[2]))(
-        host.borrow(x), host.borrow(positions), host.borrow(inv_freq),
+        *host.inputs(x, positions, inv_freq),
         host.owned_view(z, z.shape).partition(tile))
     return host.returning(op, z)
