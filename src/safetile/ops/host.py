@@ -7,8 +7,12 @@ op's result tensors. Nothing here launches work.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 from ..errors import AliasError, ArgumentError
 from ..dtypes import DType
+from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
 from ..tensor.hints import a_type_name, how_to_pass
@@ -36,6 +40,61 @@ def warps_for(elements: int) -> int:
     return max(4, min(16, next_pow2(w)))
 
 
+def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
+    """``v`` as an int in ``[lo, hi]`` (numpy ints too; never a bool, whose truth value
+    would pass for 0 or 1)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ArgumentError(f"{name} must be an int, got {v!r}")
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ArgumentError(f"{name} must be an int {bounds}, got {v}")
+    return v
+
+
+def check_pow2(name: str, v, lo: int = 1, hi: int = MAX_TILE_ELEMENTS) -> int:
+    """``v`` as a power of two in ``[lo, hi]``: a tile size (the GPU builds tiles from
+    ``tl.arange``, whose lengths are powers of two)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi \
+            or v & (v - 1):
+        raise ArgumentError(f"{name} must be a power of two in [{lo}, {hi}], got {v!r}")
+    return int(v)
+
+
+def check_number(name: str, v, lo: float | None = None, above: float | None = None) -> float:
+    """``v`` as a finite float (a Python or numpy number, never a bool), ``>= lo`` or
+    ``> above`` when given."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ArgumentError(f"{name} must be a finite number, got {v!r}")
+    if (lo is not None and v < lo) or (above is not None and v <= above):
+        raise ArgumentError(f"{name} must be {f'>= {lo}' if lo is not None else f'> {above}'},"
+                            f" got {v!r}")
+    return float(v)
+
+
+def check_eps(name: str, eps) -> float:
+    """An RMSNorm's ``eps``: a finite number >= 0 (added to the mean square under a rsqrt)."""
+    return check_number(f"{name}: eps", eps, lo=0.0)
+
+
+def check_flag(name: str, v, none: bool = False):
+    """``v`` as a bool option (``None`` too where ``none``: the option's default). A truthy
+    string such as ``"no"`` is refused rather than read as True."""
+    if isinstance(v, bool) or (none and v is None):
+        return v
+    raise ArgumentError(f"{name} must be True or False{' (or None)' if none else ''}, "
+                        f"got {v!r}")
+
+
+def pdl_flags(name: str, pdl, trigger_early) -> tuple[bool, bool]:
+    """The ``pdl`` and ``trigger_early`` options of ``name``, checked bools: ``pdl=None`` is
+    on where the GPU has programmatic dependent launch, ``trigger_early=None`` as ``pdl``."""
+    pdl = check_flag(f"{name}: pdl", pdl, none=True)
+    pdl = pdl_available() if pdl is None else pdl
+    trigger_early = check_flag(f"{name}: trigger_early", trigger_early, none=True)
+    return pdl, pdl if trigger_early is None else trigger_early
+
+
 def check_value(name: str, v) -> None:
     """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
     if not isinstance(v, (Tensor, Shared)):
@@ -44,12 +103,17 @@ def check_value(name: str, v) -> None:
                             f"{f'; {hint}' if hint else ''}")
 
 
+def check_target(name: str, v) -> None:
+    """``v``, which an op writes, must be a Tensor (a Shared handle is read-only)."""
+    if not isinstance(v, Tensor):
+        hint = how_to_pass(v, "tensor")
+        raise ArgumentError(f"{name}: expected an st.Tensor, got {a_type_name(v)}"
+                            f"{f'; {hint}' if hint else ''}")
+
+
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
     """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
-    if not isinstance(out, Tensor):
-        hint = how_to_pass(out, "tensor")
-        raise ArgumentError(f"{name}: expected an st.Tensor, got {a_type_name(out)}"
-                            f"{f'; {hint}' if hint else ''}")
+    check_target(name, out)
     if tuple(out.shape) != tuple(shape) or out.dtype is not dtype:
         raise ArgumentError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
                          f"shape {tuple(out.shape)} and dtype {out.dtype!r}")
@@ -74,9 +138,16 @@ def same_dtype(what: str, *values) -> DType:
     return next(iter(dtypes))
 
 
-def owned_view(out: Tensor, shape: tuple) -> Tensor:
-    """A fresh view of ``out`` with ``shape``, to be partitioned (consumed) by an op launch."""
-    return out.view(tuple(shape))
+def owned_view(out: Tensor, shape: tuple, name: str = "") -> Tensor:
+    """A fresh view of ``out`` with ``shape``, to be partitioned (consumed) by an op launch;
+    ``name`` (``"ops.x: out"``) names the output when its strides cannot take that shape."""
+    try:
+        return out.view(tuple(shape))
+    except ValueError:
+        raise ArgumentError(f"{name or 'out'}: an output of shape {tuple(out.shape)} with "
+                            f"strides {out.stride()} cannot be viewed as {tuple(shape)} "
+                            f"without copying (the op writes it through that view); pass a "
+                            f"contiguous tensor") from None
 
 
 def borrow(v):

@@ -76,9 +76,10 @@ def kv_append_many_kernel(k_new: st.In[st.floats, 3], v_new: st.In[st.floats, 3]
 
 
 def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
-    for what, x in (("k_new", k_new), ("v_new", v_new), ("pos", pos), ("k_cache", k_cache),
-                    ("v_cache", v_cache)):
+    for what, x in (("k_new", k_new), ("v_new", v_new), ("pos", pos)):
         host.check_value(f"{name}: {what}", x)
+    host.check_target(f"{name}: k_cache", k_cache)
+    host.check_target(f"{name}: v_cache", v_cache)
     host.same_dtype(name, k_new, v_new, k_cache, v_cache)
     if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
         raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
@@ -104,15 +105,13 @@ def max_cache_positions(head_dim: int) -> int:
 
 
 def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) -> int:
-    """The rows one append program owns: ``block_s``, else the whole cache rounded up to a
-    power of two, or ``max_cache_positions(head_dim)`` rows where that is fewer."""
+    """The rows one append program owns: ``block_s`` (a power of two, at most
+    ``max_cache_positions(head_dim)``), else the whole cache rounded up to a power of two, or
+    ``max_cache_positions(head_dim)`` rows where that is fewer."""
     limit = max_cache_positions(head_dim)
     if block_s is None:
         return min(host.next_pow2(max_seq), limit)
-    if isinstance(block_s, bool) or not isinstance(block_s, int) or not 1 <= block_s <= limit:
-        raise ArgumentError(f"{name}: block_s must be an int in [1, {limit}] at head_dim "
-                            f"{head_dim}, got {block_s!r}")
-    return block_s
+    return host.check_pow2(f"{name}: block_s", block_s, 1, limit)
 
 
 def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None,
@@ -148,7 +147,7 @@ def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
     output is ``(k_cache, v_cache)``."""
     _check("ops.kv_append_many", k_new, v_new, pos, k_cache, v_cache, 3)
     hkv, max_seq, d = k_cache.shape
-    tile = (1, block_s, d)
+    tile = (1, append_block("ops.kv_append_many", max_seq, d, block_s), d)
     op = kv_append_many_kernel(*host.inputs(k_new, v_new, pos),
                                host.owned_view(k_cache, tuple(k_cache.shape)).partition(tile),
                                host.owned_view(v_cache, tuple(v_cache.shape)).partition(tile))

@@ -4,8 +4,9 @@ Program ``h`` takes kv head ``h`` and its group of ``G = Hq / Hkv`` q heads. It 
 ``ops.qk_norm_rope_kv_append`` computes for them (q/k RMSNorm, RoPE at the device-resident
 position ``pos``, k and v written to row ``pos`` of kv head ``h``'s slab of each cache), then
 attends the group over rows ``0..pos`` of that slab (never past the cache's last row) as
-``ops.decode_attention``'s one-split kernel does, and writes the group's rows of the output. The rotated queries stay in
-registers, and the step loses one kernel boundary and the attention's own length read.
+``ops.decode_attention``'s one-split kernel does, and writes the group's rows of the output.
+The rotated queries stay in registers, and the step loses one kernel boundary and the
+attention's own length read.
 
 Safety is that of the two kernels it replaces: each program owns kv head ``h``'s whole slab
 of both caches (the cache may hold at most ``max_cache_positions(D)`` rows) and its group's
@@ -144,19 +145,20 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
                f"({max_cache_positions(d)} at head_dim {d})")
         raise ArgumentError(f"{name}: {why}; use ops.qk_norm_rope_kv_append, then "
                             f"ops.decode_attention")
-    block_n = block_n or DEFAULT_BLOCK_N
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ArgumentError(f"{name}: block_n must be a power of two >= 16, got {block_n}")
+    block_n = DEFAULT_BLOCK_N if block_n is None else \
+        host.check_pow2(f"{name}: block_n", block_n, 16)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     z = host.output(f"{name}: out", out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
     rows_per_program = max(MIN_GROUP_ROWS, host.next_pow2(group))
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    scale = 1.0 / math.sqrt(d) if scale is None else \
+        host.check_number(f"{name}: scale", scale)
     slab = (1, host.next_pow2(max_seq), d)
-    op = _kernel(num_warps, num_stages, pdl, bool(trigger_early))(
+    op = _kernel(num_warps, num_stages, pdl, trigger_early)(
         *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq),
         host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab),
-        host.owned_view(z, (hkv, group, d)).partition((1, rows_per_program, d)), float(eps),
-        scale * LOG2E, max_seq, group, hq, hkv, block_n)
+        host.owned_view(z, (hkv, group, d), f"{name}: out").partition((1, rows_per_program, d)),
+        eps, scale * LOG2E, max_seq, group, hq, hkv, block_n)
     return host.returning(op, (z, k_cache, v_cache))

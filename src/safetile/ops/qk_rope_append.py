@@ -216,19 +216,20 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
                                                inv_freq, k_cache, v_cache)
     block = append_block(name, max_seq, d, block_s)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     if block < max_seq and not isinstance(qkv, st.Tensor):
         raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
                             f"st.Tensor (its v rows are read by a second kernel), got a Shared")
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
     if block >= max_seq:
         q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
         slab = (1, host.next_pow2(max_seq), d)
         op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl, trigger_early)(
             *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
             host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
-            host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group,
+            host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), eps, group,
             hq, hkv)
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
@@ -265,9 +266,10 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
                             f"{tuple(q_norm_weight.shape)}")
     d = q_norm_weight.shape[0]
     hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads, d)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     k = host.output(f"{name}: k_out", k_out, (kv_heads, d), qkv.dtype, qkv.device)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, kv_heads,
                  num_warps, pdl, trigger_early)
     return host.returning(op, (q, k))
@@ -282,4 +284,4 @@ def _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hk
     return _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
         *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
         host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
-        float(eps), group, hq)
+        eps, group, hq)
