@@ -207,30 +207,34 @@ def as_rows(name: str, v):
 def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tensor]:
     """Views of ``inputs`` and ``out`` (all of one shape) in a layout element-wise kernels tile.
 
-    When every input is a contiguous Tensor (or 1-D) the layout is flat 1-D, the fastest; else
-    it is 2-D (rows, last dim), which also covers strided views such as the two halves of a
-    fused projection. The output view is always a fresh view, so partitioning it leaves the
-    caller's handle intact."""
+    When every input and ``out`` are contiguous (or 1-D) the layout is flat 1-D, the fastest;
+    else it is 2-D (rows, last dim), which also covers strided views such as the two halves
+    of a fused projection, or a transposed ``out``. The output view is always a fresh view,
+    so partitioning it leaves the caller's handle intact."""
     shape = tuple(out.shape)
     for i, v in enumerate(inputs):
         if tuple(v.shape) != shape:
             raise ArgumentError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
                              f"(no broadcasting)")
-    if all(v.ndim == 1 or (isinstance(v, Tensor) and v.is_contiguous()) for v in inputs):
+    if all(v.ndim <= 1 or (isinstance(v, Tensor) and v.is_contiguous())
+           for v in [*inputs, out]):
         return [borrow(v) if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
-    if len(shape) != 2 and not all(isinstance(v, Tensor) and v.ndim >= 2 for v in inputs):
-        raise ArgumentError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
+    if len(shape) > 2 and any(isinstance(v, Shared) for v in inputs):
+        raise ArgumentError(f"{name}: a Shared input of shape {shape} cannot be viewed as rows "
+                            f"(a Shared handle is never reshaped) and is not contiguous with "
+                            f"every other argument; pass a Tensor, or share a 2-D view")
     views = []
-    for v in inputs:
+    for what, v in [*((f"input {i}", v) for i, v in enumerate(inputs)), ("out", out)]:
         if v.ndim == 2:
-            views.append(borrow(v))
-        else:
-            try:
-                views.append(v.view(-1, shape[-1]))
-            except ValueError:
-                raise ArgumentError(f"{name}: an input of shape {shape} with strides "
-                                 f"{v.stride()} cannot be viewed as rows") from None
-    return views, out.view(-1, shape[-1]) if len(shape) != 1 else out.view(-1)
+            views.append(borrow(v) if what != "out" else owned_view(v, shape))
+            continue
+        try:
+            views.append(v.view(-1, shape[-1]))
+        except ArgumentError:
+            raise ArgumentError(f"{name}: {what} of shape {shape} with strides {v.stride()} "
+                                f"cannot be viewed as rows without copying; pass a contiguous "
+                                f"tensor or a 2-D view") from None
+    return views[:-1], views[-1]
 
 
 def elementwise_tile(shape: tuple, block: int) -> tuple:
