@@ -228,10 +228,11 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
         raise ArgumentError(f"ops.rmsnorm_gemv: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
+    eps = host.check_eps("ops.rmsnorm_gemv", eps)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = config or choose_config(n, k)
     kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
-    op = kern(*host.inputs(xv, norm_weight, w), yv.partition((cfg.bn,)), float(eps),
+    op = kern(*host.inputs(xv, norm_weight, w), yv.partition((cfg.bn,)), eps,
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
 

@@ -96,14 +96,20 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     allocate nothing, e.g. inside a graph scope."""
     name = "ops.rmsnorm_gemv_argmax"
     n, k = check_weight(name, w)
+    if n == 0:
+        raise ArgumentError(f"{name}: w has no rows (an empty vocabulary has no argmax)")
     xv = vector(f"{name}: x", x, k)
     host.check_value(f"{name}: norm_weight", norm_weight)
     if tuple(norm_weight.shape) != (k,):
         raise ArgumentError(f"{name}: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype(name, w, x, norm_weight)
+    eps = host.check_eps(name, eps)
     if token is not None:
+        host.check_target(f"{name}: token", token)
         dtype = token.dtype
+    if dtype not in (st.i32, st.i64):
+        raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
     cfg = config or choose_config(n, k)
     ws = workspace or gemv_argmax_workspace(w, dtype, cfg)
     blocks = -(-n // cfg.bn)
@@ -122,7 +128,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     stage1 = kern(*host.inputs(xv, norm_weight, w),
                   host.owned_view(y, (n,)).partition((cfg.bn,)),
                   host.owned_view(ws.values, (blocks,)).partition((1,)),
-                  host.owned_view(ws.indices, (blocks,)).partition((1,)), float(eps),
+                  host.owned_view(ws.indices, (blocks,)).partition((1,)), eps,
                   -(-k // cfg.bk), host.next_pow2(k))
     nb = host.next_pow2(blocks)
 

@@ -129,6 +129,22 @@ def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
     return out
 
 
+def check_out_dtype(name: str, dtype, allowed) -> DType:
+    """``dtype`` (an ``st`` dtype) must be one of ``allowed`` (a dtype set)."""
+    if not isinstance(dtype, DType) or dtype not in allowed:
+        raise ArgumentError(f"{name} must be one of {allowed} (a safetile dtype, e.g. "
+                            f"st.float32), got {dtype!r}")
+    return dtype
+
+
+def check_fields(config, checks: dict) -> None:
+    """Check and normalize the fields of a frozen config dataclass: ``checks`` maps a field
+    name to ``(check, *args)``, a check of this module (numpy ints become ints)."""
+    for field, (check, *args) in checks.items():
+        value = check(f"{type(config).__name__}: {field}", getattr(config, field), *args)
+        object.__setattr__(config, field, value)
+
+
 def same_dtype(what: str, *values) -> DType:
     """The common dtype of ``values``; nothing converts implicitly."""
     dtypes = {v.dtype for v in values}
@@ -195,13 +211,21 @@ def as_rows(name: str, v):
     """``v`` as a 2-D (rows, last dim) view: 1-D becomes one row, N-D flattens leading dims.
 
     Shared handles cannot be reshaped, so they must already be 2-D."""
+    if v.ndim == 0:
+        raise ArgumentError(f"{name} must have at least one dimension (rows of a last dim), "
+                            f"got a 0-d tensor")
     if v.ndim == 2:
         return borrow(v)
     if isinstance(v, Shared):
         raise ArgumentError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
     if v.ndim == 1:
         return v.view(1, v.shape[0])
-    return v.view(-1, v.shape[-1])
+    try:
+        return v.view(-1, v.shape[-1])
+    except ArgumentError:
+        raise ArgumentError(f"{name} of shape {tuple(v.shape)} with strides {v.stride()} "
+                            f"cannot be viewed as rows (rows, {v.shape[-1]}) without copying; "
+                            f"pass a contiguous tensor or a 2-D view") from None
 
 
 def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tensor]:
