@@ -85,6 +85,17 @@ def test_qk_norm_rope_kv_append_accepts_one_shared_norm_weight_for_q_and_k():
     assert torch.equal(q.to_torch(), want.to_torch())
 
 
+def test_an_input_tensor_stays_readable_but_not_writable_while_its_op_is_pending():
+    t = rand((16, 16), st.f32, 19)
+    a = wrap(t)
+    op = ops.matmul(a, wrap(t))
+    assert torch.equal(a.to_torch(), t)
+    with pytest.raises(st.AliasError):
+        ops.add(wrap(t), wrap(t), out=a)
+    op.sync()
+    ops.add(wrap(t), wrap(t), out=a).sync()
+
+
 # ---- outputs overlapping inputs: refused before anything runs ---------------------------------
 
 def test_qk_norm_rope_kv_append_refuses_a_q_out_in_the_cache_on_the_two_kernel_path():
