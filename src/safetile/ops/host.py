@@ -244,9 +244,9 @@ def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tenso
            for v in [*inputs, out]):
         return [borrow(v) if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
     if len(shape) > 2 and any(isinstance(v, Shared) for v in inputs):
-        raise ArgumentError(f"{name}: a Shared input of shape {shape} cannot be viewed as rows "
-                            f"(a Shared handle is never reshaped) and is not contiguous with "
-                            f"every other argument; pass a Tensor, or share a 2-D view")
+        raise ArgumentError(f"{name}: a Shared input of shape {shape} cannot be tiled here: "
+                            f"the op tiles a flat vector or rows, and a Shared handle is never "
+                            f"reshaped; pass the Tensor, or share a 1-D or 2-D view")
     views = []
     for what, v in [*((f"input {i}", v) for i, v in enumerate(inputs)), ("out", out)]:
         if v.ndim == 2:
