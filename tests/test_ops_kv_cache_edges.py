@@ -35,3 +35,11 @@ def test_kv_append_many_drops_the_rows_outside_the_cache(pos, rows):
     for r in rows:
         want[:, r] = new[:, r - pos]
     assert torch.equal(k.to_torch(), want)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["kv_append", "kv_append_many"])
+def test_kv_append_refuses_a_head_dim_of_0(many):
+    new = st.zeros((2, 3, 0) if many else (2, 0))
+    append = ops.kv_append_many if many else ops.kv_append
+    with pytest.raises(st.ArgumentError, match="head_dim 0 must be a power of two"):
+        append(new, new, i32(1), st.zeros((2, 20, 0)), st.zeros((2, 20, 0)))
