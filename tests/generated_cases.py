@@ -94,7 +94,7 @@ CASES = {
     "prologue_attention": lambda: (prologue_attention_kernel(4, WHOLE_STAGES, True, True), (
         z((48, 128)), z((128,)), z((128,)), z((1,), st.i32), z((64,), st.f32),
         out((8, 4096, 128), (1, 4096, 128)), out((8, 4096, 128), (1, 4096, 128)),
-        out((8, 4, 128), (1, 16, 128)), 1e-6, 0.1, 4, 32, 8, 64)),
+        out((8, 4, 128), (1, 16, 128)), 1e-6, 0.1, 4096, 4, 32, 8, 64)),
     "early_attention": lambda: (early_attention_kernel(8, 1, True, False), (
         z((8, 4096, 128)), z((8, 4096, 128)), z((1,), st.i32), z((128,)), z((128,)),
         z((64,), st.f32), z((48, 128)), out((8, 4, 128), (1, 16, 128)),

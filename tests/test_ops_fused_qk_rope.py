@@ -195,7 +195,7 @@ def test_a_block_outside_one_tile_is_an_argument_error(block_s):
     d = 128
     k_new, v_new = wrap(rand((1, d), st.f32, 0)), wrap(rand((1, d), st.f32, 1))
     k_cache, v_cache = st.zeros((1, 64, d), st.f32), st.zeros((1, 64, d), st.f32)
-    with pytest.raises(st.ArgumentError, match=r"block_s must be an int in \[1, 8192\]"):
+    with pytest.raises(st.ArgumentError, match=r"block_s must be a power of two in \[1, 8192\]"):
         ops.kv_append(k_new, v_new, pos_tensor(0), k_cache, v_cache, block_s=block_s)
 
 

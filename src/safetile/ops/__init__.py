@@ -2,21 +2,38 @@
 
 Convention, shared by every op:
 
-- ``ops.name(inputs..., out=None, ...) -> DeviceOp``. Nothing runs until the op is synced,
-  awaited, chained or recorded. The op's output is its result tensor, or a tuple of them for
-  ops with several results (``add_rmsnorm`` gives ``(residual_sum, normed)``)::
+- ``ops.name(inputs..., [scalars such as eps,] outputs=None..., [workspace=None,] *,
+  options) -> DeviceOp``: the outputs are ``out`` for most ops, named ones where an op has
+  several (``add_rmsnorm``'s ``out, residual_out``; ``rmsnorm_gemv_argmax``'s ``logits,
+  token``), and the caches an append writes in place (``kv_append``'s ``k_cache, v_cache``,
+  required). Nothing runs until the op is synced, awaited, chained or recorded. The op's
+  output is its result tensor, or a tuple of them for ops with several results
+  (``add_rmsnorm`` gives ``(residual_sum, normed)``)::
 
       z = ops.add(x, y).sync()
       s, h = ops.add_rmsnorm(x, residual, weight, eps).sync()
 
-- Inputs are ``Tensor`` or ``Shared`` handles; they are held (read-only) while the op is in
-  flight and usable again afterwards. No dtype is converted implicitly.
+- Arguments are checked when the op is built, before anything is launched: a wrong one is
+  an ``ArgumentError`` naming the op and the argument. Option flags are bools (a truthy
+  string is refused), counts and sizes ints (numpy ints too), tile sizes powers of two.
+- Inputs are ``Tensor`` or ``Shared`` handles, and one tensor may feed several inputs. The
+  op reads a fresh view of a Tensor (the handle stays usable) and holds a Shared handle
+  while it is in flight; either way the input's memory cannot be written until the op is
+  synchronized. No dtype is converted implicitly.
 - Outputs the caller does not pass are allocated. Passing ``out=`` (and ``workspace=`` where
   an op needs scratch) makes an op allocate nothing, so it can be recorded in a graph scope
   and replayed: grout's decode step preallocates every buffer. A given ``out`` must have the
   result's exact shape and dtype; the op partitions a fresh *view* of it, so the caller's
-  handle stays valid and holds the result after the op. Outputs never alias inputs (safe
-  ops cannot write what they read): in-place updates alternate between two buffers.
+  handle stays valid and holds the result after the op.
+- An output may share memory with no input and no other output (safe ops cannot write what
+  they read): an op refuses it with ``AliasError`` when it is built, before any launch,
+  also an op of several launches (``sample`` excepted: each of its launches checks only its
+  own arguments). In-place updates alternate between two buffers.
+- An op of several launches (``argmax``, ``rmsnorm_gemv_argmax``, ``decode_attention`` with
+  splits, ``matmul`` split-K or head/tail, ``qk_norm_rope_kv_append`` over a long cache,
+  ``sample``) borrows what a later launch writes only when it runs that launch: until the op is
+  synchronized, leave its outputs alone (a host read of one is not refused before then, and
+  sees what was there before).
 - Math on fp16/bf16 inputs runs in fp32 and is rounded to the input dtype where the Hugging
   Face Qwen3 reference rounds, so results match it.
 

@@ -4,7 +4,9 @@ Stage 1: each program owns one entry of two small outputs and writes the max and
 index of the max of its block of ``B`` logits. Stage 2: one program reduces those partials and
 stores the token id. Both stages pick the first maximum (``tl.argmax`` breaks ties to the
 left), and blocks are in index order, so ties go to the lowest index, as ``torch.argmax``.
-NaN logits are not treated specially (torch would return a NaN's index).
+A NaN never wins (``sl.max``/``sl.argmax`` skip NaNs on both backends): the result is the
+index of the largest non-NaN entry, and 0 when every entry is NaN, where ``torch.argmax``
+would return a NaN's index.
 
 The partials live in a :class:`ArgmaxWorkspace` the caller may allocate once (decode graphs
 must not allocate); the token id stays on the device.
@@ -18,7 +20,7 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from ..dtypes import DType
-from ..tensor import Tensor, alloc
+from ..tensor import Shared, Tensor, alloc
 from . import host
 
 BLOCK = 1024                  # logits per stage-1 program (about 150 programs for Qwen3)
@@ -62,7 +64,10 @@ class ArgmaxWorkspace:
 
 def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
                      block: int = BLOCK) -> ArgmaxWorkspace:
-    """Allocate the partials :func:`argmax` needs for ``n`` logits (do it outside graphs)."""
+    """Allocate the partials :func:`argmax` needs for ``n`` logits (do it outside graphs);
+    ``block``: logits per stage-1 program, a power of two."""
+    n = host.check_int("ops.argmax_workspace: n", n, 1)
+    block = host.check_pow2("ops.argmax_workspace: block", block)
     blocks = -(-n // block)
     if blocks > MAX_BLOCKS:
         raise ArgumentError(f"argmax over {n} entries in blocks of {block} needs {blocks} partials "
@@ -73,37 +78,57 @@ def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
 
 def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DType = st.i64,
            block: int = BLOCK):
-    """The index of the largest entry of ``x`` (shape (n,) or (1, n); fp32, fp16 or bf16).
+    """The index of the largest entry of ``x`` (shape (n,) or (1, n), n >= 1; fp32, fp16 or
+    bf16). A NaN never wins (see the module docstring): all NaNs give 0.
 
     Returns a ``DeviceOp`` whose output is a (1,) tensor of ``dtype`` (int32 or int64;
-    ``out``'s dtype when given) on x's device. Pass ``out`` and ``workspace``
-    (:func:`argmax_workspace`) to allocate nothing, e.g. inside a graph scope."""
+    ``out``'s dtype when given) on x's device. ``block``: logits per stage-1 program, a power
+    of two. Pass ``out`` and ``workspace`` (:func:`argmax_workspace`) to allocate nothing,
+    e.g. inside a graph scope."""
     host.check_value("ops.argmax: x", x)
-    if x.ndim == 2 and x.shape[0] == 1 and isinstance(x, Tensor):
+    if isinstance(x, Shared) and x.ndim != 1:
+        raise ArgumentError(f"ops.argmax: a Shared x must be 1-D (n,) (a Shared handle is "
+                            f"never reshaped), got shape {x.shape}; pass the Tensor, or share "
+                            f"an (n,) view")
+    if x.ndim == 2 and x.shape[0] == 1:
         x = x.view(-1)
     else:
         x = host.borrow(x)
     if x.ndim != 1:
         raise ArgumentError(f"ops.argmax: x must be (n,) or (1, n), got shape {x.shape}")
     n = x.shape[0]
+    if n == 0:
+        raise ArgumentError("ops.argmax: x is empty; the argmax of no values is undefined")
+    block = host.check_pow2("ops.argmax: block", block)
     if out is not None:
+        host.check_target("ops.argmax: out", out)
         dtype = out.dtype
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
     if workspace is None:
         workspace = argmax_workspace(n, dtype, x.device, block)
-    if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype:
+    if not isinstance(workspace, ArgmaxWorkspace):
+        raise ArgumentError(f"ops.argmax: workspace must be an ArgmaxWorkspace "
+                            f"(ops.argmax_workspace), got {type(workspace).__name__}")
+    host.check_pow2("ops.argmax: workspace.block", workspace.block)
+    if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype \
+            or workspace.values.dtype is not st.f32:
         raise ArgumentError(f"ops.argmax: the workspace holds {workspace.blocks} "
                          f"{workspace.indices.dtype!r} partials of {workspace.block}; "
-                         f"{n} logits need {-(-n // workspace.block)} of {dtype!r}")
+                         f"{n} logits need {-(-n // workspace.block)} of {dtype!r} (and "
+                         f"st.float32 values): build it with ops.argmax_workspace")
     z = host.output("ops.argmax: out", out, (1,), dtype, x.device)
     ws = workspace
+    # Two launches: the second writes ``out`` only after the first has run.
+    host.check_disjoint("ops.argmax", {"x": x}, {"out": z, "workspace.values": ws.values,
+                                                 "workspace.indices": ws.indices})
     stage1 = _PARTIAL(host.warps_for(ws.block))(
-        x, ws.values.view(-1).partition((1,)), ws.indices.view(-1).partition((1,)), ws.block)
+        x, ws.values.view(-1).partition((1,)), ws.indices.view(-1).partition((1,)),
+        int(ws.block))
     nb = host.next_pow2(ws.blocks)
 
     def stage2(*_):
         return _FINAL(host.warps_for(nb))(
-            host.borrow(ws.values), host.borrow(ws.indices),
+            *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
     return host.returning(stage1.then(stage2), z)

@@ -1,13 +1,20 @@
-"""Copies and scalar offsets of small device tensors of any dtype: ``copy`` and ``add_scalar``.
+"""Copies and scalar offsets of small device tensors: ``copy`` and ``add_scalar``.
 
 A captured decode step keeps its counters (the position, the sampler's step) on the device
 and advances them itself. A safe op never writes what it reads, so a counter advances in two
 launches through a scratch buffer: ``add_scalar(cursor, 1, out=scratch)`` then
 ``copy(scratch, out=cursor)``. ``copy`` also loads new host values into a buffer a graph has
 baked in (copy from a fresh tensor into the recorded one). Each program owns one tile of the
-output; integer and float tensors alike.
+output.
+
+Both take float32, float16, bfloat16, int32 and int64 tensors; int8 and bool tensors are
+refused (convert them first). ``copy`` copies bit for bit (-0.0 and NaN payloads too). A
+float tensor's offset is added in fp32 and rounded once to its dtype, as torch adds a
+Python number; an int tensor's offset is an int32 scalar of the kernel.
 """
 from __future__ import annotations
+
+import numbers
 
 import safetile as st
 import safetile.lang as sl
@@ -16,11 +23,19 @@ from ..errors import ArgumentError
 from . import host
 
 DTYPES = st.floats | st.i32 | st.i64
+INT32 = (-2**31, 2**31 - 1)
+
+
+@st.kernel
+def copy_kernel(x: st.In[DTYPES], z: st.Out[DTYPES]):
+    """z = x, bit for bit."""
+    z.store(sl.load_like(x, z))
 
 
 @st.kernel
 def add_scalar_kernel(x: st.In[DTYPES], z: st.Out[DTYPES], value: int):
-    """z = x + value, in x's dtype (``value`` 0 copies)."""
+    """z = x + value, in x's dtype (the host sends float tensors to the kernel below: an int
+    scalar does not meet a bf16 tile)."""
     z.store(sl.load_like(x, z) + value)
 
 
@@ -30,39 +45,55 @@ def add_scalar_float_kernel(x: st.In[st.floats], z: st.Out[st.floats], value: fl
     z.store(sl.load_like(x, z).astype(st.f32) + value)
 
 
+_COPY = host.Configured(copy_kernel)
 _INT = host.Configured(add_scalar_kernel)
 _FLOAT = host.Configured(add_scalar_float_kernel)
 
 
-def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
-    """``x + value`` element-wise for an int or float tensor ``x`` (same dtype out).
-
-    ``value``: an int (any ``x``) or a float (float ``x`` only). Returns a ``DeviceOp``
-    whose output is the result (``out`` when given; it must not overlap ``x``)."""
-    host.check_value("ops.add_scalar: x", x)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentError(f"ops.add_scalar: value must be an int or a float, got "
-                            f"{type(value).__name__}")
-    is_float = x.dtype in (st.f32, st.f16, st.bf16)
-    if isinstance(value, float) and not is_float:
-        raise ArgumentError(f"ops.add_scalar: a float value cannot be added to {x.dtype!r} "
-                            f"without converting; pass an int")
-    z = host.output("ops.add_scalar: out", out, x.shape, x.dtype, x.device)
-    (xv,), zv = host.elementwise_views("ops.add_scalar", [x], z)
+def _launch(name: str, configured, x, out, block: int, *scalar):
+    """``configured``'s kernel from ``x`` into ``out`` (checked, or allocated) by tiles."""
+    host.check_value(f"{name}: x", x)
+    if x.dtype not in DTYPES:
+        raise ArgumentError(f"{name}: x has dtype {x.dtype!r}; this op takes float32, "
+                            f"float16, bfloat16, int32 or int64 tensors (convert it first)")
+    block = host.check_pow2(f"{name}: block", block)
+    z = host.output(f"{name}: out", out, x.shape, x.dtype, x.device)
+    (xv,), zv = host.elementwise_views(name, [x], z)
     tile = host.elementwise_tile(tuple(zv.shape), min(block, host.next_pow2(max(1, z.numel))))
     warps = host.warps_for(tile[0] if len(tile) == 1 else tile[0] * tile[1])
-    if isinstance(value, float):
-        op = _FLOAT(warps)(xv, zv.partition(tile), value)
-    else:
-        op = _INT(warps)(xv, zv.partition(tile), int(value))
+    op = configured(warps)(*host.inputs(xv), zv.partition(tile), *scalar)
     return host.returning(op, z)
 
 
-def copy(x, out):
-    """Copy ``x`` into ``out`` (same shape and dtype, no overlap): ``add_scalar(x, 0, out)``.
+def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
+    """``x + value`` element-wise (same dtype out; see the module docstring for the dtypes).
+
+    ``value``: an int (any ``x``; for an int tensor, within int32) or a float (float ``x``
+    only); numpy scalars too. ``block``: elements per program, a power of two. Returns a
+    ``DeviceOp`` whose output is the result (``out`` when given; it must not overlap ``x``).
+    """
+    name = "ops.add_scalar"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name}: value must be an int or a float, got "
+                            f"{type(value).__name__}")
+    host.check_value(f"{name}: x", x)
+    if x.dtype in st.floats:
+        return _launch(name, _FLOAT, x, out, block, float(value))
+    if not isinstance(value, numbers.Integral):
+        raise ArgumentError(f"{name}: a float value cannot be added to {x.dtype!r} "
+                            f"without converting; pass an int")
+    if not INT32[0] <= value <= INT32[1]:
+        raise ArgumentError(f"{name}: value {value} does not fit int32, the kernel's scalar "
+                            f"for an int tensor; add it in steps within int32 (several "
+                            f"add_scalar ops), or add it on the host")
+    return _launch(name, _INT, x, out, block, int(value))
+
+
+def copy(x, out, *, block: int = host.BLOCK):
+    """Copy ``x`` into ``out`` (same shape and dtype, no overlap), bit for bit.
 
     Returns a ``DeviceOp`` whose output is ``out``."""
     if out is None:
         raise ArgumentError("ops.copy: out is required (a copy into a new tensor is "
                             "x.to_torch() on the host, or add_scalar(x, 0))")
-    return add_scalar(x, 0, out)
+    return _launch("ops.copy", _COPY, x, out, block)

@@ -6,6 +6,8 @@ Layout:
   positions of the cache are attended. Nothing about the length is known on the host, so one
   captured CUDA graph serves every decode step (grout passes its position tensor with
   ``length_offset=1``: the token just appended at ``pos`` attends positions ``0..pos``).
+  Being on the device, the length cannot be refused: a length past the cache attends the
+  whole cache, and a length of 0 or less attends nothing (the output is 0), on every path.
 
 Decode reads the whole cache once, so it is bandwidth-bound, and it has one query row per
 head, too little work for one program per head. Two kernels:
@@ -21,7 +23,8 @@ head, too little work for one program per head. Two kernels:
    contiguous runs of whole blocks); a split with no block stores an empty result (output 0,
    log-sum-exp -inf).
 2. ``decode_merge_kernel``: program (q head) owns one row of ``out`` and combines the splits'
-   partial rows weighted by ``exp2(lse_s - max lse)``.
+   partial rows weighted by ``exp2(lse_s - max lse)`` (all weights 0, and the row 0, when no
+   split attended a key).
 
 With one split (a short cache, or ``num_splits=1``) the two become one kernel,
 ``decode_whole_kernel``: program (kv head) attends its group over the whole valid length and
@@ -41,11 +44,14 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
+from ..lang.semantics import MAX_TILE_ELEMENTS
+from ..tensor.hints import a_type_name
 from . import host
 from .flash_attention import LOG2E, check_gqa, online_softmax_step
 
 # Rows of the group tile: tl.dot needs at least 16 rows.
 MIN_GROUP_ROWS = 16
+INT32_MAX = 2**31 - 1
 # Defaults of the split kernel; the measurements behind each are in benchmarks/TUNING.md,
 # "decode attention defaults".
 # Pipeline depth of the K/V loop: Triton keeps num_stages - 1 TMA buffers, so 3 stages
@@ -84,6 +90,15 @@ def masked_step(s, vt, valid, m_i, l_i, acc):
                                sl.where(valid[:, None], vt, 0.0), m_i, l_i, acc)
 
 
+@st.function
+def valid_length(length, offset, size):
+    """``length + offset`` clamped to ``[0, size]``, computed so that no int32 overflows: the
+    device length cannot be refused at launch, so one past the cache attends the whole cache
+    (rows past it would read as zero keys and take softmax weight) and one of 0 or less
+    attends nothing."""
+    return max(min(length, size - offset), -offset) + offset
+
+
 @st.kernel
 def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In[st.floats, 3],
                         length: st.In[st.i32, 1], o: st.Out[st.f32, 4], lse: st.Out[st.f32, 4],
@@ -107,7 +122,7 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
         for p in range(PREFETCH):
             k.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
             v.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))
-    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    n = valid_length(length.load_scalar((0,)), LENGTH_OFFSET, k.shape[1])
     # This split's key blocks: first, first + step, ... below the end of its run, ``stop``.
     if CYCLIC:
         stop = n
@@ -164,8 +179,13 @@ def decode_merge_kernel(po: st.In[st.f32, 4], plse: st.In[st.f32, 4], out: st.Ou
                      (SPLITS,))
     parts = sl.reshape(po.load((kvh, 0, r, 0), (1, SPLITS, 1, out.shape[1])),
                        (SPLITS, out.shape[1]))
-    w = sl.exp2(lse - sl.max(lse, 0))
-    out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.sum(w, 0), (1, out.shape[1])))
+    # When no split attended a key (a length of 0 or less) every lse is -inf: the weights
+    # are then all 0 (not exp2(-inf - -inf), NaN) and the row is 0, as with one split.
+    m = sl.max(lse, 0)
+    w = sl.exp2(lse - sl.where(m > float("-inf"), m, 0.0))
+    total = sl.sum(w, 0)
+    out.store(sl.reshape(sl.sum(parts * w[:, None], 0) / sl.where(total > 0.0, total, 1.0),
+                         (1, out.shape[1])))
 
 
 @st.kernel
@@ -180,7 +200,7 @@ def decode_whole_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     short cache has only a few blocks, so the last one's load must be in flight with the
     others rather than issued after the loop."""
     kvh, _, _ = o.index
-    n = length.load_scalar((0,)) + LENGTH_OFFSET
+    n = valid_length(length.load_scalar((0,)), LENGTH_OFFSET, k.shape[1])
     qt = q.load_at((kvh * (q.shape[0] // k.shape[0]), 0), (o.shape[1], o.shape[2]))
     m_i = sl.full((o.shape[1],), float("-inf"), st.f32)
     l_i = sl.zeros((o.shape[1],), st.f32)
@@ -213,6 +233,10 @@ class DecodeWorkspace:
 
     def __init__(self, n_kv_heads: int, group: int, head_dim: int, num_splits: int,
                  device=None):
+        n_kv_heads, group, head_dim, num_splits = (
+            host.check_int(f"DecodeWorkspace: {what}", v, 1) for what, v in zip(
+                ("n_kv_heads", "group", "head_dim", "num_splits"),
+                (n_kv_heads, group, head_dim, num_splits)))
         self.group, self.num_splits = group, num_splits
         self.rows = max(MIN_GROUP_ROWS, host.next_pow2(group))
         self.partial = st.empty((n_kv_heads, num_splits, group, head_dim), dtype=st.f32,
@@ -223,7 +247,8 @@ class DecodeWorkspace:
     def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int | None = None):
         """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
         hkv, max_seq, d = k_cache.shape
-        splits = num_splits or default_splits(hkv, max_seq, block_n or DEFAULT_BLOCK_N)
+        splits = default_splits(hkv, max_seq, block_n or DEFAULT_BLOCK_N) \
+            if num_splits is None else num_splits
         return cls(hkv, q.shape[0] // hkv, d, splits, device=q.device)
 
 
@@ -247,11 +272,85 @@ def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False,
     return _SPLIT[key]
 
 
-def _check_length(length) -> None:
-    host.check_value("ops.decode_attention: length", length)
+def _check_length(name: str, length) -> None:
+    host.check_value(f"{name}: length", length)
     if length.dtype is not st.i32 or tuple(length.shape) != (1,):
-        raise ArgumentError(f"ops.decode_attention: length must be an int32 tensor of shape (1,), "
-                         f"got {length.dtype!r} {tuple(length.shape)}")
+        raise ArgumentError(f"{name}: length must be an int32 tensor of shape (1,), got "
+                            f"{length.dtype!r} {tuple(length.shape)}")
+
+
+def _check_workspace(name: str, ws, hkv: int | None = None, group: int = 0, d: int = 0):
+    """``ws`` must be a DecodeWorkspace, and (given ``hkv``) one for that cache and group."""
+    if not isinstance(ws, DecodeWorkspace):
+        raise ArgumentError(f"{name}: workspace must be a DecodeWorkspace (build one with "
+                            f"DecodeWorkspace.for_cache(q, k_cache)), got {a_type_name(ws)}")
+    if hkv is not None and (tuple(ws.partial.shape) != (hkv, ws.num_splits, group, d)
+                            or ws.group != group):
+        raise ArgumentError(f"{name}: the workspace (partial {ws.partial.shape}, group "
+                            f"{ws.group}) does not fit {hkv * group} q heads and the cache "
+                            f"({hkv} kv heads of {d}); build it with DecodeWorkspace.for_cache")
+
+
+def _options(name: str, d: int, max_seq: int, scale, length_offset, block_n, pdl,
+             trigger_early, early, prefetch=0, cyclic=True, masked=True) -> dict:
+    """The kernels' options, checked (an ArgumentError naming ``name``) and resolved."""
+    what = f"{name}: {{}}".format
+    o = dict(
+        qk_scale=(1.0 / math.sqrt(d) if scale is None else
+                  host.check_number(what("scale"), scale)) * LOG2E,
+        # |offset| + max_seq below 2**31 keeps ``valid_length``'s int32 arithmetic exact.
+        length_offset=host.check_int(what("length_offset"), length_offset,
+                                     max_seq - INT32_MAX, INT32_MAX - max_seq),
+        # P @ V takes BLOCK_N keys as the product's K: the tensor cores need K >= 16.
+        block_n=DEFAULT_BLOCK_N if block_n is None else
+        host.check_pow2(what("block_n"), block_n, 16, max(16, MAX_TILE_ELEMENTS // d)),
+        early=host.check_flag(what("early"), early),
+        prefetch=host.check_int(what("prefetch"), prefetch, 0),
+        cyclic=host.check_flag(what("cyclic"), cyclic),
+        masked=host.check_flag(what("masked"), masked))
+    o["pdl"], o["trigger_early"] = host.pdl_flags(name, pdl, trigger_early)
+    if o["prefetch"] and not o["cyclic"]:
+        raise ArgumentError(f"{name}: prefetch={o['prefetch']} needs cyclic splits (a "
+                            f"contiguous split's first block depends on the length)")
+    return o
+
+
+def _launch_split(q, k_cache, v_cache, length, ws, o: dict, num_warps, num_stages):
+    d = ws.partial.shape[3]
+    po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
+    pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
+    kernel = _split_kernel(num_warps, num_stages, o["pdl"], o["trigger_early"], o["early"])
+    op = kernel(*host.inputs(q, k_cache, v_cache, length), po, pl, o["qk_scale"], o["block_n"],
+                o["length_offset"], o["cyclic"], o["prefetch"], o["masked"])
+    return host.returning(op, ws)
+
+
+def _launch_merge(ws, out, num_warps, pdl: bool, trigger_early: bool):
+    hq, d = out.shape
+    # Each program holds all splits of one row in registers: more splits, more warps.
+    warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
+    op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
+                                     trigger_early=pdl and trigger_early)(
+        *host.inputs(ws.partial, ws.lse),
+        host.owned_view(out, (hq, d), "ops.decode_attention: out").partition((1, d)),
+        ws.group, host.next_pow2(ws.num_splits))
+    return host.returning(op, out)
+
+
+def _launch_whole(q, k_cache, v_cache, length, out, o: dict, num_warps, num_stages):
+    """The one-split attention: one program per kv head, straight into ``out``."""
+    hq, d = out.shape
+    hkv = k_cache.shape[0]
+    rows = max(MIN_GROUP_ROWS, host.next_pow2(hq // hkv))
+    kernel = decode_whole_kernel.options(
+        num_warps=num_warps, num_stages=num_stages, pdl=o["pdl"],
+        early=("q", "k", "v", "length") if o["pdl"] and o["early"] else (),
+        trigger_early=o["pdl"] and o["trigger_early"])
+    out_rows = host.owned_view(out, (hkv, hq // hkv, d), "ops.decode_attention: out")
+    op = kernel(*host.inputs(q, k_cache, v_cache, length),
+                out_rows.partition((1, rows, d)), o["qk_scale"], o["block_n"],
+                o["length_offset"])
+    return host.returning(op, out)
 
 
 def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspace, *,
@@ -262,75 +361,41 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
                            trigger_early: bool | None = None, early: bool = True,
                            masked: bool = DEFAULT_MASKED):
     """The split kernel alone: fills ``workspace``; the op's output is the workspace.
-    ``block_n``: keys per block (``DEFAULT_BLOCK_N``); ``pdl`` (default: on Hopper and
-    later) launches with programmatic dependent launch, every read before the wait;
-    ``trigger_early`` (default: as ``pdl``): the next kernel may be scheduled as soon as this
-    one's programs start; ``early`` (with ``pdl``): read q, the cache and the length before
-    the wait (the default; pass False after a kernel that writes them, such as a KV append,
-    to keep programmatic launch there).
+    ``block_n``: keys per block (``DEFAULT_BLOCK_N``; a power of two >= 16); ``pdl``
+    (default: on Hopper and later) launches with programmatic dependent launch, every read
+    before the wait; ``trigger_early`` (default: as ``pdl``): the next kernel may be
+    scheduled as soon as this one's programs start; ``early`` (with ``pdl``): read q, the
+    cache and the length before the wait (the default; pass False after a kernel that writes
+    them, such as a KV append, to keep programmatic launch there).
     ``cyclic``: split ``s`` takes key blocks ``s, s + S, ...`` rather than one contiguous run
     (the default); ``prefetch``: how many of those blocks of K and V each program
     prefetches into L2 before it reads the length (needs ``cyclic``); ``masked``: the partial
-    last block runs masked inside the loop (``DEFAULT_MASKED``), not after it."""
-    hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
-    _check_length(length)
-    ws = workspace
-    if (tuple(ws.partial.shape) != (hkv, ws.num_splits, ws.group, d) or ws.group != hq // hkv):
-        raise ArgumentError(f"ops.decode_attention: the workspace (partial {ws.partial.shape}, "
-                         f"group {ws.group}) does not fit q {q.shape} and the cache "
-                         f"{k_cache.shape}; build it with DecodeWorkspace.for_cache")
-    cyclic = bool(cyclic)
-    block_n = block_n or DEFAULT_BLOCK_N
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
-    trigger_early = pdl if trigger_early is None else bool(trigger_early)
-    if prefetch < 0 or (prefetch and not cyclic):
-        raise ArgumentError(f"ops.decode_attention: prefetch={prefetch} needs cyclic splits and a "
-                         f"count >= 0 (a contiguous split's first block depends on the length)")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
-    pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
-    kernel = _split_kernel(num_warps, num_stages, pdl, trigger_early, bool(early))
-    op = kernel(q, k_cache, v_cache, length, po, pl, scale * LOG2E, block_n, length_offset,
-                cyclic, int(prefetch), bool(masked))
-    return host.returning(op, ws)
+    last block runs masked inside the loop (``DEFAULT_MASKED``), not after it. The option
+    flags are bools (``None`` for a default where stated)."""
+    name = "ops.decode_attention_split"
+    hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
+    _check_length(name, length)
+    _check_workspace(name, workspace, hkv, hq // hkv, d)
+    o = _options(name, d, k_cache.shape[1], scale, length_offset, block_n, pdl, trigger_early,
+                 early, prefetch, cyclic, masked)
+    return _launch_split(q, k_cache, v_cache, length, workspace, o, num_warps, num_stages)
 
 
 def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | None = None,
                            pdl: bool | None = None, trigger_early: bool | None = None):
-    """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D).
+    """The merge kernel alone: combines ``workspace``'s splits into ``out`` (Hq, D), a
+    float32, float16 or bfloat16 Tensor (Hq = the workspace's kv heads times its group).
     ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
     split kernel finishes and waits for it on the device rather than on the launch queue."""
-    ws = workspace
-    hq, d = out.shape
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
-    trigger_early = pdl if trigger_early is None else bool(trigger_early)
-    # Each program holds all splits of one row in registers: more splits, more warps.
-    warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
-    op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
-                                     trigger_early=pdl and trigger_early)(
-        ws.partial, ws.lse, host.owned_view(out, (hq, d)).partition((1, d)),
-        ws.group, host.next_pow2(ws.num_splits))
-    return host.returning(op, out)
-
-
-def _decode_whole(q, k_cache, v_cache, length, out, scale, length_offset, block_n, num_warps,
-                  num_stages, pdl, trigger_early, early):
-    """The one-split attention: one program per kv head, straight into ``out``."""
-    _check_length(length)
-    hq, d = out.shape
-    hkv = k_cache.shape[0]
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
-    trigger_early = pdl if trigger_early is None else bool(trigger_early)
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    rows = max(MIN_GROUP_ROWS, host.next_pow2(hq // hkv))
-    kernel = decode_whole_kernel.options(
-        num_warps=num_warps, num_stages=num_stages, pdl=pdl,
-        early=("q", "k", "v", "length") if pdl and early else (),
-        trigger_early=pdl and trigger_early)
-    op = kernel(q, k_cache, v_cache, length,
-                host.owned_view(out, (hkv, hq // hkv, d)).partition((1, rows, d)),
-                scale * LOG2E, block_n, length_offset)
-    return host.returning(op, out)
+    name = "ops.decode_attention_merge"
+    _check_workspace(name, workspace)
+    hkv, _, group, d = workspace.partial.shape
+    host.check_target(f"{name}: out", out)
+    if out.dtype not in st.floats:
+        raise ArgumentError(f"{name}: out must be float32, float16 or bfloat16, got "
+                            f"{out.dtype!r}")
+    host.check_out(f"{name}: out", out, (hkv * group, d), out.dtype, workspace.partial.device)
+    return _launch_merge(workspace, out, num_warps, *host.pdl_flags(name, pdl, trigger_early))
 
 
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
@@ -341,7 +406,8 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      cyclic: bool = DEFAULT_CYCLIC, trigger_early: bool | None = None,
                      early: bool = True, masked: bool = DEFAULT_MASKED):
     """Attention of one query token ``q`` (Hq, D) over the first ``length[0] + length_offset``
-    positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads.
+    positions of ``k_cache``/``v_cache`` (Hkv, max_seq, D), grouped-query heads. A length
+    past ``max_seq`` attends the whole cache; a length of 0 or less gives zeros.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
     :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
@@ -353,22 +419,25 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     pipelined loop of ``num_stages`` stages, default ``WHOLE_STAGES``) and writes ``out``
     directly: no partials, no merge, the workspace unused.
     """
-    hq, hkv, d = check_gqa("ops.decode_attention", q, k_cache, v_cache, 2)
-    z = host.output("ops.decode_attention: out", out, (hq, d), q.dtype, q.device)
-    block_n = block_n or DEFAULT_BLOCK_N
+    name = "ops.decode_attention"
+    hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
+    _check_length(name, length)
+    z = host.output(f"{name}: out", out, (hq, d), q.dtype, q.device)
+    o = _options(name, d, k_cache.shape[1], scale, length_offset, block_n, pdl, trigger_early,
+                 early, prefetch, cyclic, masked)
+    if num_splits is not None:
+        num_splits = host.check_int(f"{name}: num_splits", num_splits, 1)
+    if workspace is not None:
+        _check_workspace(name, workspace, hkv, hq // hkv, d)
     splits = workspace.num_splits if workspace is not None else \
-        num_splits or default_splits(hkv, k_cache.shape[1], block_n)
+        num_splits or default_splits(hkv, k_cache.shape[1], o["block_n"])
     if splits == 1:
-        return _decode_whole(q, k_cache, v_cache, length, z, scale, length_offset, block_n,
-                             num_warps, WHOLE_STAGES if num_stages is None else num_stages,
-                             pdl, trigger_early, early)
-    ws = workspace or DecodeWorkspace.for_cache(q, k_cache, num_splits, block_n)
-    split = decode_attention_split(q, k_cache, v_cache, length, ws, scale=scale,
-                                   length_offset=length_offset, block_n=block_n,
-                                   num_warps=num_warps,
-                                   num_stages=DEFAULT_STAGES if num_stages is None
-                                   else num_stages, pdl=pdl,
-                                   prefetch=prefetch, cyclic=cyclic, trigger_early=trigger_early,
-                                   early=early, masked=masked)
-    return split.then(lambda ws: decode_attention_merge(ws, z, pdl=pdl,
-                                                        trigger_early=trigger_early))
+        return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
+                             WHOLE_STAGES if num_stages is None else num_stages)
+    ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
+    # Two launches: the merge writes ``out`` only after the split kernel has run.
+    host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),
+                        {"out": z, "workspace.partial": ws.partial, "workspace.lse": ws.lse})
+    split = _launch_split(q, k_cache, v_cache, length, ws, o, num_warps,
+                          DEFAULT_STAGES if num_stages is None else num_stages)
+    return split.then(lambda ws: _launch_merge(ws, z, None, o["pdl"], o["trigger_early"]))

@@ -42,11 +42,12 @@ def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None)
     host.check_value(f"ops.{name}: first input", a)
     host.check_value(f"ops.{name}: second input", b)
     dtype = host.same_dtype(f"ops.{name}", a, b)
+    block = host.check_pow2(f"ops.{name}: block", block)
     z = host.output(f"ops.{name}: out", out, a.shape, dtype, a.device)
     (av, bv), zv = host.elementwise_views(f"ops.{name}", [a, b], z)
     tile = host.elementwise_tile(tuple(zv.shape), block)
     warps = num_warps or host.warps_for(block)
-    op = configured(warps)(av, bv, zv.partition(tile))
+    op = configured(warps)(*host.inputs(av, bv), zv.partition(tile))
     return host.returning(op, z)
 
 

@@ -42,6 +42,6 @@ def embedding(ids, table, out=None):
     shape = (ids.shape[0], table.shape[1])
     z = host.output("ops.embedding: out", out, shape, table.dtype, table.device)
     tile = (1, min(host.next_pow2(shape[1]), host.BLOCK))
-    op = _EMBEDDING(host.warps_for(tile[1]))(host.borrow(ids), host.borrow(table),
+    op = _EMBEDDING(host.warps_for(tile[1]))(*host.inputs(ids, table),
                                               host.owned_view(z, shape).partition(tile))
     return host.returning(op, z)

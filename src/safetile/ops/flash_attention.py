@@ -85,7 +85,7 @@ def _configured(num_warps: int, num_stages: int):
 
 
 def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
-    """(Hq, Hkv, D) of a grouped-query triple, or a ValueError saying what does not fit."""
+    """(Hq, Hkv, D) of a grouped-query triple, or an ArgumentError saying what does not fit."""
     host.check_value(f"{name}: q", q)
     host.check_value(f"{name}: k", k)
     host.check_value(f"{name}: v", v)
@@ -99,8 +99,9 @@ def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
     if q.shape[-1] != d or hq % hkv:
         raise ArgumentError(f"{name}: q {q.shape} does not fit k {k.shape}: the head dims must "
                          f"agree and the q heads must be a multiple of the kv heads")
-    if d & (d - 1):
-        raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
+    if d & (d - 1) or d < 16:
+        # q @ k.T takes head_dim as the product's K: the tensor cores need K >= 16.
+        raise ArgumentError(f"{name}: head_dim {d} must be a power of two >= 16")
     return hq, hkv, d
 
 
@@ -110,20 +111,25 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
 
     ``q``: (Hq, S, D); ``k``, ``v``: (Hkv, S, D) (see the module docstring for the layout);
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, S, D) in q's dtype is allocated when not
-    given. ``block_m`` query rows per program and ``block_n`` keys per step are powers of two;
-    the defaults were chosen by measurement (benchmarks/TUNING.md, "decode attention defaults").
+    given. ``block_m`` query rows per program and ``block_n`` keys per step are powers of two
+    from 16 (the tensor cores' least K); the defaults were chosen by measurement
+    (benchmarks/TUNING.md, "decode attention defaults").
     Returns a ``DeviceOp`` whose output is the result tensor.
     """
     hq, hkv, d = check_gqa("ops.flash_attention", q, k, v, 3)
     if q.shape[1] != k.shape[1]:
         raise ArgumentError(f"ops.flash_attention: q has {q.shape[1]} positions, k has "
                          f"{k.shape[1]}; prefill attends a sequence to itself")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(d) if scale is None else \
+        host.check_number("ops.flash_attention: scale", scale)
+    block_m = host.check_pow2("ops.flash_attention: block_m", block_m, 16)
+    block_n = host.check_pow2("ops.flash_attention: block_n", block_n, 16)
     z = host.output("ops.flash_attention: out", out, tuple(q.shape), q.dtype, q.device)
     s = q.shape[1]
     bm = min(block_m, max(16, host.next_pow2(s)))
     bn = min(block_n, bm)
     kern = _configured(num_warps, num_stages)
-    op = kern(q, k, v, host.owned_view(z, tuple(z.shape)).partition((1, bm, d)),
+    zv = host.owned_view(z, tuple(z.shape), "ops.flash_attention: out")
+    op = kern(*host.inputs(q, k, v), zv.partition((1, bm, d)),
               scale * LOG2E, bn)
     return host.returning(op, z)

@@ -228,10 +228,11 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
         raise ArgumentError(f"ops.rmsnorm_gemv: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
+    eps = host.check_eps("ops.rmsnorm_gemv", eps)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = config or choose_config(n, k)
     kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
-    op = kern(xv, host.borrow(norm_weight), host.borrow(w), yv.partition((cfg.bn,)), float(eps),
+    op = kern(*host.inputs(xv, norm_weight, w), yv.partition((cfg.bn,)), eps,
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
 
@@ -257,7 +258,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     y, yv = result("ops.gemv_add", out, n, residual.dtype, w.device)
     cfg = config or choose_config(n, k)
     kern = configured(gemv_add_kernel(cfg.bk, cfg.head), cfg)
-    op = kern(host.borrow(w), xv, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
+    op = kern(*host.inputs(w, xv, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)
 
 
@@ -292,5 +293,5 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
     cfg = config or choose_config(n, k, swiglu=True)
     kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
-    op = kern(host.borrow(w), gu, rv, yv.partition((cfg.bn,)), -(-k // cfg.bk))
+    op = kern(*host.inputs(w, gu, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

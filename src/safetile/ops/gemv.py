@@ -54,6 +54,16 @@ class GemvConfig:
     trigger_early: bool = False
     head: int = 2
 
+    def __post_init__(self):
+        host.check_fields(self, dict(
+            bn=(host.check_pow2,), bk=(host.check_pow2,), num_warps=(host.check_int, 1),
+            num_stages=(host.check_int, 1), tma=(host.check_flag,), pdl=(host.check_flag,),
+            prefetch=(host.check_int, 0), early=(host.check_flag,),
+            trigger_early=(host.check_flag,)))
+        if self.head not in (0, 2) or isinstance(self.head, bool):
+            raise ArgumentError(f"GemvConfig: head must be 0 or 2 K blocks loaded ahead of "
+                                f"the loop, got {self.head!r}")
+
     @classmethod
     def for_shape(cls, n: int, k: int, swiglu: bool = False) -> "GemvConfig":
         """The default config of an ``(n, k)`` weight (:func:`choose_config`)."""
@@ -166,11 +176,15 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
         if not hasattr(x, "view"):
             raise ArgumentError("ops.gemv: a Shared x must be 1-D (K,)")
         x = x.view(k)
-    out_dtype = out_dtype or (out.dtype if out is not None else w.dtype)
+    if out is not None and out_dtype is None:
+        host.check_target("ops.gemv: out", out)
+        out_dtype = out.dtype
+    out_dtype = host.check_out_dtype("ops.gemv: out_dtype", out_dtype or w.dtype, OUT_DTYPES)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
     cfg = config or choose_config(n, k)
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,
         early=early, trigger_early=cfg.pdl and cfg.trigger_early)
-    return host.returning(kern(w, x, y.view(n).partition((cfg.bn,)), -(-k // cfg.bk)), y)
+    op = kern(*host.inputs(w, x), y.view(n).partition((cfg.bn,)), -(-k // cfg.bk))
+    return host.returning(op, y)

@@ -96,14 +96,20 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     allocate nothing, e.g. inside a graph scope."""
     name = "ops.rmsnorm_gemv_argmax"
     n, k = check_weight(name, w)
+    if n == 0:
+        raise ArgumentError(f"{name}: w has no rows (an empty vocabulary has no argmax)")
     xv = vector(f"{name}: x", x, k)
     host.check_value(f"{name}: norm_weight", norm_weight)
     if tuple(norm_weight.shape) != (k,):
         raise ArgumentError(f"{name}: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype(name, w, x, norm_weight)
+    eps = host.check_eps(name, eps)
     if token is not None:
+        host.check_target(f"{name}: token", token)
         dtype = token.dtype
+    if dtype not in (st.i32, st.i64):
+        raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
     cfg = config or choose_config(n, k)
     ws = workspace or gemv_argmax_workspace(w, dtype, cfg)
     blocks = -(-n // cfg.bn)
@@ -114,16 +120,20 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
                             f"(ops.gemv_argmax_workspace)")
     y = host.output(f"{name}: logits", logits, (n,), w.dtype, w.device)
     z = host.output(f"{name}: token", token, (1,), dtype, w.device)
+    # Two launches: the second writes ``token`` only after the first has run.
+    host.check_disjoint(name, dict(x=x, norm_weight=norm_weight, w=w),
+                        {"logits": y, "token": z, "workspace.values": ws.values,
+                         "workspace.indices": ws.indices})
     kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
-    stage1 = kern(xv, host.borrow(norm_weight), host.borrow(w),
+    stage1 = kern(*host.inputs(xv, norm_weight, w),
                   host.owned_view(y, (n,)).partition((cfg.bn,)),
                   host.owned_view(ws.values, (blocks,)).partition((1,)),
-                  host.owned_view(ws.indices, (blocks,)).partition((1,)), float(eps),
+                  host.owned_view(ws.indices, (blocks,)).partition((1,)), eps,
                   -(-k // cfg.bk), host.next_pow2(k))
     nb = host.next_pow2(blocks)
 
     def stage2(*_):
         return _FINAL(min(16, host.warps_for(nb)))(
-            host.borrow(ws.values), host.borrow(ws.indices),
+            *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
     return host.returning(stage1.then(stage2), (y, z))

@@ -7,9 +7,13 @@ op's result tensors. Nothing here launches work.
 """
 from __future__ import annotations
 
-from ..errors import ArgumentError
+import math
+import numbers
+
+from ..errors import AliasError, ArgumentError
 from ..dtypes import DType
-from ..tensor import Shared, Tensor
+from ..lang.semantics import MAX_TILE_ELEMENTS
+from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
 from ..tensor.hints import a_type_name, how_to_pass
 
@@ -36,6 +40,61 @@ def warps_for(elements: int) -> int:
     return max(4, min(16, next_pow2(w)))
 
 
+def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int:
+    """``v`` as an int in ``[lo, hi]`` (numpy ints too; never a bool, whose truth value
+    would pass for 0 or 1)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ArgumentError(f"{name} must be an int, got {v!r}")
+    v = int(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        bounds = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ArgumentError(f"{name} must be an int {bounds}, got {v}")
+    return v
+
+
+def check_pow2(name: str, v, lo: int = 1, hi: int = MAX_TILE_ELEMENTS) -> int:
+    """``v`` as a power of two in ``[lo, hi]``: a tile size (the GPU builds tiles from
+    ``tl.arange``, whose lengths are powers of two)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi \
+            or v & (v - 1):
+        raise ArgumentError(f"{name} must be a power of two in [{lo}, {hi}], got {v!r}")
+    return int(v)
+
+
+def check_number(name: str, v, lo: float | None = None, above: float | None = None) -> float:
+    """``v`` as a finite float (a Python or numpy number, never a bool), ``>= lo`` or
+    ``> above`` when given."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ArgumentError(f"{name} must be a finite number, got {v!r}")
+    if (lo is not None and v < lo) or (above is not None and v <= above):
+        raise ArgumentError(f"{name} must be {f'>= {lo}' if lo is not None else f'> {above}'},"
+                            f" got {v!r}")
+    return float(v)
+
+
+def check_eps(name: str, eps) -> float:
+    """An RMSNorm's ``eps``: a finite number >= 0 (added to the mean square under a rsqrt)."""
+    return check_number(f"{name}: eps", eps, lo=0.0)
+
+
+def check_flag(name: str, v, none: bool = False):
+    """``v`` as a bool option (``None`` too where ``none``: the option's default). A truthy
+    string such as ``"no"`` is refused rather than read as True."""
+    if isinstance(v, bool) or (none and v is None):
+        return v
+    raise ArgumentError(f"{name} must be True or False{' (or None)' if none else ''}, "
+                        f"got {v!r}")
+
+
+def pdl_flags(name: str, pdl, trigger_early) -> tuple[bool, bool]:
+    """The ``pdl`` and ``trigger_early`` options of ``name``, checked bools: ``pdl=None`` is
+    on where the GPU has programmatic dependent launch, ``trigger_early=None`` as ``pdl``."""
+    pdl = check_flag(f"{name}: pdl", pdl, none=True)
+    pdl = pdl_available() if pdl is None else pdl
+    trigger_early = check_flag(f"{name}: trigger_early", trigger_early, none=True)
+    return pdl, pdl if trigger_early is None else trigger_early
+
+
 def check_value(name: str, v) -> None:
     """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
     if not isinstance(v, (Tensor, Shared)):
@@ -44,12 +103,17 @@ def check_value(name: str, v) -> None:
                             f"{f'; {hint}' if hint else ''}")
 
 
+def check_target(name: str, v) -> None:
+    """``v``, which an op writes, must be a Tensor (a Shared handle is read-only)."""
+    if not isinstance(v, Tensor):
+        hint = how_to_pass(v, "tensor")
+        raise ArgumentError(f"{name}: expected an st.Tensor, got {a_type_name(v)}"
+                            f"{f'; {hint}' if hint else ''}")
+
+
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
     """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
-    if not isinstance(out, Tensor):
-        hint = how_to_pass(out, "tensor")
-        raise ArgumentError(f"{name}: expected an st.Tensor, got {a_type_name(out)}"
-                            f"{f'; {hint}' if hint else ''}")
+    check_target(name, out)
     if tuple(out.shape) != tuple(shape) or out.dtype is not dtype:
         raise ArgumentError(f"{name}: expected shape {tuple(shape)} and dtype {dtype!r}, got "
                          f"shape {tuple(out.shape)} and dtype {out.dtype!r}")
@@ -65,6 +129,22 @@ def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
     return out
 
 
+def check_out_dtype(name: str, dtype, allowed) -> DType:
+    """``dtype`` (an ``st`` dtype) must be one of ``allowed`` (a dtype set)."""
+    if not isinstance(dtype, DType) or dtype not in allowed:
+        raise ArgumentError(f"{name} must be one of {allowed} (a safetile dtype, e.g. "
+                            f"st.float32), got {dtype!r}")
+    return dtype
+
+
+def check_fields(config, checks: dict) -> None:
+    """Check and normalize the fields of a frozen config dataclass: ``checks`` maps a field
+    name to ``(check, *args)``, a check of this module (numpy ints become ints)."""
+    for field, (check, *args) in checks.items():
+        value = check(f"{type(config).__name__}: {field}", getattr(config, field), *args)
+        object.__setattr__(config, field, value)
+
+
 def same_dtype(what: str, *values) -> DType:
     """The common dtype of ``values``; nothing converts implicitly."""
     dtypes = {v.dtype for v in values}
@@ -74,9 +154,16 @@ def same_dtype(what: str, *values) -> DType:
     return next(iter(dtypes))
 
 
-def owned_view(out: Tensor, shape: tuple) -> Tensor:
-    """A fresh view of ``out`` with ``shape``, to be partitioned (consumed) by an op launch."""
-    return out.view(tuple(shape))
+def owned_view(out: Tensor, shape: tuple, name: str = "") -> Tensor:
+    """A fresh view of ``out`` with ``shape``, to be partitioned (consumed) by an op launch;
+    ``name`` (``"ops.x: out"``) names the output when its strides cannot take that shape."""
+    try:
+        return out.view(tuple(shape))
+    except ValueError:
+        raise ArgumentError(f"{name or 'out'}: an output of shape {tuple(out.shape)} with "
+                            f"strides {out.stride()} cannot be viewed as {tuple(shape)} "
+                            f"without copying (the op writes it through that view); pass a "
+                            f"contiguous tensor") from None
 
 
 def borrow(v):
@@ -86,46 +173,92 @@ def borrow(v):
     return v.view(v.shape) if isinstance(v, Tensor) else v
 
 
+def inputs(*values) -> list:
+    """What an op passes to its kernel for the inputs ``values``: each :func:`borrow`-ed, so
+    one Tensor may feed several inputs; a Shared handle that feeds several is cloned for each
+    repeat, since a launch takes each handle once (the clone releases itself when the op
+    hands it back and drops it)."""
+    seen: set = set()
+    out = []
+    for v in values:
+        if isinstance(v, Shared) and id(v) in seen:
+            out.append(v.clone())
+        else:
+            seen.add(id(v))
+            out.append(borrow(v))
+    return out
+
+
+def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
+    """Refuse (``AliasError``) an output that shares memory with an input or another output
+    of one op (``None`` entries are left out). One launch refuses that itself; an op of
+    several launches calls this before building the first, so that when it refuses, no
+    launch of it has written anything."""
+    outs = [(n, v) for n, v in outputs.items() if v is not None]
+    ins = [(n, v) for n, v in inputs.items() if v is not None]
+    for i, (n, o) in enumerate(outs):
+        for kind, others in (("output", outs[i + 1:]), ("input", ins)):
+            for m, other in others:
+                # The handles' torch tensors, as the launcher reads them (no copy, no check).
+                if overlaps(o._torch, other._torch):
+                    raise AliasError(
+                        f"{name}: the output {n} overlaps the {kind} {m}; an op never writes "
+                        f"memory it reads, or writes it twice: pass separate storage (for an "
+                        f"in-place update, alternate two buffers)")
+
+
 def as_rows(name: str, v):
     """``v`` as a 2-D (rows, last dim) view: 1-D becomes one row, N-D flattens leading dims.
 
     Shared handles cannot be reshaped, so they must already be 2-D."""
+    if v.ndim == 0:
+        raise ArgumentError(f"{name} must have at least one dimension (rows of a last dim), "
+                            f"got a 0-d tensor")
     if v.ndim == 2:
         return borrow(v)
     if isinstance(v, Shared):
         raise ArgumentError(f"{name}: a Shared input must be 2-D (rows, dim), got shape {v.shape}")
     if v.ndim == 1:
         return v.view(1, v.shape[0])
-    return v.view(-1, v.shape[-1])
+    try:
+        return v.view(-1, v.shape[-1])
+    except ArgumentError:
+        raise ArgumentError(f"{name} of shape {tuple(v.shape)} with strides {v.stride()} "
+                            f"cannot be viewed as rows (rows, {v.shape[-1]}) without copying; "
+                            f"pass a contiguous tensor or a 2-D view") from None
 
 
 def elementwise_views(name: str, inputs: list, out: Tensor) -> tuple[list, Tensor]:
     """Views of ``inputs`` and ``out`` (all of one shape) in a layout element-wise kernels tile.
 
-    When every input is a contiguous Tensor (or 1-D) the layout is flat 1-D, the fastest; else
-    it is 2-D (rows, last dim), which also covers strided views such as the two halves of a
-    fused projection. The output view is always a fresh view, so partitioning it leaves the
-    caller's handle intact."""
+    When every input and ``out`` are contiguous (or 1-D) the layout is flat 1-D, the fastest;
+    else it is 2-D (rows, last dim), which also covers strided views such as the two halves
+    of a fused projection, or a transposed ``out``. The output view is always a fresh view,
+    so partitioning it leaves the caller's handle intact."""
     shape = tuple(out.shape)
     for i, v in enumerate(inputs):
         if tuple(v.shape) != shape:
             raise ArgumentError(f"{name}: input {i} has shape {tuple(v.shape)}, expected {shape} "
                              f"(no broadcasting)")
-    if all(v.ndim == 1 or (isinstance(v, Tensor) and v.is_contiguous()) for v in inputs):
+    if all(v.ndim <= 1 or (isinstance(v, Tensor) and v.is_contiguous())
+           for v in [*inputs, out]):
         return [borrow(v) if v.ndim == 1 else v.view(-1) for v in inputs], out.view(-1)
-    if len(shape) != 2 and not all(isinstance(v, Tensor) and v.ndim >= 2 for v in inputs):
-        raise ArgumentError(f"{name}: strided inputs of shape {shape} must be 2-D Tensors")
+    if len(shape) > 2 and any(isinstance(v, Shared) for v in inputs):
+        raise ArgumentError(f"{name}: a Shared input of shape {shape} cannot be tiled here: "
+                            f"the op tiles a flat vector or rows, and a Shared handle is never "
+                            f"reshaped; pass the Tensor, or share a 1-D or 2-D view")
     views = []
-    for v in inputs:
+    for what, v in [*((f"input {i}", v) for i, v in enumerate(inputs)), ("out", out)]:
         if v.ndim == 2:
-            views.append(borrow(v))
-        else:
-            try:
-                views.append(v.view(-1, shape[-1]))
-            except ValueError:
-                raise ArgumentError(f"{name}: an input of shape {shape} with strides "
-                                 f"{v.stride()} cannot be viewed as rows") from None
-    return views, out.view(-1, shape[-1]) if len(shape) != 1 else out.view(-1)
+            views.append(borrow(v) if what != "out" else owned_view(v, shape))
+            continue
+        try:
+            views.append(v.view(-1, shape[-1]))
+        except ArgumentError:
+            raise ArgumentError(f"{name}: {what} of shape {shape} with strides {v.stride()} "
+                                f"cannot be viewed as rows without copying; pass a contiguous "
+                                f"tensor or a 2-D view") from None
+    return views[:-1], views[-1]
 
 
 def elementwise_tile(shape: tuple, block: int) -> tuple:

@@ -9,15 +9,19 @@ host round trip.
   whole cache rounded up to a power of two, or as many rows as a tile holds) and the program
   whose block holds ``pos`` writes that one row through a sub-partition of its block: a store
   at a data-dependent sub-index, which can never leave the block (bounds are enforced: out of
-  range it is masked off on the GPU and an error on the CPU executor). The first and last
+  the block it is masked off on the GPU and an error on the CPU executor). The first and last
   blocks also take a position before or past the cache, so such a position reaches that
-  check. Only the new row's bytes are written.
+  check. The last block may reach past the cache (its rows rounded up to whole blocks): a
+  position between the cache's end and the block's writes nothing, on both backends, as
+  every store past a tensor's edge does. Only the new row's bytes are written.
 - ``kv_append_many`` (S tokens, prefill): ``k_new``, ``v_new`` are (Hkv, S, D), written at
   positions ``pos .. pos+S-1``. Program (h, b) owns a (1, BLOCK_S, D) block of the cache.
   Blocks the new rows do not touch do nothing; blocks wholly inside store the new rows
   (gathered at an element offset, since ``pos`` need not be block-aligned); the at most two
   blocks at the ends keep their old rows outside the range (a read of the owned block, then a
-  store, ordered by the token chain).
+  store, ordered by the token chain). Rows that would land before or past the cache (a
+  negative ``pos``, or one near the end) are dropped: the position is a device value, so it
+  cannot be refused.
 """
 from __future__ import annotations
 
@@ -72,9 +76,10 @@ def kv_append_many_kernel(k_new: st.In[st.floats, 3], v_new: st.In[st.floats, 3]
 
 
 def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
-    for what, x in (("k_new", k_new), ("v_new", v_new), ("pos", pos), ("k_cache", k_cache),
-                    ("v_cache", v_cache)):
+    for what, x in (("k_new", k_new), ("v_new", v_new), ("pos", pos)):
         host.check_value(f"{name}: {what}", x)
+    host.check_target(f"{name}: k_cache", k_cache)
+    host.check_target(f"{name}: v_cache", v_cache)
     host.same_dtype(name, k_new, v_new, k_cache, v_cache)
     if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
         raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
@@ -88,7 +93,7 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
         want = "(Hkv, D)" if rank == 2 else "(Hkv, S, D)"
         raise ArgumentError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
                          f"got {k_new.shape} and {v_new.shape}")
-    if d & (d - 1):
+    if d < 1 or d & (d - 1):
         raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
 
 
@@ -100,15 +105,13 @@ def max_cache_positions(head_dim: int) -> int:
 
 
 def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) -> int:
-    """The rows one append program owns: ``block_s``, else the whole cache rounded up to a
-    power of two, or ``max_cache_positions(head_dim)`` rows where that is fewer."""
+    """The rows one append program owns: ``block_s`` (a power of two, at most
+    ``max_cache_positions(head_dim)``), else the whole cache rounded up to a power of two, or
+    ``max_cache_positions(head_dim)`` rows where that is fewer."""
     limit = max_cache_positions(head_dim)
     if block_s is None:
         return min(host.next_pow2(max_seq), limit)
-    if isinstance(block_s, bool) or not isinstance(block_s, int) or not 1 <= block_s <= limit:
-        raise ArgumentError(f"{name}: block_s must be an int in [1, {limit}] at head_dim "
-                            f"{head_dim}, got {block_s!r}")
-    return block_s
+    return host.check_pow2(f"{name}: block_s", block_s, 1, limit)
 
 
 def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None,
@@ -118,15 +121,19 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     ``block_s``: cache rows one program owns (default: :func:`append_block`). ``pdl``
     (default: on Hopper and later): programmatic dependent launch, every load after the
     wait; ``trigger_early`` (with ``pdl``): the next kernel may be scheduled as soon as this
-    one's programs start. Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``. A
-    position outside the cache writes nothing on the GPU and raises ``OutOfBoundsError`` on
-    the CPU executor."""
+    one's programs start. Returns a ``DeviceOp`` whose output is ``(k_cache, v_cache)``.
+
+    A position outside the cache writes nothing. On the CPU executor a position outside the
+    owned blocks, negative or at or past the cache's rows rounded up to whole blocks,
+    raises ``OutOfBoundsError``; one between the cache's end and the last block's end
+    writes nothing there too."""
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
     pdl = host.pdl_available() if pdl is None else bool(pdl)
     op = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and bool(trigger_early))(
-        k_new, v_new, pos, host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
+        *host.inputs(k_new, v_new, pos),
+        host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(block), max_seq)
     return host.returning(op, (k_cache, v_cache))
 
@@ -134,12 +141,14 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
 def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
     """Write ``k_new``, ``v_new`` (Hkv, S, D) at rows ``pos[0] .. pos[0]+S-1`` of the caches.
 
-    Rows past the end of the cache are dropped. Returns a ``DeviceOp`` whose output is
-    ``(k_cache, v_cache)``."""
+    Rows that fall outside the cache are dropped: past its end, or before its start when
+    ``pos[0]`` is negative (the position is a device value, so it cannot be refused).
+    ``block_s``: cache rows one program owns (a power of two). Returns a ``DeviceOp`` whose
+    output is ``(k_cache, v_cache)``."""
     _check("ops.kv_append_many", k_new, v_new, pos, k_cache, v_cache, 3)
     hkv, max_seq, d = k_cache.shape
-    tile = (1, block_s, d)
-    op = kv_append_many_kernel(k_new, v_new, pos,
+    tile = (1, append_block("ops.kv_append_many", max_seq, d, block_s), d)
+    op = kv_append_many_kernel(*host.inputs(k_new, v_new, pos),
                                host.owned_view(k_cache, tuple(k_cache.shape)).partition(tile),
                                host.owned_view(v_cache, tuple(v_cache.shape)).partition(tile))
     return host.returning(op, (k_cache, v_cache))

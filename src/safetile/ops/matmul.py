@@ -68,6 +68,19 @@ class MatmulConfig:
     tail: "MatmulConfig | None" = None
     tma_store: bool = True
 
+    def __post_init__(self):
+        # Tile sides are powers of two; the K step is the tensor cores' K, at least 16.
+        host.check_fields(self, dict(
+            bm=(host.check_pow2,), bn=(host.check_pow2,), bk=(host.check_pow2, 16),
+            num_warps=(host.check_int, 1), num_stages=(host.check_int, 1),
+            group_size=(host.check_int, 1), split_k=(host.check_int, 1),
+            flatten=(host.check_flag,), warp_specialize=(host.check_flag,),
+            pdl=(host.check_flag,), head_rows=(host.check_int, 0),
+            tma_store=(host.check_flag,)))
+        if self.tail is not None and not isinstance(self.tail, MatmulConfig):
+            raise ArgumentError(f"MatmulConfig: tail must be a MatmulConfig or None, got "
+                                f"{self.tail!r}")
+
 
 def num_sms(device=None) -> int:
     """Streaming multiprocessors of the CUDA device (132 on an H200; also without a GPU)."""
@@ -359,13 +372,18 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     m, n, k = _dims(a, b, weight)
     device = a.device
     if out is not None and out_dtype is None:
+        host.check_target(f"{name}: out", out)
         out_dtype = out.dtype
-    out_dtype = out_dtype or a.dtype
+    out_dtype = host.check_out_dtype(f"{name}: out_dtype", out_dtype or a.dtype, OUT_DTYPES)
     sms = num_sms(device if device.type == "cuda" else None)
     cfg = config or choose_config(m, n, k, a.dtype, out_dtype, sms)
     if cfg.split_k > 1 and workspace is None and out is not None:
         cfg = replace(cfg, split_k=1)
     c = host.output(f"{name}: out", out, (m, n), out_dtype, device)
+    # Split-K and head/tail run two launches: refuse an overlap before the first.
+    host.check_disjoint(name, {"a": a, "b": b},
+                        {"out": c, "workspace": workspace if cfg.split_k > 1 else None})
+    a, b = host.inputs(a, b)
     if cfg.tail is not None and 0 < cfg.head_rows < m and cfg.split_k == 1:
         head, tail = cfg, cfg.tail
         if head.head_rows % head.bm or head.head_rows % tail.bm or tail.split_k != 1:

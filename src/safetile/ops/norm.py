@@ -49,35 +49,41 @@ _RMSNORM = host.Configured(rmsnorm_kernel)
 _ADD_RMSNORM = host.Configured(add_rmsnorm_kernel)
 
 
-def row_tile(rows: int, dim: int) -> tuple:
+def row_tile(rows: int, dim: int, name: str = "ops.rmsnorm") -> tuple:
     """(ROWS, BLOCK) for rows of ``dim`` elements: whole rows, about 4096 elements a program."""
     if dim > MAX_ROW:
-        raise ArgumentError(f"rmsnorm rows longer than {MAX_ROW} elements are not supported, "
-                         f"got {dim}")
+        raise ArgumentError(f"{name}: rows longer than {MAX_ROW} elements are not supported "
+                            f"(one program normalizes a whole row), got {dim}")
     block = host.next_pow2(dim)
     return (max(1, min(host.next_pow2(rows), host.BLOCK // block)), block)
 
 
-def _check(name: str, x, weight):
+def _check(name: str, x, weight, eps) -> float:
+    """Check x, weight (x's dtype: nothing converts implicitly) and eps; returns eps."""
     host.check_value(f"ops.{name}: x", x)
     host.check_value(f"ops.{name}: weight", weight)
+    if x.ndim == 0:
+        raise ArgumentError(f"ops.{name}: x must have at least one dimension, got a 0-d tensor")
     if weight.ndim != 1 or weight.shape[0] != x.shape[-1]:
         raise ArgumentError(f"ops.{name}: weight must have shape ({x.shape[-1]},), got "
                          f"{tuple(weight.shape)}")
+    host.same_dtype(f"ops.{name}", x, weight)
+    return host.check_eps(f"ops.{name}", eps)
 
 
 def rmsnorm(x, weight, eps: float = 1e-6, out=None):
     """Qwen3's RMSNorm of ``x`` over its last dimension, in fp32, output in x's dtype.
 
-    ``x``: (..., dim) (a Shared ``x`` must be 2-D); ``weight``: (dim,). Returns a
-    ``DeviceOp`` whose output is the normalized tensor (``out`` when given)."""
-    _check("rmsnorm", x, weight)
+    ``x``: (..., dim) (a Shared ``x`` must be 2-D); ``weight``: (dim,) in x's dtype;
+    ``eps``: a finite number >= 0. Returns a ``DeviceOp`` whose output is the normalized
+    tensor (``out`` when given)."""
+    eps = _check("rmsnorm", x, weight, eps)
     z = host.output("ops.rmsnorm: out", out, x.shape, x.dtype, x.device)
     xv = host.as_rows("ops.rmsnorm: x", x)
-    zv = host.owned_view(z, xv.shape)
+    zv = host.owned_view(z, xv.shape, "ops.rmsnorm: out")
     tile = row_tile(*xv.shape)
-    op = _RMSNORM(host.warps_for(tile[0] * tile[1]))(xv, host.borrow(weight), zv.partition(tile),
-                                                     float(eps))
+    op = _RMSNORM(host.warps_for(tile[0] * tile[1]))(*host.inputs(xv, weight),
+                                                     zv.partition(tile), eps)
     return host.returning(op, z)
 
 
@@ -87,7 +93,7 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, residual_out=N
     Returns a ``DeviceOp`` whose output is ``(residual_out, out)``: the sum (rounded to the
     dtype, the next layer's residual) and the normalized sum. The outputs cannot alias the
     inputs (safe ops never write what they read): alternate two residual buffers."""
-    _check("add_rmsnorm", x, weight)
+    eps = _check("add_rmsnorm", x, weight, eps)
     host.check_value("ops.add_rmsnorm: residual", residual)
     dtype = host.same_dtype("ops.add_rmsnorm", x, residual)
     if tuple(residual.shape) != tuple(x.shape):
@@ -97,8 +103,9 @@ def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, residual_out=N
     s = host.output("ops.add_rmsnorm: residual_out", residual_out, x.shape, dtype, x.device)
     xv = host.as_rows("ops.add_rmsnorm: x", x)
     rv = host.as_rows("ops.add_rmsnorm: residual", residual)
-    tile = row_tile(*xv.shape)
+    tile = row_tile(*xv.shape, "ops.add_rmsnorm")
     op = _ADD_RMSNORM(host.warps_for(tile[0] * tile[1]))(
-        xv, rv, host.borrow(weight), host.owned_view(s, xv.shape).partition(tile),
-        host.owned_view(z, xv.shape).partition(tile), float(eps))
+        *host.inputs(xv, rv, weight),
+        host.owned_view(s, xv.shape, "ops.add_rmsnorm: residual_out").partition(tile),
+        host.owned_view(z, xv.shape, "ops.add_rmsnorm: out").partition(tile), eps)
     return host.returning(op, (s, z))

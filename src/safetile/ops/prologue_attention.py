@@ -3,9 +3,10 @@
 Program ``h`` takes kv head ``h`` and its group of ``G = Hq / Hkv`` q heads. It computes what
 ``ops.qk_norm_rope_kv_append`` computes for them (q/k RMSNorm, RoPE at the device-resident
 position ``pos``, k and v written to row ``pos`` of kv head ``h``'s slab of each cache), then
-attends the group over rows ``0..pos`` of that slab as ``ops.decode_attention``'s one-split
-kernel does, and writes the group's rows of the output. The rotated queries stay in
-registers, and the step loses one kernel boundary and the attention's own length read.
+attends the group over rows ``0..pos`` of that slab (never past the cache's last row) as
+``ops.decode_attention``'s one-split kernel does, and writes the group's rows of the output.
+The rotated queries stay in registers, and the step loses one kernel boundary and the
+attention's own length read.
 
 Safety is that of the two kernels it replaces: each program owns kv head ``h``'s whole slab
 of both caches (the cache may hold at most ``max_cache_positions(D)`` rows) and its group's
@@ -37,7 +38,8 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
                               k_weight: st.In[st.floats, 1], pos: st.In[st.i32, 1],
                               inv_freq: st.In[st.f32, 1], k_cache: st.Out[st.floats, 3],
                               v_cache: st.Out[st.floats, 3], o: st.Out[st.floats, 3],
-                              eps: float, qk_scale: float, GROUP: st.Const[int],
+                              eps: float, qk_scale: float, max_seq: int,
+                              GROUP: st.Const[int],
                               Q_HEADS: st.Const[int], KV_HEADS: st.Const[int],
                               BLOCK_N: st.Const[int]):
     """k_cache[h, pos], v_cache[h, pos] = rope(norm(k row h)), v row h; o[h] = attention of
@@ -67,7 +69,9 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
     k_halves.store(sl.reshape(k_rot2, (1, 1, HALF)), (0, p, 1))
     v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
-    n = p + 1
+    # Rows 0..p, but never past the cache's ``max_seq`` rows (the slab's rows past them read
+    # as zero keys): a position past the cache, which appends nothing, attends the whole cache.
+    n = min(p, max_seq - 1) + 1
     k_blocks = k_cache.partition((1, BLOCK_N, HALF))
     v_blocks = v_cache.partition((1, BLOCK_N, D))
     m_i = sl.full((GP,), float("-inf"), st.f32)
@@ -80,7 +84,9 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
         scores = (sl.matmul(q_rot1, kt1.T) + sl.matmul(q_rot2, kt2.T)) * qk_scale
         m_i, l_i, acc = masked_step(scores, vt, j * BLOCK_N + sl.arange(BLOCK_N) < n,
                                     m_i, l_i, acc)
-    o.store(sl.reshape(acc / l_i[:, None], (1, GP, D)))
+    # A negative position attends nothing: the rows are 0 rather than 0 / 0.
+    l_safe = sl.where(l_i > 0.0, l_i, 1.0)
+    o.store(sl.reshape(acc / l_safe[:, None], (1, GP, D)))
 
 
 # The scores' products take half a head per operand: tl.dot needs K >= 16.
@@ -125,8 +131,11 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
     the loop is masked to the first ``pos + 1`` rows, so one kernel serves every position
     (as a replayed graph needs), but its ``Hkv`` programs read the whole valid cache: meant
     for short contexts. Returns a ``DeviceOp`` whose output is ``(out, k_cache, v_cache)``.
-    A position outside the cache writes nothing on the GPU and raises ``OutOfBoundsError``
-    on the CPU executor."""
+
+    A position outside the cache writes nothing; one past the cache attends the whole cache
+    and a negative one nothing (zeros). On the CPU executor a position outside the owned slab
+    (negative, or at or past the cache's rows rounded up to a power of two) raises
+    ``OutOfBoundsError``."""
     name = "ops.qk_norm_rope_append_attention"
     hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
                                                inv_freq, k_cache, v_cache)
@@ -136,19 +145,20 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
                f"({max_cache_positions(d)} at head_dim {d})")
         raise ArgumentError(f"{name}: {why}; use ops.qk_norm_rope_kv_append, then "
                             f"ops.decode_attention")
-    block_n = block_n or DEFAULT_BLOCK_N
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ArgumentError(f"{name}: block_n must be a power of two >= 16, got {block_n}")
+    block_n = DEFAULT_BLOCK_N if block_n is None else \
+        host.check_pow2(f"{name}: block_n", block_n, 16)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     z = host.output(f"{name}: out", out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
     rows_per_program = max(MIN_GROUP_ROWS, host.next_pow2(group))
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
+    scale = 1.0 / math.sqrt(d) if scale is None else \
+        host.check_number(f"{name}: scale", scale)
     slab = (1, host.next_pow2(max_seq), d)
-    op = _kernel(num_warps, num_stages, pdl, bool(trigger_early))(
-        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
+    op = _kernel(num_warps, num_stages, pdl, trigger_early)(
+        *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq),
+        host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab),
-        host.owned_view(z, (hkv, group, d)).partition((1, rows_per_program, d)), float(eps),
-        scale * LOG2E, group, hq, hkv, block_n)
+        host.owned_view(z, (hkv, group, d), f"{name}: out").partition((1, rows_per_program, d)),
+        eps, scale * LOG2E, max_seq, group, hq, hkv, block_n)
     return host.returning(op, (z, k_cache, v_cache))

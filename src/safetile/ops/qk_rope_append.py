@@ -202,8 +202,11 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     position and table read before the wait; ``trigger_early`` (with ``pdl``): the next
     kernel may be scheduled as soon as this one's programs start. Returns a ``DeviceOp``
     whose output is ``(q_out, k_cache, v_cache)``, ``q_out`` (Hq, D) in qkv's dtype
-    (allocated when not given). A position outside the cache writes nothing on the GPU and
-    raises ``OutOfBoundsError`` on the CPU executor.
+    (allocated when not given). A position outside the cache writes nothing. On the CPU
+    executor a position outside the owned slab (negative, or at or past the cache's rows
+    rounded up to a power of two, or to whole ``block_s`` blocks) raises
+    ``OutOfBoundsError``; one between the cache's end and the slab's writes nothing there
+    too.
 
     ``block_s`` (default: the whole cache, up to ``max_cache_positions(D)`` rows): cache rows
     one append program owns; a cache longer than one block takes two kernels, the rotated k
@@ -213,28 +216,32 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
                                                inv_freq, k_cache, v_cache)
     block = append_block(name, max_seq, d, block_s)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     if block < max_seq and not isinstance(qkv, st.Tensor):
         raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
                             f"st.Tensor (its v rows are read by a second kernel), got a Shared")
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
     if block >= max_seq:
         q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
         slab = (1, host.next_pow2(max_seq), d)
         op = _kernel(qk_norm_rope_append_kernel, num_warps, pdl, trigger_early)(
-            rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-            host.borrow(inv_freq), q_tiles,
+            *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
             host.owned_view(k_cache, tuple(k_cache.shape)).partition(slab),
-            host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), float(eps), group,
+            host.owned_view(v_cache, tuple(v_cache.shape)).partition(slab), eps, group,
             hq, hkv)
         return host.returning(op, (q, k_cache, v_cache))
     k = host.output(f"{name}: k_rows", k_rows, (hkv, d), qkv.dtype, qkv.device)
+    # Two launches: the append writes the caches only after the first kernel has run.
+    host.check_disjoint(name, dict(qkv=qkv, q_norm_weight=q_norm_weight,
+                                   k_norm_weight=k_norm_weight, pos=pos, inv_freq=inv_freq),
+                        dict(q_out=q, k_cache=k_cache, v_cache=v_cache, k_rows=k))
     v = rows.slice(0, hq + hkv, hq + 2 * hkv)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hkv,
                  num_warps, pdl, trigger_early)
     return op.then(lambda *_: host.returning(
-        kv_append(host.borrow(k), v, host.borrow(pos), k_cache, v_cache, block_s=block),
+        kv_append(k, v, pos, k_cache, v_cache, block_s=block),
         (q, k_cache, v_cache)))
 
 
@@ -259,9 +266,10 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
                             f"{tuple(q_norm_weight.shape)}")
     d = q_norm_weight.shape[0]
     hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads, d)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     k = host.output(f"{name}: k_out", k_out, (kv_heads, d), qkv.dtype, qkv.device)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, kv_heads,
                  num_warps, pdl, trigger_early)
     return host.returning(op, (q, k))
@@ -274,6 +282,6 @@ def _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hk
     d = q.shape[1]
     q_tiles = host.owned_view(q, (hkv, group, d)).partition((1, host.next_pow2(group), d))
     return _kernel(qk_norm_rope_kernel, num_warps, pdl, trigger_early)(
-        rows, host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(pos),
-        host.borrow(inv_freq), q_tiles, host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
-        float(eps), group, hq)
+        *host.inputs(rows, q_norm_weight, k_norm_weight, pos, inv_freq), q_tiles,
+        host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)),
+        eps, group, hq)

@@ -48,9 +48,15 @@ _ROPE = host.Configured(rope_kernel)
 
 
 def inv_freq_table(head_dim: int, theta: float = QWEN3_THETA, device=None):
-    """The fp32 ``inv_freq`` table, computed exactly as transformers' default rope does.
+    """The fp32 ``inv_freq`` table, computed exactly as transformers' default rope does, for
+    an even ``head_dim`` > 0 and a finite ``theta`` > 0.
 
     Allocates: make it once, before any graph scope, and pass it to :func:`rope`."""
+    head_dim = host.check_int("ops.inv_freq_table: head_dim", head_dim, 2)
+    if head_dim % 2:
+        raise ArgumentError(f"ops.inv_freq_table: head_dim must be even (rope rotates pairs), "
+                            f"got {head_dim}")
+    theta = host.check_number("ops.inv_freq_table: theta", theta, above=0.0)
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim
     table = 1.0 / (theta ** exponent)
     device = device if device is not None else alloc.default_device()
@@ -81,6 +87,7 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     if tuple(positions.shape) != (seq,):
         raise ArgumentError(f"ops.rope: positions must have shape ({seq},), got "
                          f"{tuple(positions.shape)}")
+    theta = host.check_number("ops.rope: theta", theta, above=0.0)
     if inv_freq is None:
         inv_freq = inv_freq_table(d, theta, x.device)
     host.check_value("ops.rope: inv_freq", inv_freq)
@@ -90,6 +97,6 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     z = host.output("ops.rope: out", out, x.shape, x.dtype, x.device)
     tile = rope_tile(seq, heads, d)
     op = _ROPE(host.warps_for(tile[0] * tile[1] * tile[2]))(
-        host.borrow(x), host.borrow(positions), host.borrow(inv_freq),
+        *host.inputs(x, positions, inv_freq),
         host.owned_view(z, z.shape).partition(tile))
     return host.returning(op, z)

@@ -17,11 +17,14 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
+from ..lang.semantics import MAX_TILE_ELEMENTS
 from . import host
 
 ONE_PASS_MAX = 8192           # columns a program holds at once
 CHUNK = 4096                  # columns per step of the two-pass kernel
-MAX_COLS = 1 << 24            # the owned tile's width is a power of two >= the row length
+# A program owns whole rows: its tile is (1, a power of two >= the row length), at most one
+# tile's worth of elements.
+MAX_COLS = MAX_TILE_ELEMENTS
 
 
 @st.kernel
@@ -58,17 +61,21 @@ _ONLINE = host.Configured(softmax_online_kernel)
 def softmax(x, out=None, *, one_pass_max: int = ONE_PASS_MAX, chunk: int = CHUNK):
     """Softmax of ``x`` over its last dimension (fp32 math, output in x's dtype).
 
-    ``x``: (..., cols) (a Shared ``x`` must be 2-D). Rows of any length up to 2^24 columns; rows
-    longer than 8192 use the two-pass chunked kernel. Returns a ``DeviceOp`` whose output is
-    the result tensor (``out`` when given). ``one_pass_max`` and ``chunk`` (a power of two)
-    choose between the kernels; the defaults suit the GPU."""
+    ``x``: (..., cols) (a Shared ``x`` must be 2-D). Rows of any length up to 2^20 columns
+    (``MAX_COLS``: one program owns a whole row); rows longer than 8192 use the two-pass
+    chunked kernel. Returns a ``DeviceOp`` whose output is the result tensor (``out`` when
+    given). ``one_pass_max`` (an int) and ``chunk`` (a power of two) choose between the
+    kernels; the defaults suit the GPU."""
     host.check_value("ops.softmax: x", x)
-    z = host.output("ops.softmax: out", out, x.shape, x.dtype, x.device)
+    one_pass_max = host.check_int("ops.softmax: one_pass_max", one_pass_max)
+    chunk = host.check_pow2("ops.softmax: chunk", chunk)
     xv = host.as_rows("ops.softmax: x", x)
+    z = host.output("ops.softmax: out", out, x.shape, x.dtype, x.device)
     rows, cols = xv.shape
     if cols > MAX_COLS:
-        raise ArgumentError(f"ops.softmax: rows longer than {MAX_COLS} columns are not supported")
-    zv = host.owned_view(z, xv.shape)
+        raise ArgumentError(f"ops.softmax: rows longer than {MAX_COLS} columns are not "
+                            f"supported (one program owns a whole row), got {cols}")
+    zv = host.owned_view(z, xv.shape, "ops.softmax: out")
     block = host.next_pow2(cols)
     if cols <= one_pass_max:
         tile = (max(1, min(host.next_pow2(rows), host.BLOCK // block)), block)

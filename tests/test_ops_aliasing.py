@@ -1,0 +1,149 @@
+"""Which tensors an op may share between its arguments, on the CPU executor.
+
+One tensor (a Tensor or a Shared handle) may feed several inputs of any op; an output may
+overlap no input and no other output. An op of several launches refuses such an output when
+it is built, as one launch does, before any of its launches has written anything.
+"""
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+
+import support
+from support import position as i32
+from support import ROPE_THETA as THETA
+from support import rand, wrap
+
+cpu_executor = support.cpu_executor(seed=8)
+no_leftover_holds = support.no_leftover_holds()
+
+
+# ---- one tensor for several inputs ------------------------------------------------------------
+
+def test_matmul_accepts_one_tensor_for_both_operands():
+    t = rand((16, 16), st.f32, 0)
+    a = wrap(t)
+    c = ops.matmul(a, a).sync()
+    torch.testing.assert_close(c.to_torch(), t @ t, rtol=1e-5, atol=1e-5)
+    assert torch.equal(a.to_torch(), t)
+
+
+def test_matmul_accepts_one_shared_handle_for_both_operands_and_hands_it_back_unwrappable():
+    t = rand((16, 16), st.f32, 1)
+    s = wrap(t).share()
+    c = ops.matmul(s, s, weight=True).sync()
+    torch.testing.assert_close(c.to_torch(), t @ t.T, rtol=1e-5, atol=1e-5)
+    assert torch.equal(s.try_unwrap().to_torch(), t)
+
+
+def test_add_accepts_one_shared_handle_for_both_inputs():
+    t = rand(100, st.f32, 2)
+    s = wrap(t).share()
+    assert torch.equal(ops.add(s, s).sync().to_torch(), t + t)
+
+
+def test_flash_attention_accepts_one_tensor_for_q_k_and_v():
+    t = rand((2, 20, 16), st.f32, 3)
+    x = wrap(t)
+    out = ops.flash_attention(x, x, x, block_m=16, block_n=16).sync()
+    want = torch.nn.functional.scaled_dot_product_attention(t, t, t, is_causal=True)
+    torch.testing.assert_close(out.to_torch(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_decode_attention_accepts_one_shared_handle_for_k_and_v(splits):
+    q, kv = rand((4, 16), st.f32, 4), rand((2, 40, 16), st.f32, 5)
+    s = wrap(kv).share()
+    got = ops.decode_attention(wrap(q), s, s, i32(30), block_n=16, num_splits=splits).sync()
+    want = ops.decode_attention(wrap(q), wrap(kv), wrap(kv), i32(30), block_n=16,
+                                num_splits=splits).sync()
+    assert torch.equal(got.to_torch(), want.to_torch())
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["kv_append", "kv_append_many"])
+def test_kv_append_accepts_one_tensor_for_k_new_and_v_new(many):
+    new = rand((2, 3, 16) if many else (2, 16), st.f32, 6)
+    x = wrap(new)
+    append = ops.kv_append_many if many else ops.kv_append
+    k, v = append(x, x, i32(5), st.zeros((2, 20, 16)), st.zeros((2, 20, 16))).sync()
+    rows = new if many else new[:, None]
+    assert torch.equal(k.to_torch()[:, 5:5 + rows.shape[1]], rows)
+    assert torch.equal(v.to_torch(), k.to_torch())
+
+
+def test_qk_norm_rope_kv_append_accepts_one_shared_norm_weight_for_q_and_k():
+    args = support.prologue_arguments(max_seq=16, seed=7)
+    weight = wrap(args["q_norm_weight"]).share()
+    q, _, _ = ops.qk_norm_rope_kv_append(
+        wrap(args["qkv"]), weight, weight, i32(1), ops.inv_freq_table(32, THETA, "cpu"),
+        wrap(args["k_cache"]), wrap(args["v_cache"])).sync()
+    want, _, _ = ops.qk_norm_rope_kv_append(
+        wrap(args["qkv"]), wrap(args["q_norm_weight"]), wrap(args["q_norm_weight"]), i32(1),
+        ops.inv_freq_table(32, THETA, "cpu"), wrap(args["k_cache"]),
+        wrap(args["v_cache"])).sync()
+    assert torch.equal(q.to_torch(), want.to_torch())
+
+
+def test_an_input_tensor_stays_readable_but_not_writable_while_its_op_is_pending():
+    t = rand((16, 16), st.f32, 19)
+    a = wrap(t)
+    op = ops.matmul(a, wrap(t))
+    assert torch.equal(a.to_torch(), t)
+    with pytest.raises(st.AliasError):
+        ops.add(wrap(t), wrap(t), out=a)
+    op.sync()
+    ops.add(wrap(t), wrap(t), out=a).sync()
+
+
+# ---- outputs overlapping inputs: refused before anything runs ---------------------------------
+
+def test_qk_norm_rope_kv_append_refuses_a_q_out_in_the_cache_on_the_two_kernel_path():
+    args = support.prologue_arguments(max_seq=100, seed=9)
+    k_cache = wrap(args["k_cache"])
+    with pytest.raises(st.AliasError, match="q_out"):
+        ops.qk_norm_rope_kv_append(
+            wrap(args["qkv"]), wrap(args["q_norm_weight"]), wrap(args["k_norm_weight"]),
+            i32(8), ops.inv_freq_table(32, THETA, "cpu"), k_cache, wrap(args["v_cache"]),
+            q_out=k_cache[0, 7:11], block_s=64)
+    assert torch.equal(k_cache.to_torch(), args["k_cache"])
+
+
+@pytest.mark.parametrize("target", ["q", "k_cache"])
+def test_decode_attention_on_the_split_path_refuses_an_out_overlapping_an_input(target):
+    q, k = wrap(rand((4, 16), st.f32, 10)), wrap(rand((2, 200, 16), st.f32, 11))
+    out = q if target == "q" else k[0, :4]
+    with pytest.raises(st.AliasError, match=target):
+        ops.decode_attention(q, k, wrap(rand((2, 200, 16), st.f32, 12)), i32(100), out=out,
+                             num_splits=4)
+
+
+def test_matmul_split_k_refuses_an_out_aliasing_a():
+    a = wrap(rand((16, 16), st.f32, 13))
+    cfg = ops.MatmulConfig(16, 16, 16, 4, 2, split_k=2)
+    with pytest.raises(st.AliasError, match="out"):
+        ops.matmul(a, wrap(torch.eye(16)), out=a, config=cfg, workspace=st.empty((32, 16)))
+
+
+def test_matmul_head_tail_refuses_an_out_overlapping_a_before_writing_any_row():
+    t = rand((48, 16), st.f32, 14)
+    big = wrap(t)
+    cfg = ops.MatmulConfig(16, 16, 16, 4, 2, head_rows=16,
+                           tail=ops.MatmulConfig(16, 16, 16, 4, 2))
+    with pytest.raises(st.AliasError, match="out"):
+        ops.matmul(big[16:48], wrap(torch.eye(16)), out=big[0:32], config=cfg)
+    assert torch.equal(big.to_torch(), t)
+
+
+def test_argmax_refuses_an_out_inside_its_workspace():
+    ws = ops.argmax_workspace(3000, device="cpu")
+    with pytest.raises(st.AliasError, match="out"):
+        ops.argmax(wrap(rand(3000, st.f32, 15)), out=ws.indices[0:1], workspace=ws)
+
+
+def test_rmsnorm_gemv_argmax_refuses_a_token_inside_its_workspace():
+    w = wrap(rand((300, 64), st.f32, 16))
+    ws = ops.gemv_argmax_workspace(w)
+    with pytest.raises(st.AliasError, match="token"):
+        ops.rmsnorm_gemv_argmax(wrap(rand(64, st.f32, 17)), wrap(rand(64, st.f32, 18)), w,
+                                token=ws.indices[0:1], workspace=ws)

@@ -1,0 +1,196 @@
+"""Argument checks of the norm, softmax, argmax, product, rope and element-wise ops: a wrong
+argument is an ArgumentError naming the op and the argument (and what is allowed), raised
+before anything is launched, never an error from inside the library's kernels."""
+import numpy as np
+import pytest
+import torch
+
+import safetile as st
+from safetile import ops
+
+import support
+from support import rand, wrap
+
+cpu_executor = support.cpu_executor(seed=3)
+
+K = 64
+
+
+def norm_op(name, x, weight, eps):
+    if name == "rmsnorm":
+        return ops.rmsnorm(x, weight, eps)
+    if name == "add_rmsnorm":
+        return ops.add_rmsnorm(x, wrap(x.to_torch()), weight, eps)
+    w = st.zeros((300, K), dtype=x.dtype)
+    if name == "rmsnorm_gemv":
+        return ops.rmsnorm_gemv(x.view(K), weight, w, eps)
+    return ops.rmsnorm_gemv_argmax(x.view(K), weight, w, eps)
+
+
+NORM_OPS = ["rmsnorm", "add_rmsnorm", "rmsnorm_gemv", "rmsnorm_gemv_argmax"]
+
+
+# ---- RMSNorm --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", NORM_OPS)
+@pytest.mark.parametrize("eps", [None, "abc", "tensor", float("nan"), -1.0, float("inf"), True],
+                         ids=["None", "str", "tensor", "nan", "negative", "inf", "bool"])
+def test_rmsnorm_ops_refuse_an_eps_that_is_not_a_finite_number_from_0(op, eps):
+    eps = st.from_torch(torch.tensor([1e-6])) if eps == "tensor" else eps
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: eps must be"):
+        norm_op(op, wrap(rand((1, K), st.f32, 0)), wrap(rand(K, st.f32, 1)), eps)
+
+
+@pytest.mark.parametrize("op", NORM_OPS)
+def test_rmsnorm_ops_take_a_numpy_eps_and_an_eps_of_0(op):
+    x, w = rand((1, K), st.f32, 2), rand(K, st.f32, 3)
+    for eps in (np.float32(1e-6), 0.0, 0):
+        norm_op(op, wrap(x), wrap(w), eps).sync()
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm"])
+def test_rmsnorm_refuses_a_norm_weight_of_another_dtype(op):
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: .*different dtypes"):
+        norm_op(op, wrap(rand((2, K), st.bf16, 4)), wrap(rand(K, st.f32, 5)), 1e-6)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "softmax"])
+def test_row_ops_refuse_a_0d_x(op):
+    x = st.from_torch(torch.tensor(1.0))
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: x must have at least one dim"):
+        ops.rmsnorm(x, st.ones((1,))) if op == "rmsnorm" else ops.softmax(x)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm"])
+def test_rmsnorm_rows_longer_than_one_program_holds_name_the_op(op):
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: rows longer than 32768"):
+        norm_op(op, st.zeros((1, 40000)), st.zeros((40000,)), 1e-6)
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "softmax"])
+def test_row_ops_name_themselves_for_an_x_they_cannot_view_as_rows(op):
+    x = st.from_torch(torch.randn(4, 6, K).transpose(0, 1))
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: x of shape"):
+        ops.rmsnorm(x, st.ones((K,))) if op == "rmsnorm" else ops.softmax(x)
+
+
+def test_rmsnorm_names_itself_for_an_out_it_cannot_view_as_rows():
+    out = st.from_torch(torch.zeros(K, 2, 3).permute(2, 1, 0))
+    with pytest.raises(st.ArgumentError, match="ops.rmsnorm: out"):
+        ops.rmsnorm(st.zeros((3, 2, K)), st.ones((K,)), out=out)
+
+
+# ---- softmax ---------------------------------------------------------------------------------
+
+def test_softmax_refuses_rows_longer_than_one_tile_with_an_argument_error():
+    with pytest.raises(st.ArgumentError, match=r"ops.softmax: rows longer than 1048576"):
+        ops.softmax(st.zeros((1, 2**20 + 1)))
+
+
+@pytest.mark.parametrize("chunk", [3, 0, -4, True])
+def test_softmax_refuses_a_chunk_that_is_not_a_power_of_two(chunk):
+    with pytest.raises(st.ArgumentError, match="ops.softmax: chunk must be a power of two"):
+        ops.softmax(st.zeros((2, 20)), one_pass_max=8, chunk=chunk)
+
+
+# ---- argmax ---------------------------------------------------------------------------------
+
+def test_argmax_refuses_an_empty_x():
+    with pytest.raises(st.ArgumentError, match="ops.argmax: x is empty"):
+        ops.argmax(st.zeros((0,)))
+
+
+@pytest.mark.parametrize("block", [0, 1000, -1, True])
+def test_argmax_refuses_a_block_that_is_not_a_power_of_two(block):
+    with pytest.raises(st.ArgumentError, match="ops.argmax: block must be a power of two"):
+        ops.argmax(st.zeros((3000,)), block=block)
+    with pytest.raises(st.ArgumentError, match="argmax_workspace: block must be a power"):
+        ops.argmax_workspace(3000, block=block)
+
+
+def test_argmax_takes_a_numpy_int_block():
+    t = rand(3000, st.f32, 6)
+    assert ops.argmax(wrap(t), block=np.int64(256)).sync().to_torch().item() == t.argmax()
+
+
+def test_argmax_says_a_shared_x_must_be_1d():
+    with pytest.raises(st.ArgumentError, match=r"ops.argmax: a Shared x must be 1-D"):
+        ops.argmax(st.zeros((1, 100)).share())
+
+
+def test_argmax_never_picks_a_nan_and_all_nans_give_0():
+    t = rand(3000, st.f32, 7)
+    t[t.argmax()] = float("nan")
+    t[2500] = float("nan")
+    finite = torch.where(t.isnan(), -torch.inf, t)
+    assert ops.argmax(wrap(t)).sync().to_torch().item() == finite.argmax()
+    assert ops.argmax(st.full((3000,), float("nan"))).sync().to_torch().item() == 0
+
+
+def test_rmsnorm_gemv_argmax_refuses_an_empty_vocabulary():
+    with pytest.raises(st.ArgumentError, match="ops.rmsnorm_gemv_argmax: w has no rows"):
+        ops.rmsnorm_gemv_argmax(st.ones((K,)), st.ones((K,)), st.zeros((0, K)))
+
+
+@pytest.mark.parametrize("how", ["token", "dtype"])
+def test_rmsnorm_gemv_argmax_names_itself_for_a_float_token(how):
+    kw = dict(token=st.empty((1,))) if how == "token" else dict(dtype=st.f32)
+    with pytest.raises(st.ArgumentError, match="ops.rmsnorm_gemv_argmax: the token dtype"):
+        ops.rmsnorm_gemv_argmax(st.ones((K,)), st.ones((K,)), st.zeros((300, K)), **kw)
+
+
+# ---- products --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("out_dtype", ["float32", torch.float16, st.i32])
+def test_matrix_products_refuse_an_out_dtype_that_is_not_a_float_st_dtype(out_dtype):
+    with pytest.raises(st.ArgumentError, match="ops.matmul: out_dtype must be"):
+        ops.matmul(st.zeros((8, 16)), st.zeros((16, 12)), out_dtype=out_dtype)
+    with pytest.raises(st.ArgumentError, match="ops.gemv: out_dtype must be"):
+        ops.gemv(st.zeros((8, 16)), st.zeros((16,)), out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("field,value", [("split_k", 0), ("bk", 0), ("bk", 48), ("bk", 8),
+                                         ("bm", 3), ("bn", 0), ("group_size", 0),
+                                         ("num_stages", 0), ("head_rows", -1),
+                                         ("flatten", "no"), ("pdl", "yes"), ("tail", 3)])
+def test_matmul_config_refuses_a_field_the_kernels_cannot_take(field, value):
+    args = dict(bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
+    with pytest.raises(st.ArgumentError, match=f"MatmulConfig: {field}"):
+        ops.MatmulConfig(**{**args, field: value})
+
+
+@pytest.mark.parametrize("field,value", [("bn", 3), ("bk", 0), ("bk", 12), ("head", 1),
+                                         ("prefetch", -1), ("num_stages", 0), ("tma", "no")])
+def test_gemv_config_refuses_a_field_the_kernels_cannot_take(field, value):
+    args = dict(bn=4, bk=16, num_warps=4, num_stages=2)
+    with pytest.raises(st.ArgumentError, match=f"GemvConfig: {field}"):
+        ops.GemvConfig(**{**args, field: value})
+
+
+# ---- rope and element-wise -------------------------------------------------------------------
+
+@pytest.mark.parametrize("theta", [0.0, -1.0, float("nan"), float("inf"), "1e6", True])
+def test_rope_refuses_a_theta_that_is_not_a_positive_finite_number(theta):
+    with pytest.raises(st.ArgumentError, match="ops.inv_freq_table: theta must be"):
+        ops.inv_freq_table(16, theta)
+    with pytest.raises(st.ArgumentError, match="ops.rope: theta must be"):
+        ops.rope(st.zeros((5, 3, 16)), st.from_torch(torch.arange(5)), theta=theta)
+
+
+@pytest.mark.parametrize("head_dim", [-4, 0, 7, 8.0, True])
+def test_inv_freq_table_refuses_a_head_dim_that_is_not_a_positive_even_int(head_dim):
+    with pytest.raises(st.ArgumentError, match="ops.inv_freq_table: head_dim must be"):
+        ops.inv_freq_table(head_dim)
+
+
+@pytest.mark.parametrize("op", ["add", "silu_mul", "add_scalar", "copy"])
+@pytest.mark.parametrize("block", [3, 0, 2**21, True])
+def test_elementwise_ops_refuse_a_block_that_is_not_a_power_of_two_tile(op, block):
+    x = st.zeros((100,))
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: block must be a power of two"):
+        if op == "add_scalar":
+            ops.add_scalar(x, 1, block=block)
+        elif op == "copy":
+            ops.copy(x, st.empty((100,)), block=block)
+        else:
+            getattr(ops, op)(x, st.zeros((100,)), block=block)
