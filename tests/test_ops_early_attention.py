@@ -148,6 +148,29 @@ def test_the_append_of_a_position_outside_the_cache_raises_on_the_cpu_executor()
         early(qkv, qw, kw, kc, vc, 16, hq, hkv, d)
 
 
+@pytest.mark.parametrize("p", [16, 40, 2**31 - 1])
+def test_a_position_past_the_cache_attends_the_whole_cache_as_decode_attention(p):
+    hq, hkv, d = 4, 2, 32
+    qkv, qw, kw, kc, vc = prologue_inputs(hq, hkv, d, st.f32, 16, 41)
+    out, _ = ops.qk_norm_rope_attention(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p),
+                                        ops.inv_freq_table(d, THETA, "cpu"), wrap(kc),
+                                        wrap(vc)).sync()
+    q, _ = ops.qk_norm_rope(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p),
+                               ops.inv_freq_table(d, THETA, "cpu"), hkv).sync()
+    want = ops.decode_attention(q, wrap(kc), wrap(vc), pos_tensor(p), length_offset=1,
+                                num_splits=1).sync()
+    torch.testing.assert_close(out.to_torch(), want.to_torch(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_negative_position_attends_nothing_and_gives_zeros():
+    hq, hkv, d = 4, 2, 32
+    qkv, qw, kw, kc, vc = prologue_inputs(hq, hkv, d, st.f32, 16, 42)
+    out, _ = ops.qk_norm_rope_attention(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(-3),
+                                        ops.inv_freq_table(d, THETA, "cpu"), wrap(kc),
+                                        wrap(vc)).sync()
+    assert torch.equal(out.to_torch(), torch.zeros(hq, d))
+
+
 def recorded_attention(first: str):
     """The attention's launch recorded with programmatic launch after ``first``: a copy
     into qkv (as the projection writes it) or an append to its caches."""

@@ -39,7 +39,7 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from . import host
-from .decode_attention import DEFAULT_BLOCK_N, MIN_GROUP_ROWS, masked_step
+from .decode_attention import DEFAULT_BLOCK_N, MIN_GROUP_ROWS, masked_step, valid_length
 from .flash_attention import LOG2E
 from .prologue_attention import MIN_HEAD_DIM
 from .qk_rope_append import check_prologue, normed_half, row_scales
@@ -74,16 +74,16 @@ def block_start(j, block_n, n, rows, trim):
 
 
 @st.function
-def attend_block(q1, q2, ka, kb, vt, rows, p, k1, k2, v_new, qk_scale, m_i, l_i, acc):
+def attend_block(q1, q2, ka, kb, vt, rows, p, n, k1, k2, v_new, qk_scale, m_i, l_i, acc):
     """One masked online-softmax step over key block ``ka | kb`` (K's halves), ``vt``, whose
-    rows are ``rows``: the row at ``p`` replaced by the new ``k1 | k2``, ``v_new``, rows past
-    ``p`` masked off."""
+    rows are ``rows``: the row at ``p`` replaced by the new ``k1 | k2``, ``v_new``, rows from
+    ``n`` (``p + 1`` clamped to the cache) on masked off."""
     new = (rows == p)[:, None]
     ka = sl.where(new, k1, ka)
     kb = sl.where(new, k2, kb)
     vt = sl.where(new, v_new, vt)
     scores = (sl.matmul(q1, ka.T) + sl.matmul(q2, kb.T)) * qk_scale
-    return masked_step(scores, vt, rows <= p, m_i, l_i, acc)
+    return masked_step(scores, vt, rows < n, m_i, l_i, acc)
 
 
 @st.kernel
@@ -103,22 +103,25 @@ def early_attention_kernel(k_cache: st.In[st.floats, 3], v_cache: st.In[st.float
     GP = o.shape[1]
     # Before the wait (early Ins only): the position, key blocks 0..BLOCKS-1, the weights.
     p = pos.load_scalar((0,))
-    r0 = block_start(0, BLOCK_N, p + 1, k_cache.shape[1], TRIM)
+    # The rows attended: a position past the cache attends the whole cache (its row is not
+    # appended), one below 0 attends nothing, as ops.decode_attention.
+    n = valid_length(p, 1, k_cache.shape[1])
+    r0 = block_start(0, BLOCK_N, n, k_cache.shape[1], TRIM)
     ka0 = sl.reshape(k_cache.load_at((h, r0, 0), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
     kb0 = sl.reshape(k_cache.load_at((h, r0, HALF), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
     v0 = sl.reshape(v_cache.load_at((h, r0, 0), (1, BLOCK_N, D)), (BLOCK_N, D))
     if BLOCKS > 1:
-        r1 = block_start(1, BLOCK_N, p + 1, k_cache.shape[1], TRIM)
+        r1 = block_start(1, BLOCK_N, n, k_cache.shape[1], TRIM)
         ka1 = sl.reshape(k_cache.load_at((h, r1, 0), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         kb1 = sl.reshape(k_cache.load_at((h, r1, HALF), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         v1 = sl.reshape(v_cache.load_at((h, r1, 0), (1, BLOCK_N, D)), (BLOCK_N, D))
     if BLOCKS > 2:
-        r2 = block_start(2, BLOCK_N, p + 1, k_cache.shape[1], TRIM)
+        r2 = block_start(2, BLOCK_N, n, k_cache.shape[1], TRIM)
         ka2 = sl.reshape(k_cache.load_at((h, r2, 0), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         kb2 = sl.reshape(k_cache.load_at((h, r2, HALF), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         v2 = sl.reshape(v_cache.load_at((h, r2, 0), (1, BLOCK_N, D)), (BLOCK_N, D))
     if BLOCKS > 3:
-        r3 = block_start(3, BLOCK_N, p + 1, k_cache.shape[1], TRIM)
+        r3 = block_start(3, BLOCK_N, n, k_cache.shape[1], TRIM)
         ka3 = sl.reshape(k_cache.load_at((h, r3, 0), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         kb3 = sl.reshape(k_cache.load_at((h, r3, HALF), (1, BLOCK_N, HALF)), (BLOCK_N, HALF))
         v3 = sl.reshape(v_cache.load_at((h, r3, 0), (1, BLOCK_N, D)), (BLOCK_N, D))
@@ -148,27 +151,28 @@ def early_attention_kernel(k_cache: st.In[st.floats, 3], v_cache: st.In[st.float
     l_i = sl.zeros((GP,), st.f32)
     acc = sl.zeros((GP, D), st.f32)
     keys = sl.arange(BLOCK_N)
-    m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka0, kb0, v0, keys, p, k_rot1, k_rot2, v_new,
-                                 qk_scale, m_i, l_i, acc)
+    m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka0, kb0, v0, keys, p, n, k_rot1, k_rot2,
+                                 v_new, qk_scale, m_i, l_i, acc)
     if BLOCKS > 1:
-        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka1, kb1, v1, BLOCK_N + keys, p, k_rot1,
-                                     k_rot2, v_new, qk_scale, m_i, l_i, acc)
+        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka1, kb1, v1, BLOCK_N + keys, p, n,
+                                     k_rot1, k_rot2, v_new, qk_scale, m_i, l_i, acc)
     if BLOCKS > 2:
-        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka2, kb2, v2, 2 * BLOCK_N + keys, p,
+        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka2, kb2, v2, 2 * BLOCK_N + keys, p, n,
                                      k_rot1, k_rot2, v_new, qk_scale, m_i, l_i, acc)
     if BLOCKS > 3:
-        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka3, kb3, v3, 3 * BLOCK_N + keys, p,
+        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka3, kb3, v3, 3 * BLOCK_N + keys, p, n,
                                      k_rot1, k_rot2, v_new, qk_scale, m_i, l_i, acc)
     # A position past the early blocks: the rest of its rows, after the wait.
-    for j in range(BLOCKS, sl.cdiv(p + 1, BLOCK_N)):
+    for j in range(BLOCKS, sl.cdiv(n, BLOCK_N)):
         ka = sl.reshape(k_cache.load_at((h, j * BLOCK_N, 0), (1, BLOCK_N, HALF)),
                         (BLOCK_N, HALF))
         kb = sl.reshape(k_cache.load_at((h, j * BLOCK_N, HALF), (1, BLOCK_N, HALF)),
                         (BLOCK_N, HALF))
         vt = sl.reshape(v_cache.load_at((h, j * BLOCK_N, 0), (1, BLOCK_N, D)), (BLOCK_N, D))
-        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka, kb, vt, j * BLOCK_N + keys, p, k_rot1,
-                                     k_rot2, v_new, qk_scale, m_i, l_i, acc)
-    o.store(sl.reshape(acc / l_i[:, None], (1, GP, D)))
+        m_i, l_i, acc = attend_block(q_rot1, q_rot2, ka, kb, vt, j * BLOCK_N + keys, p, n,
+                                     k_rot1, k_rot2, v_new, qk_scale, m_i, l_i, acc)
+    # No row attended (a position below 0): zeros, not the 0 / 0 of an empty softmax.
+    o.store(sl.reshape(sl.where(n > 0, acc / l_i[:, None], 0.0), (1, GP, D)))
     k_halves = k_out.partition((1, 1, HALF))
     k_halves.store(sl.reshape(k_rot1, (1, 1, HALF)), (0, 0, 0))
     k_halves.store(sl.reshape(k_rot2, (1, 1, HALF)), (0, 0, 1))
