@@ -91,7 +91,6 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
 
 # The scores' products take half a head per operand: tl.dot needs K >= 16.
 MIN_HEAD_DIM = 32
-_CONFIGURED: dict = {}
 
 
 def prologue_attention_fits(head_dim: int, max_seq: int) -> bool:
@@ -102,12 +101,10 @@ def prologue_attention_fits(head_dim: int, max_seq: int) -> bool:
 
 
 def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
-    key = (num_warps, num_stages, pdl, trigger_early)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = prologue_attention_kernel.options(
-            num_warps=num_warps, num_stages=num_stages, pdl=pdl, early=EARLY if pdl else (),
-            trigger_early=pdl and trigger_early)
-    return _CONFIGURED[key]
+    """The kernel with these launch options (``Kernel.options`` keeps one copy per set)."""
+    return prologue_attention_kernel.options(
+        num_warps=num_warps, num_stages=num_stages, pdl=pdl, early=EARLY if pdl else (),
+        trigger_early=pdl and trigger_early)
 
 
 def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,

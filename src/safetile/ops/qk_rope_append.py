@@ -120,16 +120,12 @@ def qk_norm_rope_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.floats, 1],
 
 
 EARLY = ("q_weight", "k_weight", "pos", "inv_freq")
-_CONFIGURED: dict = {}
 
 
 def _kernel(kernel, num_warps: int, pdl: bool, trigger_early: bool = False):
-    key = (kernel.name, num_warps, pdl, trigger_early)
-    if key not in _CONFIGURED:
-        _CONFIGURED[key] = kernel.options(num_warps=num_warps, pdl=pdl,
-                                          early=EARLY if pdl else (),
-                                          trigger_early=pdl and trigger_early)
-    return _CONFIGURED[key]
+    """``kernel`` with these launch options (``Kernel.options`` keeps one copy per set)."""
+    return kernel.options(num_warps=num_warps, pdl=pdl, early=EARLY if pdl else (),
+                          trigger_early=pdl and trigger_early)
 
 
 def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
