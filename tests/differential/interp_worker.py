@@ -25,6 +25,15 @@ def init() -> None:
     B = I.InterpreterBuilder
     B.create_maxnumf = lambda self, a, b: self.binary_op(a, b, np.fmax)
     B.create_minnumf = lambda self, a, b: self.binary_op(a, b, np.fmin)
+
+    def flushed(x):
+        """A subnormal fp32 argument as a zero of its sign, as the GPU's sqrt.approx.ftz and
+        rsqrt.approx.ftz take it (lang/semantics.py)."""
+        return np.where(np.abs(x) < np.float32(2.0**-126), x * np.float32(0.0), x)
+    B.create_sqrt = lambda self, arg: I.TensorHandle(np.sqrt(flushed(arg.data)),
+                                                     arg.dtype.scalar)
+    B.create_rsqrt = lambda self, arg: I.TensorHandle(1 / np.sqrt(flushed(arg.data)),
+                                                      arg.dtype.scalar)
     convert = I._implicit_cvt
 
     def implicit_cvt(arg):

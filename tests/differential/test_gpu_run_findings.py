@@ -1,9 +1,9 @@
 """Regression tests for the disagreements a GPU differential run found between the GPU and
 the CPU executor (``scripts/differential_gpu.py``), one family each: IEEE division,
-compile-time numbers in comparisons and extrema, bf16 constants and extrema, shifts of bools
-and the type of a shift's result. Each checks the generated code for the mechanism (its
-source, or its sm_90 compilation) and the CPU executor against the result
-``lang/semantics.py`` states, on edge values."""
+compile-time numbers in comparisons and extrema, bf16 constants and extrema, shifts of bools,
+the type of a shift's result, subnormal arguments of sqrt and rsqrt. Each checks the
+generated code for the mechanism (its source, or its sm_90 compilation) and the CPU executor
+against the result ``lang/semantics.py`` states, on edge values."""
 import math
 
 import torch
@@ -160,6 +160,23 @@ def test_a_shift_of_int8_stays_int8_so_its_negation_wraps():
     ir = negated_shift.compile(*args()).asm["ttir"]
     negations = [line for line in ir.splitlines() if "arith.subi" in line]
     assert negations and all("xi8>" in line for line in negations), negations
+
+
+@st.kernel
+def roots(x: st.In[st.f32], z: st.Out[st.f32], w: st.Out[st.f32]):
+    a = sl.load_like(x, z)
+    z.store(sl.rsqrt(a))
+    w.store(sl.sqrt(a))
+
+
+def test_sqrt_and_rsqrt_take_a_subnormal_argument_as_zero_as_the_gpu_does():
+    args = lambda: [t([3.3e-39, -1e-40, 1.2e-38, 4.0]), out(4), out(4)]
+    z, w = both(roots, args, 1, 2)
+    assert z[:2].tolist() == [math.inf, -math.inf] and z[3] == 0.5
+    assert 9.1e18 < z[2] < 9.2e18                        # 1.2e-38 is normal
+    assert w[:2].tolist() == [0.0, -0.0] and torch.signbit(w[1]) and w[3] == 2.0
+    ptx = roots.options(tma=False).compile(*args()).asm["ptx"]
+    assert "rsqrt.approx.ftz.f32" in ptx and "sqrt.approx.ftz.f32" in ptx
 
 
 # ---- bf16 extrema -------------------------------------------------------------------------------

@@ -86,7 +86,9 @@ Operations (``safetile.lang``; see each op's docstring for its signature)
 ------------------------------------------------------------------------
 - ``exp exp2 log log2 sqrt rsqrt sin cos tanh sigmoid``: fp16/bf16 are computed in fp32 and
   rounded back; ints give fp32. The GPU uses fast approximations (a few ulp): results are
-  specified to that accuracy, not bit for bit. ``abs`` keeps the dtype (ints wrap).
+  specified to that accuracy, not bit for bit. ``sqrt`` and ``rsqrt`` take a subnormal
+  fp32 argument as a zero of its sign (their GPU instructions flush it: ``rsqrt(1e-39)`` is
+  inf). ``abs`` keeps the dtype (ints wrap).
 - ``maximum``/``minimum``/``min``/``max`` of runtime values: where one operand is NaN the other
   wins. When both are zeros of different signs, the sign of the result is unspecified.
 - ``sl.sum``: fp16/bf16 accumulate in fp32 and round back to their type, int8 sums are int32;
@@ -327,6 +329,10 @@ def unary(op: str, a: DType) -> DType:
     if op == "~" and a.is_float:
         raise SemanticsError("`~` needs an int or a bool, got a float")
     return a
+
+
+#: Math functions whose GPU instructions flush a subnormal fp32 argument to zero.
+FLUSHES_SUBNORMALS = frozenset({"sqrt", "rsqrt"})
 
 
 def math_dtype(name: str, a: DType) -> DType:

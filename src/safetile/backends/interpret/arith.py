@@ -130,9 +130,13 @@ def absolute(t: torch.Tensor) -> torch.Tensor:
 
 
 def math(fn, name: str, t: torch.Tensor) -> torch.Tensor:
-    """An element-wise math function: halves in fp32 rounded back, ints give fp32."""
+    """An element-wise math function: halves in fp32 rounded back, ints give fp32; a
+    subnormal argument of a function that flushes it is a zero (lang/semantics.py)."""
     d = rule(S.math_dtype, name, from_torch(t.dtype))
-    return fn(t.float()).to(d.torch)
+    x = t.float()
+    if name in S.FLUSHES_SUBNORMALS:
+        x = torch.where(x.abs() < 2.0**-126, x * 0.0, x)      # keeps the zero's sign
+    return fn(x).to(d.torch)
 
 
 def cast(t: torch.Tensor, d: DType) -> torch.Tensor:
