@@ -1,6 +1,7 @@
 """ops.sample on the CPU executor: temperature, top-k, top-p and the seeded Gumbel draw,
 checked token for token against a torch reference that sorts (Hugging Face's filters) and
 recomputes the same counter-based noise."""
+import numpy as np
 import pytest
 import torch
 
@@ -207,6 +208,36 @@ def test_bad_parameters_are_rejected_on_the_host():
         ops.sample(wrap(torch.zeros(100)), st.zeros((4,), device="cpu"),
                    ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32, device="cpu"),
                    workspace=ops.sampler_workspace(50, device="cpu"))
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=float("inf")), dict(temperature=True),
+                                    dict(temperature="1"), dict(top_p="0.5"),
+                                    dict(top_p=float("nan")), dict(top_k=2.0)])
+def test_parameters_of_the_wrong_kind_are_argument_errors(kwargs):
+    with pytest.raises(st.ArgumentError, match="ops.sampling_params"):
+        ops.sampling_params(**{"temperature": 1.0, **kwargs}, device="cpu")
+
+
+def test_passes_take_any_int_and_refuse_the_rest():
+    logits = rand(500, st.f32, 9)
+    assert draw(logits, 1.0, top_k=3, seed=2, passes=np.int64(3)) == \
+        draw(logits, 1.0, top_k=3, seed=2, passes=3)
+    with pytest.raises(st.ArgumentError, match="passes"):
+        draw(logits, 1.0, passes=1.5)
+
+
+def test_no_logits_is_an_argument_error():
+    with pytest.raises(st.ArgumentError, match="0 logits"):
+        draw(torch.zeros(0), 1.0)
+
+
+def test_an_out_overlapping_an_input_is_refused_before_anything_runs():
+    counter = st.zeros((1,), dtype=st.i32, device="cpu")
+    with pytest.raises(st.AliasError, match="ops.sample: the output out overlaps the input "
+                                            "counter"):
+        ops.sample(wrap(rand(500, st.f32, 9)), ops.sampling_params(1.0, device="cpu"),
+                   ops.sampling_key(0, device="cpu"), counter, out=counter.view(1))
+    assert counter.to_torch().tolist() == [0]
 
 
 def test_without_a_workspace_it_allocates_so_it_cannot_be_recorded():

@@ -264,12 +264,13 @@ def sampler_workspace(n: int, dtype=st.i32, device=None, block: int = BLOCK) -> 
 def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     device=None) -> Tensor:
     """The ``params`` tensor of :func:`sample` (allocates: copy it into the recorded one)."""
-    if not temperature >= 0.0:
-        raise ArgumentError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ArgumentError(f"top_k must be an int >= 0 (0 is off), got {top_k!r}")
-    if not 0.0 < top_p <= 1.0:
-        raise ArgumentError(f"top_p must be in (0, 1] (1 is off), got {top_p}")
+    temperature = host.check_number("ops.sampling_params: temperature (0 is greedy)",
+                                    temperature, lo=0.0)
+    top_k = host.check_int("ops.sampling_params: top_k (0 is off)", top_k, lo=0)
+    top_p = host.check_number("ops.sampling_params: top_p (1 is off)", top_p, above=0.0)
+    if top_p > 1.0:
+        raise ArgumentError(f"ops.sampling_params: top_p must be in (0, 1] (1 is off), got "
+                            f"{top_p}")
     # A top_p below float32's smallest normal would round (or flush) to 0: keep it positive,
     # which keeps only the most likely token, as the tiny top_p means.
     top_p = max(float(top_p), FLOAT32_TINY)
@@ -312,12 +313,16 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits.view(-1)
     n = logits.shape[-1]
-    if passes < 1:
-        raise ArgumentError(f"ops.sample: passes must be >= 1, got {passes}")
+    passes = host.check_int("ops.sample: passes", passes, lo=1)
+    if n == 0:
+        raise ArgumentError("ops.sample: there is no token to draw from 0 logits")
     ws = workspace or sampler_workspace(n, out.dtype if out is not None else st.i32,
                                         logits.device)
     _check(logits, params, key, counter, ws)
     z = host.output("ops.sample: out", out, (1,), ws.indices.dtype, logits.device)
+    # Several launches: an output overlapping an input is refused before the first.
+    host.check_disjoint("ops.sample", {"logits": logits, "params": params, "key": key,
+                                       "counter": counter}, {"out": z})
     nb, blk = ws.blocks, ws.block
     warps = host.warps_for(blk)
     b = host.borrow
