@@ -27,8 +27,7 @@ Convention, shared by every op:
   handle stays valid and holds the result after the op.
 - An output may share memory with no input and no other output (safe ops cannot write what
   they read): an op refuses it with ``AliasError`` when it is built, before any launch,
-  also an op of several launches (``sample`` excepted: each of its launches checks only its
-  own arguments). In-place updates alternate between two buffers.
+  also an op of several launches. In-place updates alternate between two buffers.
 - An op of several launches (``argmax``, ``rmsnorm_gemv_argmax``, ``decode_attention`` with
   splits, ``matmul`` split-K or head/tail, ``qk_norm_rope_kv_append`` over a long cache,
   ``sample``) borrows what a later launch writes only when it runs that launch: until the op is
