@@ -154,6 +154,7 @@ PROLOGUES = {
     "qk_norm_rope_append_attention":
         lambda a, **kw: ops.qk_norm_rope_append_attention(*a, **kw),
     "qk_norm_rope": lambda a, **kw: ops.qk_norm_rope(*a[:5], 2, **kw),
+    "qk_norm_rope_attention": lambda a, **kw: ops.qk_norm_rope_attention(*a, **kw),
 }
 
 
@@ -175,3 +176,11 @@ def test_decode_prologues_refuse_an_eps_that_is_not_a_finite_number_from_0(op, e
 def test_decode_prologues_refuse_a_truthy_non_bool_option(op, name):
     with pytest.raises(st.ArgumentError, match=f"ops.{op}: {name} must be True"):
         PROLOGUES[op](prologue_args(), **{name: "yes"})
+
+
+@pytest.mark.parametrize("name", ["pdl", "trigger_early"])
+def test_kv_append_refuses_a_truthy_non_bool_option(name):
+    new = st.zeros((2, 16))
+    with pytest.raises(st.ArgumentError, match=f"ops.kv_append: {name} must be True"):
+        ops.kv_append(new, new, i32(1), st.zeros((2, 20, 16)), st.zeros((2, 20, 16)),
+                      **{name: "no"})

@@ -220,13 +220,18 @@ def test_bad_arguments_raise_argument_errors(change, match):
 @pytest.mark.parametrize("change,match", [
     (dict(block_n=48), "block_n must be a power of two"),
     (dict(block_n=8), "block_n must be a power of two"),
-    (dict(early_positions=0), "early_positions must be a positive int"),
+    (dict(early_positions=0), "early_positions must be an int >= 1"),
+    (dict(trim="no"), "trim must be True or False"),
+    (dict(num_warps=3), "num_warps must be a power of two"),
+    (dict(eps=float("nan")), "eps must be a finite number"),
     (dict(block_n=16, early_positions=80), "at most 4 are loaded before the wait"),
     (dict(out=st.empty((4, 32), st.bf16)), "out"),
     (dict(k_out=st.empty((4, 32), st.f32)), "k_out"),
 ])
 def test_bad_options_and_outputs_raise_argument_errors(change, match):
     args = support.prologue_arguments(max_seq=128, seed=61)
+    if "eps" in change:
+        args.pop("eps", None)
     with pytest.raises(st.ArgumentError, match=match):
         ops.qk_norm_rope_attention(**{k: wrap(v) for k, v in args.items()}, **change)
 

@@ -240,6 +240,14 @@ def test_an_out_overlapping_an_input_is_refused_before_anything_runs():
     assert counter.to_torch().tolist() == [0]
 
 
+def test_an_out_inside_the_workspace_is_refused_before_anything_runs():
+    ws = ops.sampler_workspace(500, device="cpu")
+    with pytest.raises(st.AliasError, match="workspace.indices"):
+        ops.sample(wrap(rand(500, st.f32, 9)), ops.sampling_params(1.0, device="cpu"),
+                   ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32, device="cpu"),
+                   out=ws.indices.slice(0, 0, 1), workspace=ws)
+
+
 def test_without_a_workspace_it_allocates_so_it_cannot_be_recorded():
     with pytest.raises(st.GraphCaptureError):
         args = (wrap(torch.zeros(64)), st.zeros((4,), device="cpu"),

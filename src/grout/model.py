@@ -229,7 +229,8 @@ def decode_layer(cfg: Qwen3Config, layer: Layer, k_cache: st.Tensor, v_cache: st
 FUSED_SHORT_ATTENTION = False
 # Whether a short-context step attends before it appends (ops.qk_norm_rope_attention, then
 # ops.kv_append), so that the attention's cache loads precede its PDL wait and overlap the
-# qkv gemv; off while the two-kernel prologue and attention is the measured default.
+# qkv gemv. Off: the heavier attention and the separate append cost more than the round
+# trip they move off the critical path, and the step is slower (benchmarks/TUNING.md).
 EARLY_CACHE_ATTENTION = False
 
 

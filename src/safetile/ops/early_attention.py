@@ -51,9 +51,9 @@ MAX_EARLY_BLOCKS = 4
 DEFAULT_EARLY_POSITIONS = 256
 # Whether a key block past the new position skips its load (its rows are masked anyway).
 DEFAULT_TRIM = True
-# Warps: the early blocks' K and V stay in registers until the wait, 128 KB at 256
-# positions of head_dim 128 in bf16; 8 warps hold them without spilling (4 spill, and 16
-# leave 128 registers a thread, which spills too).
+# Warps: the early blocks' K and V (128 KB at 256 positions of head_dim 128 in bf16) stay in
+# registers until the wait, so the warp count is the one whose sm_90 compile holds them
+# without spilling (fewer warps have too few registers, more leave each thread too few).
 DEFAULT_WARPS = 8
 # Pipeline depth of the loop over key blocks past the early ones (after the wait): 1, no
 # shared-memory buffers, since that loop only serves positions past the early blocks.
@@ -197,12 +197,6 @@ def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
         trigger_early=pdl and trigger_early)
 
 
-def _positive_int(name: str, what: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgumentError(f"{name}: {what} must be a positive int, got {value!r}")
-    return value
-
-
 def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
                            v_cache, eps: float = 1e-6, out=None, k_out=None, *,
                            scale: float | None = None, block_n: int | None = None,
@@ -228,8 +222,9 @@ def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     and later): programmatic dependent launch, the caches, position, weights and table read
     before the wait; ``trigger_early``: the next kernel may be scheduled as soon as this
     one's programs start. Returns a ``DeviceOp`` whose output is ``(out, k_out)``. A
-    position outside the cache attends zeros past its end; ``ops.kv_append`` then writes
-    nothing on the GPU and raises ``OutOfBoundsError`` on the CPU executor."""
+    position past the cache attends the whole cache (as ``ops.decode_attention``), one below
+    0 attends nothing and gives zeros; ``ops.kv_append`` then writes no row (see its
+    docstring for the CPU executor's checks)."""
     name = "ops.qk_norm_rope_attention"
     hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
                                                inv_freq, k_cache, v_cache)
@@ -237,28 +232,29 @@ def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         raise ArgumentError(f"{name}: head_dim {d} is below {MIN_HEAD_DIM} (each half of a "
                             f"head feeds the tensor cores); use ops.qk_norm_rope_kv_append, "
                             f"then ops.decode_attention")
-    block_n = block_n or DEFAULT_BLOCK_N
-    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 16 or \
-            block_n & (block_n - 1):
-        raise ArgumentError(f"{name}: block_n must be a power of two >= 16, got {block_n!r}")
-    early_positions = _positive_int(name, "early_positions", early_positions)
+    block_n = DEFAULT_BLOCK_N if block_n is None else \
+        host.check_pow2(f"{name}: block_n", block_n, 16)
+    early_positions = host.check_int(f"{name}: early_positions", early_positions, lo=1)
     blocks = early_blocks(block_n, early_positions, max_seq)
     if blocks > MAX_EARLY_BLOCKS:
         raise ArgumentError(f"{name}: early_positions={early_positions} is "
                             f"{-(-early_positions // block_n)} blocks of {block_n} keys; at "
                             f"most {MAX_EARLY_BLOCKS} are loaded before the wait")
-    _positive_int(name, "num_warps", num_warps)
-    _positive_int(name, "num_stages", num_stages)
+    num_warps = host.check_pow2(f"{name}: num_warps", num_warps, 1, 32)
+    num_stages = host.check_int(f"{name}: num_stages", num_stages, lo=1)
+    trim = host.check_flag(f"{name}: trim", trim)
+    eps = host.check_eps(name, eps)
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     z = host.output(f"{name}: out", out, (hq, d), qkv.dtype, qkv.device)
     k = host.output(f"{name}: k_out", k_out, (hkv, d), qkv.dtype, qkv.device)
+    host.check_disjoint(name, {"k_cache": k_cache, "v_cache": v_cache, "qkv": qkv},
+                        {"out": z, "k_out": k})
     group = hq // hkv
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
-    op = _kernel(num_warps, num_stages, pdl, bool(trigger_early))(
-        host.borrow(k_cache), host.borrow(v_cache), host.borrow(pos),
-        host.borrow(q_norm_weight), host.borrow(k_norm_weight), host.borrow(inv_freq), rows,
+    scale = 1.0 / math.sqrt(d) if scale is None else host.check_number(f"{name}: scale", scale)
+    op = _kernel(num_warps, num_stages, pdl, trigger_early)(
+        *host.inputs(k_cache, v_cache, pos, q_norm_weight, k_norm_weight, inv_freq, rows),
         host.owned_view(z, (hkv, group, d)).partition(
             (1, max(MIN_GROUP_ROWS, host.next_pow2(group)), d)),
-        host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)), float(eps), scale * LOG2E,
-        group, hq, hkv, block_n, blocks, bool(trim))
+        host.owned_view(k, (hkv, 1, d)).partition((1, 1, d)), eps, scale * LOG2E,
+        group, hq, hkv, block_n, blocks, trim)
     return host.returning(op, (z, k))

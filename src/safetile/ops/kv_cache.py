@@ -130,8 +130,8 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     _check("ops.kv_append", k_new, v_new, pos, k_cache, v_cache, 2)
     hkv, max_seq, d = k_cache.shape
     block = (1, append_block("ops.kv_append", max_seq, d, block_s), d)
-    pdl = host.pdl_available() if pdl is None else bool(pdl)
-    op = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and bool(trigger_early))(
+    pdl, trigger_early = host.pdl_flags("ops.kv_append", pdl, trigger_early)
+    op = kv_append_kernel.options(pdl=pdl, trigger_early=pdl and trigger_early)(
         *host.inputs(k_new, v_new, pos),
         host.owned_view(k_cache, tuple(k_cache.shape)).partition(block),
         host.owned_view(v_cache, tuple(v_cache.shape)).partition(block), max_seq)

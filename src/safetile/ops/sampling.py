@@ -322,7 +322,11 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     z = host.output("ops.sample: out", out, (1,), ws.indices.dtype, logits.device)
     # Several launches: an output overlapping an input is refused before the first.
     host.check_disjoint("ops.sample", {"logits": logits, "params": params, "key": key,
-                                       "counter": counter}, {"out": z})
+                                       "counter": counter},
+                        {"out": z, "workspace.stats": ws.stats, "workspace.counts": ws.counts,
+                         "workspace.masses": ws.masses, "workspace.states[0]": ws.states[0],
+                         "workspace.states[1]": ws.states[1], "workspace.values": ws.values,
+                         "workspace.indices": ws.indices})
     nb, blk = ws.blocks, ws.block
     warps = host.warps_for(blk)
     b = host.borrow
