@@ -44,9 +44,9 @@ VARIANTS = {
                   dict(num_stages=2), dict(num_stages=4), dict(block_n=128, num_warps=8),
                   dict(block_n=32, num_stages=4)],
     "prologue": [dict(num_warps=1), dict(num_warps=2), dict(num_warps=8)],
-    "split": [dict(masked=1)],
+    "split": [dict(masked=True)],
     "fused": [dict(), dict(num_warps=8), dict(block_n=32), dict(num_stages=3)],
-    "early": [dict(), dict(trim=0), dict(early_positions=128), dict(block_n=128),
+    "early": [dict(), dict(trim=False), dict(early_positions=128), dict(block_n=128),
               dict(block_n=32, early_positions=128), dict(num_warps=4)],
 }
 

@@ -44,10 +44,17 @@ def chunk(runner, origin: Origin) -> tuple[float, list]:
     return (time.perf_counter() - t0) / 8, tokens
 
 
+# Options that are flags: the ops refuse an int for them, so 0 / 1 on the command line are
+# passed as False / True.
+FLAGS = {"masked", "cyclic", "trim", "tma", "early", "pdl", "trigger_early"}
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
-    """``"down:bk=1024,num_stages=4"`` -> ``("down", {"bk": 1024, "num_stages": 4})``."""
+    """``"down:bk=1024,num_stages=4"`` -> ``("down", {"bk": 1024, "num_stages": 4})``;
+    ``"split:masked=1"`` -> ``("split", {"masked": True})``."""
     role, _, fields = text.partition(":")
-    return role, {k: int(v) for k, v in (f.split("=") for f in fields.split(",") if f)}
+    pairs = (f.split("=") for f in fields.split(",") if f)
+    return role, {k: bool(int(v)) if k in FLAGS else int(v) for k, v in pairs}
 
 
 def engine(name: str, start: int = START):
