@@ -160,10 +160,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
-    except (GroutError, ValueError) as e:
-        print(f"grout: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:                 # a file that cannot be written, a full disk
+    except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write
         print(f"grout: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

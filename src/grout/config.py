@@ -40,23 +40,24 @@ class Qwen3Config:
     name: str = ""
 
     def __post_init__(self):
+        where = self.name or "config"
         for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim",
                   "max_position_embeddings"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise CheckpointError(f"{self.name or 'config'}: {f} must be a positive int, "
+                raise CheckpointError(f"{where}: {f} must be a positive int, "
                                       f"got {v!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise CheckpointError(f"{self.name}: num_attention_heads "
+            raise CheckpointError(f"{where}: num_attention_heads "
                                   f"{self.num_attention_heads} is not a multiple of "
                                   f"num_key_value_heads {self.num_key_value_heads}")
         d = self.head_dim
         if d < 16 or d & (d - 1):
-            raise CheckpointError(f"{self.name}: head_dim {d} is not supported (the attention "
+            raise CheckpointError(f"{where}: head_dim {d} is not supported (the attention "
                                   f"kernels need a power of two >= 16; Qwen3 uses 128)")
         if self.dtype not in DTYPES:
-            raise CheckpointError(f"{self.name}: dtype {self.dtype!r} is not one of {DTYPES}")
+            raise CheckpointError(f"{where}: dtype {self.dtype!r} is not one of {DTYPES}")
 
     @property
     def q_size(self) -> int:

@@ -1,4 +1,4 @@
-"""The server's request queue: one engine thread, one request at a time, in arrival order.
+"""The server's request queue: one engine thread, one request at a time, in queue order.
 
 Loading, warm-up and every generation run on a single worker thread, so the asyncio event
 loop never blocks on the engine and the engine never sees two requests at once. The loop
@@ -65,7 +65,7 @@ class Job:
         prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
         self.created = int(time.time())
-        self.arrived = time.monotonic()
+        self.queued_at = time.monotonic()   # when it joined the queue (Scheduler.submit)
         self.prompt_ids: list[int] | None = None
         self.max_new_tokens = 0
         self.fault_after: int | None = None                 # tests: fail after this many tokens
@@ -115,7 +115,7 @@ class Job:
 
 
 class Scheduler:
-    """Runs ``load()`` and then every job on one engine thread, in arrival order."""
+    """Runs ``load()`` and then every job on one engine thread, in the order submitted."""
 
     def __init__(self, load: Callable[[], Any], generate: Callable[[Any, Job], None]) -> None:
         self._load = load
@@ -126,6 +126,7 @@ class Scheduler:
         self.engine: Any = None
         self.ready = asyncio.Event()
         self.busy: Job | None = None
+        self._stopping: APIError | None = None   # why new jobs are refused, once stopping
 
     async def start(self) -> None:
         """Load the engine on the engine thread, then start serving the queue."""
@@ -135,12 +136,20 @@ class Scheduler:
         self.ready.set()
 
     def submit(self, job: Job) -> None:
-        """Queue a job behind every job that arrived before it."""
+        """Queue a job behind every job submitted before it (a request is submitted once its
+        prompt is tokenized and checked). Once the server stops, a job fails at once."""
+        job.queued_at = time.monotonic()
+        if self._stopping is not None:
+            job.cancel(self._stopping)
+            job.emit(Failed(self._stopping))
+            return
         self._queue.put_nowait(job)
 
     def cancel_all(self) -> None:
-        """Cancel the running job and every queued one: the server is stopping."""
+        """Cancel the running job and every queued one, and refuse later ones (a request
+        still being tokenized submits afterwards): the server is stopping."""
         reason = APIError("the server is shutting down", status=503, type="service_unavailable")
+        self._stopping = reason
         if self.busy is not None:
             self.busy.cancel(reason)
         while not self._queue.empty():
@@ -173,7 +182,7 @@ class Scheduler:
             log.error("%s failed:\n%s", job.id, traceback.format_exc())
             job.emit(Failed(internal_error(f"internal error while generating: "
                                            f"{type(err).__name__}: {err}")))
-        timing = f"queued {(started - job.arrived) * 1e3:.0f} ms, " \
+        timing = f"queued {(started - job.queued_at) * 1e3:.0f} ms, " \
                  f"ran {(time.monotonic() - started) * 1e3:.0f} ms"
         if job.generated > 1:
             rate = (job.generated - 1) / max(job.last_token_at - job.first_token_at, 1e-9)

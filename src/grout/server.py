@@ -6,8 +6,9 @@ server-sent events in the chunk format of the ``openai`` client).
 
 The stack is Starlette on uvicorn. Request bodies are validated by hand (grout.protocol), so
 errors come out as OpenAI-shaped 400s, not a framework's 422s, and the server needs neither
-FastAPI nor pydantic. Requests are served one at a time in arrival order
-(grout.scheduler); the port opens at once, ``/health`` answers 503 while the engine loads and
+FastAPI nor pydantic. Requests are served one at a time, in the order their prompts are
+tokenized and checked (grout.scheduler: in arrival order, but for a prompt that takes long to
+tokenize); the port opens at once, ``/health`` answers 503 while the engine loads and
 captures its decode graph and 200 after, and the server exits with status 1 if loading fails.
 A request body over ``max_request_bytes`` is refused (413) before it is parsed.
 """
@@ -147,7 +148,8 @@ async def _read_json(request: Request, limit: int) -> Any:
                          f"bytes (grout serve --max-request-bytes)", status=413,
                          code="request_too_large")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or
+                                                      int(declared) > limit):
         raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():

@@ -256,3 +256,14 @@ def test_weights_are_shared_on_the_device_and_released_with_the_engine(checkpoin
     del eng, w
     gc.collect()
     assert len(active_holds()) == before
+
+
+def test_a_config_error_names_the_file_once_without_a_model_name():
+    from grout import config
+    raw = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 10, "hidden_size": 64,
+           "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 3,
+           "num_key_value_heads": 2, "head_dim": 16}
+    with pytest.raises(grout.CheckpointError) as e:
+        config.from_dict(raw, "/p/config.json", name="")
+    assert str(e.value) == ("/p/config.json: num_attention_heads 3 is not a multiple of "
+                            "num_key_value_heads 2")
