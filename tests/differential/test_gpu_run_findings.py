@@ -155,8 +155,8 @@ def test_a_shift_of_int8_stays_int8_so_its_negation_wraps():
     args = lambda: [t([-128, -127, 5, 127], torch.int8), out(4, st.int8)]
     (z,) = both(negated_shift, args, 1, 1)
     assert z.tolist() == [-128, 64, 0, 0]               # -(-128) wraps in int8
-    # Triton's interpreter does not widen the helper's result, the GPU compiler did: the
-    # negation must be an int8 subtraction in the compiled IR.
+    # Triton's interpreter never widens the shift helper's result, the GPU compiler would if
+    # the helper let it: the negation must be an int8 subtraction in the compiled IR.
     ir = negated_shift.compile(*args()).asm["ttir"]
     negations = [line for line in ir.splitlines() if "arith.subi" in line]
     assert negations and all("xi8>" in line for line in negations), negations

@@ -29,6 +29,7 @@ from asyncio.events import _get_running_loop as _running_loop
 
 from ..errors import BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
 from ..tensor import borrows
+from ..tensor.alloc import GUARD as _ALLOCATION_GUARD
 from ..tensor.alloc import allocation_forbidden
 from ..tensor.ownership import NoCopies
 from . import streams
@@ -254,7 +255,8 @@ def enqueue(op, stream, what: str):
     if getattr(_state, "busy", None) is not None:
         with executing(what):                    # raises ExecutionError
             pass
-    refuse_inside_recording(op, what)
+    if getattr(_ALLOCATION_GUARD, "stack", None):   # inside a graph scope's block
+        refuse_inside_recording(op, what)
     _state.busy = "execution"
     owner = borrows._owner
     outer_owner = getattr(owner, "ctx", None)

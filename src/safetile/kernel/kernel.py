@@ -191,25 +191,32 @@ class Kernel(_Frozen):
         that its early loads overlap this kernel's whole run; its stores still wait for this
         kernel, and the check above covers the kernels it may then overlap.
         """
-        check_options(self.name, opts)
-        early = opts.get("early", ())
-        if isinstance(early, str) or not all(
-                isinstance(n, str) and n in self.params and self.params[n].kind == "In"
-                for n in early):
-            raise ArgumentError(f"kernel '{self.name}': early={early!r} must be a tuple of In "
-                                f"parameter names (In parameters: "
-                                f"{[n for n, p in self.params.items() if p.kind == 'In']})")
-        if early:
-            opts = {**opts, "early": tuple(early)}
+        early = opts.get("early")
+        if early is not None and not isinstance(early, (tuple, str)):
+            try:
+                opts = {**opts, "early": tuple(early)}
+            except TypeError:                     # not a sequence: refused in make()
+                pass
         merged = {**self.opts, **opts}
 
         def make() -> "Kernel":
+            # Checked once per set of options: later calls find the copy made here.
+            check_options(self.name, opts)
+            self._check_early(opts.get("early", ()))
             k = object.__new__(Kernel)
             k.__dict__.update(self.__dict__)
             k.__dict__["opts"] = merged
             k.__dict__["_launches"] = self._launches.for_options(k)
             return k
         return self._launches.copy(merged, make)
+
+    def _check_early(self, early) -> None:
+        if isinstance(early, str) or not isinstance(early, tuple) or not all(
+                isinstance(n, str) and n in self.params and self.params[n].kind == "In"
+                for n in early):
+            raise ArgumentError(f"kernel '{self.name}': early={early!r} must be a tuple of In "
+                                f"parameter names (In parameters: "
+                                f"{[n for n, p in self.params.items() if p.kind == 'In']})")
 
     def __call__(self, *args, **kwargs) -> DeviceOp:
         """Check the arguments and move them into a lazy op (see ``st.kernel``)."""

@@ -97,13 +97,15 @@ def _torch_dtype(dtype, default: _dtypes.DType = _dtypes.float32) -> torch.dtype
 # the graph-capture guard
 # ---------------------------------------------------------------------------------------
 
-_GUARD = threading.local()
+#: ``GUARD.stack``: the reasons of this thread's active scopes (the device layer reads it on
+#: every execution, so it is a plain attribute rather than a call away).
+GUARD = threading.local()
 
 
 def _stack() -> list[str]:
-    s = getattr(_GUARD, "stack", None)
+    s = getattr(GUARD, "stack", None)
     if s is None:
-        s = _GUARD.stack = []
+        s = GUARD.stack = []
     return s
 
 
@@ -121,7 +123,7 @@ def forbid_allocation(reason: str) -> Iterator[None]:
 
 def allocation_forbidden() -> str | None:
     """The reason of the innermost active :func:`forbid_allocation` scope, or None."""
-    s = getattr(_GUARD, "stack", None)
+    s = getattr(GUARD, "stack", None)
     return s[-1] if s else None
 
 
