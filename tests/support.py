@@ -54,6 +54,28 @@ def prologue_arguments(max_seq: int, seed: int, hq=4, hkv=2, d=32) -> dict:
                 v_cache=vc)
 
 
+def prologue_chain(qkv, qw, kw, kc, vc, p: int, d: int):
+    """The unfused reference of the decode prologues on the CPU: ops.qk_norm_rope_kv_append,
+    then the one-split ops.decode_attention; returns (out, k_cache, v_cache)."""
+    q, k_cache, v_cache = ops.qk_norm_rope_kv_append(
+        wrap(qkv), wrap(qw), wrap(kw), position(p), ops.inv_freq_table(d, ROPE_THETA, "cpu"),
+        wrap(kc), wrap(vc)).sync()
+    out = ops.decode_attention(q, k_cache, v_cache, position(p), length_offset=1,
+                               num_splits=1).sync()
+    return out, k_cache, v_cache
+
+
+def grouped_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      rows: int) -> torch.Tensor:
+    """fp32 attention of q (Hq, D) over the first ``rows`` rows of the caches (Hkv, S, D),
+    each kv head serving Hq / Hkv q heads."""
+    group, d = q.shape[0] // k_cache.shape[0], q.shape[1]
+    keys = k_cache[:, :rows].float().repeat_interleave(group, 0)
+    values = v_cache[:, :rows].float().repeat_interleave(group, 0)
+    w = torch.softmax(torch.einsum("hd,hnd->hn", q.float(), keys) / d ** 0.5, -1)
+    return torch.einsum("hn,hnd->hd", w, values)
+
+
 def cpu_executor(seed: int):
     """An autouse fixture running every test of a module on the CPU executor with ``seed``."""
     @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ from safetile.ops.early_attention import MAX_EARLY_BLOCKS, _kernel
 import support
 from support import position as pos_tensor
 from support import ROPE_THETA as THETA
+from support import prologue_chain as chain
 from support import prologue_inputs, wrap
 
 cpu_executor = support.cpu_executor(seed=7)
@@ -42,15 +43,6 @@ def early(qkv, qw, kw, kc, vc, p, hq, hkv, d, **kw_args):
     k_cache, v_cache = ops.kv_append(k_out, v_rows(qkv, hq, hkv, d), pos_tensor(p), wrap(kc),
                                      wrap(vc)).sync()
     return out, k_out, k_cache, v_cache
-
-
-def chain(qkv, qw, kw, kc, vc, p, d):
-    q, k_cache, v_cache = ops.qk_norm_rope_kv_append(
-        wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p), ops.inv_freq_table(d, THETA, "cpu"),
-        wrap(kc), wrap(vc)).sync()
-    out = ops.decode_attention(q, k_cache, v_cache, pos_tensor(p), length_offset=1,
-                               num_splits=1).sync()
-    return out, k_cache, v_cache
 
 
 def assert_matches_chain(dtype, hq, hkv, d, p, max_seq=MAX_SEQ, seed=0, **kw_args):

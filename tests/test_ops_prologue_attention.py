@@ -11,6 +11,7 @@ from support import position as pos_tensor
 from support import PROLOGUE_SHAPE_IDS as SHAPE_IDS
 from support import PROLOGUE_SHAPES as SHAPES
 from support import ROPE_THETA as THETA
+from support import prologue_chain as chain
 from support import prologue_inputs, wrap
 
 cpu_executor = support.cpu_executor(seed=5)
@@ -30,15 +31,6 @@ def fused(qkv, qw, kw, kc, vc, p, d, **kw_args):
     return ops.qk_norm_rope_append_attention(wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p),
                                              ops.inv_freq_table(d, THETA, "cpu"), wrap(kc),
                                              wrap(vc), **kw_args).sync()
-
-
-def chain(qkv, qw, kw, kc, vc, p, d):
-    q, k_cache, v_cache = ops.qk_norm_rope_kv_append(
-        wrap(qkv), wrap(qw), wrap(kw), pos_tensor(p), ops.inv_freq_table(d, THETA, "cpu"),
-        wrap(kc), wrap(vc)).sync()
-    out = ops.decode_attention(q, k_cache, v_cache, pos_tensor(p), length_offset=1,
-                               num_splits=1).sync()
-    return out, k_cache, v_cache
 
 
 def torch_attention(q, k_cache, v_cache, p):
