@@ -188,3 +188,28 @@ def test_bad_launch_options_in_the_decorator_are_refused_too():
         @st.kernel(num_warps=5)
         def k(x: st.In[st.f32], z: st.Out[st.f32]):
             z.store(sl.load_like(x, z))
+
+
+class AlwaysEqual(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+
+
+class AlwaysAtLeast(int):
+    def __ge__(self, other):
+        return True
+
+
+@pytest.mark.parametrize("opts", [dict(num_warps=AlwaysEqual(3)),
+                                  dict(num_stages=AlwaysAtLeast(-5)),
+                                  dict(loop_stages=AlwaysAtLeast(0))])
+def test_int_subclass_options_are_checked_by_their_int_values(opts):
+    with pytest.raises(st.ArgumentError, match="must be"):
+        pair.options(**opts)
+
+
+def test_int_subclass_options_are_kept_as_plain_ints():
+    k = pair.options(num_warps=AlwaysEqual(4), num_stages=AlwaysAtLeast(2))
+    assert [type(v) for v in k.opts.values()] == [int, int]
+    assert dict(k.opts) == {"num_warps": 4, "num_stages": 2}

@@ -174,3 +174,67 @@ def test_a_graph_inlined_into_another_recording_starts_in_plain_order():
         scope.record(signal(x, z))
         scope.record(inner.launch())
     assert scope.graph.records[1] is inner.records[0] and inner.records[0].serial
+
+
+# ---- the early names the launcher checks are the ones the variant loads early ----------------
+
+def launch_after_a_writer_of_w(kernel) -> bool:
+    """Record a write of ``w`` and then ``kernel`` (loading ``w`` early); whether that launch
+    goes in plain order."""
+    w, x, src, z = vec(seed=1), vec(seed=2), vec(seed=3), out()
+    with st.graph_scope() as scope:
+        _, wp = scope.record(copy(src, w.partition((4,))))
+        scope.record(kernel(wp.unpartition(), x, z))
+    return scope.graph.records[-1].serial
+
+
+def test_an_early_tuple_subclass_cannot_hide_its_names_from_the_launch_check():
+    class Hiding(tuple):
+        def __contains__(self, item):
+            return False
+
+    k = weighted.options(pdl=True, early=Hiding(("w",)))
+    assert type(k.opts["early"]) is tuple
+    assert launch_after_a_writer_of_w(k)
+
+
+def test_an_early_name_of_a_str_subclass_cannot_hide_from_the_launch_check():
+    class Unequal(str):
+        def __eq__(self, other):
+            return False
+        __hash__ = str.__hash__
+
+    k = weighted.options(pdl=True, early=(Unequal("w"),))
+    assert [type(n) for n in k.opts["early"]] == [str]
+    assert launch_after_a_writer_of_w(k)
+
+
+def test_a_kernels_options_cannot_be_changed_in_place():
+    k = weighted.options(pdl=True, early=("w",))
+    with pytest.raises(TypeError):
+        k.opts["early"] = ()
+    with pytest.raises(TypeError):
+        weighted.opts["pdl"] = "maybe"
+    assert weighted.options(pdl=True, early=("w",)).opts["early"] == ("w",)
+    assert launch_after_a_writer_of_w(k)
+
+
+@pytest.mark.parametrize("early", [("nope",), ("z",), 5, "w"])
+def test_the_decorator_checks_early_as_options_does(early):
+    with pytest.raises(ArgumentError, match="early="):
+        @st.kernel(pdl=True, early=early)
+        def k(w: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(w.load(z.index, z.shape))
+
+
+def test_an_early_list_given_to_the_decorator_is_copied_when_the_kernel_is_defined():
+    names = ["w"]
+
+    @st.kernel(pdl=True, early=names)
+    def weighted_early(w: st.In[st.f32], x: st.In[st.f32], z: st.Out[st.f32]):
+        wt = w.load(z.index, z.shape)
+        z.store(wt * x.load(z.index, z.shape))
+
+    names.clear()
+    assert weighted_early.opts["early"] == ("w",)
+    assert launch_after_a_writer_of_w(weighted_early)

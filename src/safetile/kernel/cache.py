@@ -69,7 +69,7 @@ def variant_key(kernel, bound) -> VariantKey:
     return VariantKey(tuple(specs), o.get("tma", True), o.get("num_warps"), o.get("num_stages"),
                       bool(o.get("flatten", False)), bool(o.get("warp_specialize", False)),
                       o.get("loop_stages"), bool(o.get("tma_store", False)),
-                      bool(o.get("pdl", False)), tuple(o.get("early", ())),
+                      bool(o.get("pdl", False)), o.get("early", ()),
                       bool(o.get("trigger_early", False)))
 
 
@@ -98,6 +98,20 @@ def _type_facts(bound) -> tuple:
                  for b in bound)
 
 
+_PLAIN = frozenset({int, bool, float, str, type(None)})
+
+
+def _plain_key(opts: dict):
+    """``opts`` as a sorted tuple of ``(name, type, value)``, or None unless every name is a
+    str and every value a plain scalar or a tuple of them."""
+    for k, v in opts.items():
+        t = type(v)
+        if type(k) is not str or (t not in _PLAIN and not (
+                t is tuple and all(type(x) in _PLAIN for x in v))):
+            return None
+    return tuple(sorted((k, type(v), v) for k, v in opts.items()))
+
+
 class LaunchCache:
     """The launch caches of one kernel with one set of options (see the module docstring)."""
 
@@ -120,20 +134,23 @@ class LaunchCache:
         copies."""
         return LaunchCache(kernel, self.variants, self.copies)
 
-    def copy(self, opts: dict, make):
-        """The ``options()`` copy with options ``opts`` (``make()`` builds it on first use;
-        options that do not hash are never shared). Values are keyed with their types, so
-        ``num_warps=4.0`` is never ``num_warps=4``'s copy."""
-        try:
-            key = tuple((k, type(v), v) for k, v in sorted(opts.items(), key=lambda kv: kv[0]))
-            hash(key)
-        except TypeError:
-            return make()
+    def copy(self, opts: dict, make, normalize):
+        """The ``options()`` copy with options ``opts``: ``make(plain)`` builds it on first
+        use from ``plain = normalize(opts)``. Only plain values key the cache (a subclass's
+        ``==`` and ``hash`` could make two sets of options one key), each with its type, so
+        ``num_warps=4.0`` is never ``num_warps=4``'s copy; other options are keyed by their
+        normalized form."""
+        key = _plain_key(opts)
+        if key is None:
+            opts = normalize(opts)
+            key = _plain_key(opts)
+            if key is None:                       # a grid of other objects: refused at launch
+                return make(opts)
         k = self.copies.get(key)
         if k is None:
             if len(self.copies) >= COPY_CACHE:
                 self.copies.clear()
-            k = self.copies[key] = make()
+            k = self.copies[key] = make(normalize(opts))
         return k
 
     def variant(self, kernel, bound) -> Variant:

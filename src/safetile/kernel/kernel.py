@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, overload
 
 from ..device.op import DeviceOp
@@ -24,29 +25,83 @@ LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_spe
 _FLAGS = ("tma", "flatten", "warp_specialize", "tma_store", "pdl", "trigger_early")
 
 
-def check_options(name: str, opts: dict) -> None:
-    """Refuse launch options Triton would reject only when compiling (or not at all): every
-    option known, warps a power of two up to 32, pipeline depths positive ints, flags
-    bools (``None`` leaves a numeric option at its default). ``grid`` and ``early`` are
-    checked where they are used."""
-    unknown = set(opts) - LAUNCH_OPTIONS
-    if unknown:
-        raise ArgumentError(f"kernel '{name}': unknown launch option(s) {sorted(unknown)}; "
-                            f"known: {sorted(LAUNCH_OPTIONS)}")
+def _as_int(v):
+    """``v`` as a plain int if it is an int (an int subclass is read through ``int.__int__``,
+    not its own comparisons, which could lie), else None. Bools are not ints here."""
+    t = type(v)
+    if t is int:
+        return v
+    return int.__int__(v) if t is not bool and issubclass(t, int) else None
 
-    def plain_int(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-    w = opts.get("num_warps")
-    if w is not None and not (plain_int(w) and w in (1, 2, 4, 8, 16, 32)):
-        raise ArgumentError(f"kernel '{name}': num_warps must be 1, 2, 4, 8, 16 or 32, got {w!r}")
-    for key in ("num_stages", "loop_stages"):
-        v = opts.get(key)
-        if v is not None and not (plain_int(v) and v >= 1):
-            raise ArgumentError(f"kernel '{name}': {key} must be a positive int, got {v!r}")
-    for key in _FLAGS:
-        if key in opts and not isinstance(opts[key], bool):
-            raise ArgumentError(f"kernel '{name}': {key} must be True or False, got "
-                                f"{opts[key]!r}")
+
+def _as_str(v):
+    """``v`` as a plain str if it is a str (a subclass is copied: its ``==``, ``hash`` and
+    ``in`` could lie to the checks that read it), else None."""
+    return str.__str__(v) if issubclass(type(v), str) else None
+
+
+def normalized_options(name: str, params: dict, opts) -> dict:
+    """A plain, checked copy of the launch options ``opts``, or ``ArgumentError``.
+
+    Every option is known; warps are a power of two up to 32, pipeline depths positive ints
+    (``None`` leaves a numeric option at its default), flags bools; ``early`` names In
+    parameters. The copy holds plain ints, strs and tuples only, so the variant that codegen
+    keys on these options and the launcher's checks of them read the same values, whatever
+    subclass the caller passed. ``grid`` is checked where it is used (launch.py)."""
+    out = {}
+    for key, v in dict(opts).items():
+        k = _as_str(key)
+        if k not in LAUNCH_OPTIONS:
+            raise ArgumentError(f"kernel '{name}': unknown launch option {key!r}; known: "
+                                f"{sorted(LAUNCH_OPTIONS)}")
+        if k == "num_warps" and v is not None:
+            n = _as_int(v)
+            if n not in (1, 2, 4, 8, 16, 32):
+                raise ArgumentError(f"kernel '{name}': num_warps must be 1, 2, 4, 8, 16 or 32, "
+                                    f"got {v!r}")
+            v = n
+        elif k in ("num_stages", "loop_stages") and v is not None:
+            n = _as_int(v)
+            if n is None or n < 1:
+                raise ArgumentError(f"kernel '{name}': {k} must be a positive int, got {v!r}")
+            v = n
+        elif k in _FLAGS and type(v) is not bool:
+            raise ArgumentError(f"kernel '{name}': {k} must be True or False, got {v!r}")
+        elif k == "early":
+            v = _early(name, params, v)
+        elif k == "grid":
+            v = _grid(v)
+        out[k] = v
+    return out
+
+
+def _early(name: str, params: dict, early) -> tuple:
+    """``early`` as a new tuple of plain strs, each an In parameter's name."""
+    names = None
+    if early is not None and _as_str(early) is None:
+        try:
+            names = tuple(_as_str(n) for n in early)
+        except TypeError:                         # not iterable
+            names = None
+    if names is None or not all(n is not None and n in params and params[n].kind == "In"
+                                for n in names):
+        raise ArgumentError(f"kernel '{name}': early={early!r} must be a tuple of In "
+                            f"parameter names (In parameters: "
+                            f"{[n for n, p in params.items() if p.kind == 'In']})")
+    return names
+
+
+def _grid(grid):
+    """``grid`` with its ints plain and a sequence made a tuple (what launch.py checks)."""
+    n = _as_int(grid)
+    if n is not None:
+        return n
+    if type(grid) is bool or _as_str(grid) is not None:
+        return grid
+    try:
+        return tuple(x if _as_int(x) is None else _as_int(x) for x in grid)
+    except TypeError:                             # not iterable: refused at launch
+        return grid
 
 
 def _plain(fn, what: str):
@@ -109,7 +164,8 @@ class Kernel(_Frozen):
     parameter order (an Out as its ``Partition``); ``kernel.options(...)`` a configured copy;
     ``kernel.source(*args)`` the generated Triton source; ``kernel.compile(*args)`` a
     compiled binary for sm_90, also without a GPU. What the safety checks rely on (the
-    function, its checked body, ``unsafe``, the options) is fixed once defined.
+    function, its checked body, ``unsafe``, the options) is fixed once defined: ``opts`` is a
+    read-only mapping of plain values, checked when the decorator or ``options()`` ran.
     """
 
     _FROZEN = frozenset({"fn", "name", "unsafe", "src", "params", "info", "opts"})
@@ -129,8 +185,9 @@ class Kernel(_Frozen):
         self.params = self._parse_params()
         self.info = check_kernel(self.src, self.params, unsafe)
         check_static_shapes(self.src, self.params, self.info)
-        check_options(self.name, dict(options or {}))
-        self.opts = dict(options or {})
+        # A read-only view of a private checked copy: the variant key (cache.py) and the
+        # launcher (kernel_op.py) read these options at different times and must agree.
+        self.opts = MappingProxyType(normalized_options(self.name, self.params, options or {}))
         self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
 
     @property
@@ -191,32 +248,18 @@ class Kernel(_Frozen):
         that its early loads overlap this kernel's whole run; its stores still wait for this
         kernel, and the check above covers the kernels it may then overlap.
         """
-        early = opts.get("early")
-        if early is not None and not isinstance(early, (tuple, str)):
-            try:
-                opts = {**opts, "early": tuple(early)}
-            except TypeError:                     # not a sequence: refused in make()
-                pass
-        merged = {**self.opts, **opts}
+        return self._launches.copy({**self.opts, **opts}, self._configured, self._normalized)
 
-        def make() -> "Kernel":
-            # Checked once per set of options: later calls find the copy made here.
-            check_options(self.name, opts)
-            self._check_early(opts.get("early", ()))
-            k = object.__new__(Kernel)
-            k.__dict__.update(self.__dict__)
-            k.__dict__["opts"] = merged
-            k.__dict__["_launches"] = self._launches.for_options(k)
-            return k
-        return self._launches.copy(merged, make)
+    def _normalized(self, opts: dict) -> dict:
+        return normalized_options(self.name, self.params, opts)
 
-    def _check_early(self, early) -> None:
-        if isinstance(early, str) or not isinstance(early, tuple) or not all(
-                isinstance(n, str) and n in self.params and self.params[n].kind == "In"
-                for n in early):
-            raise ArgumentError(f"kernel '{self.name}': early={early!r} must be a tuple of In "
-                                f"parameter names (In parameters: "
-                                f"{[n for n, p in self.params.items() if p.kind == 'In']})")
+    def _configured(self, opts: dict) -> "Kernel":
+        """A copy of this kernel with the options ``opts`` (``normalized_options``)."""
+        k = object.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.__dict__["opts"] = MappingProxyType(opts)
+        k.__dict__["_launches"] = self._launches.for_options(k)
+        return k
 
     def __call__(self, *args, **kwargs) -> DeviceOp:
         """Check the arguments and move them into a lazy op (see ``st.kernel``)."""

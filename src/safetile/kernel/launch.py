@@ -198,9 +198,9 @@ def launch_grid(kernel, bound) -> tuple:
     outs = [b for b in bound if b.spec.kind == "Out"]
     if outs:
         return (outs[0].order.num_programs,)
-    g = kernel.opts["grid"]
-    g = (g,) if isinstance(g, int) else tuple(g)
-    if not 1 <= len(g) <= 3 or any(not isinstance(x, int) or isinstance(x, bool) or x < 1
+    g = kernel.opts["grid"]                 # an int or a tuple (normalized_options)
+    g = (g,) if not isinstance(g, tuple) else g
+    if not 1 <= len(g) <= 3 or any(type(x) is not int or x < 1
                                    for x in g):
         raise LaunchError(f"kernel '{kernel.name}': grid must be 1 to 3 positive ints, got {g}")
     if any(x > most for x, most in zip(g, CUDA_GRID)):
