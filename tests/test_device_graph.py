@@ -294,3 +294,29 @@ def test_a_failed_record_leaves_none_of_its_launches_in_the_graph():
     s.launch().sync()
     (zp,), _ = e.value.recovered
     assert zp.unpartition().to_torch().tolist() == [0, 0, 0, 0]     # the replay left it alone
+
+
+def test_a_graph_inlined_after_a_value_was_shared_in_the_scope_may_not_write_it():
+    # Recorded directly, the write is refused (the value is read-only from its share on);
+    # inlined from another graph it must be refused alike, or replays rewrite the value.
+    x = st.zeros((4,))
+    inner = inc(x.view((4,)).partition((2,))).graph()
+    with st.graph_scope() as s:
+        s.record(inc(x.view((4,)).partition((2,))))         # written before the share
+        shared = x.view((4,)).share()
+        with pytest.raises(AliasError, match="shared value") as e:
+            s.record(inner.launch())
+        assert e.value.recovered is inner.output
+    assert len(s.graph.records) == 1
+    s.launch().sync()
+    assert shared.to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_a_graph_that_reads_a_value_shared_in_the_scope_may_be_inlined():
+    x, z = vec(1, 2, 3, 4), st.empty((4,))
+    inner = add(x.view((4,)), vec(1, 1, 1, 1), z.view((4,)).partition((2,))).graph()
+    with st.graph_scope() as s:
+        shared = x.view((4,)).share()
+        s.record(inner.launch())
+    s.launch().sync()
+    assert z.to_torch().tolist() == [2, 3, 4, 5] and shared.to_torch()[0] == 1

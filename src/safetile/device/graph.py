@@ -20,6 +20,8 @@ any launch writes), so host access and other launches are checked as for any op.
 shared while the scope records (``x.share()`` of a recorded op's result, read by a later
 record) is the graph's own: each replay rewrites it, in recorded order, before the launches
 that read it; a value shared after recording still keeps every replay from writing it.
+Recording ``g.launch()`` inlines ``g``'s launches, checked against the borrows in force as
+recording them one by one would be.
 
 ``g.update(op)`` re-records from a new op of the same structure (same kernels, variants and
 grids, in the same order) and re-captures: every argument baked into the graph (tensor
@@ -281,6 +283,21 @@ class Graph:
                     f"through a torch alias since it was recorded ({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
 
+    def check_inlined(self) -> None:
+        """Check the launches of this graph, inlined into a recording, against the borrows in
+        force, one by one as recording them directly would (``AliasError``, with the
+        graph's output as ``e.recovered``). In particular a value shared earlier in the
+        recording keeps them from writing its bytes: only launches recorded before its share
+        may rewrite it (it is not this graph's own, and its replays' exemption does not
+        carry over)."""
+        for i, r in enumerate(self.records):
+            try:
+                borrows.register(f"kernel '{r.kernel.name}' (launch {i} of the inlined "
+                                 f"{self!r})", r.plan.extents, groups=r.plan.groups).release()
+            except BaseException as e:
+                attach_recovered(e, self.output, replace=True)
+                raise
+
     def _replay(self, ctx: RunContext) -> None:
         if self._cuda is not None:
             self._cuda.replay()                   # on torch's current stream: ctx.stream
@@ -340,6 +357,7 @@ class GraphLaunchOp(DeviceOp):
         self._take()
         g = self.graph
         if ctx.recording is not None:             # a replay inside a recording: inline it
+            g.check_inlined()
             ctx.recording.extend(g.records)
             return g.output
         g.check_layouts()
