@@ -320,3 +320,36 @@ def test_a_graph_that_reads_a_value_shared_in_the_scope_may_be_inlined():
         s.record(inner.launch())
     s.launch().sync()
     assert z.to_torch().tolist() == [2, 3, 4, 5] and shared.to_torch()[0] == 1
+
+
+def test_update_is_refused_while_a_replay_of_the_graph_is_in_flight():
+    # The replay's execution stays open (its callback waits), so the replay still borrows
+    # the recorded buffers and will hand back the recorded output.
+    import threading
+    z = st.zeros((4,))
+    g = inc(z.view((4,)).partition((2,))).graph()
+    started, gate = threading.Event(), threading.Event()
+
+    def hold_open(zp):
+        started.set()
+        gate.wait(10)
+        return inc(st.zeros((4,)).partition((2,)))
+
+    async def main():
+        fut = st.submit(g.launch().then(hold_open))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        new = st.zeros((4,))
+        try:
+            with pytest.raises(GraphCaptureError, match="in flight") as e:
+                g.update(inc(new.view((4,)).partition((2,))))
+        finally:
+            gate.set()
+        (zp,) = e.value.recovered
+        assert zp.unpartition().to_torch().tolist() == [0, 0, 0, 0]
+        await fut
+        return g.output
+
+    (zp,) = asyncio.run(main())
+    assert z.to_torch().tolist() == [1, 1, 1, 1]
+    g.update(inc(zp))                           # once the replay is done, update works

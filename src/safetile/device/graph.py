@@ -27,11 +27,14 @@ recording them one by one would be.
 grids, in the same order) and re-captures: every argument baked into the graph (tensor
 addresses, scalars) is refreshed from the new op, and ``g.output`` becomes its output.
 Re-capturing (not copying into the captured buffers) keeps the new op's own tensors the
-ones that are written, so its handles remain the ones that hold the results.
+ones that are written, so its handles remain the ones that hold the results. It is refused
+while a replay is in flight (``GraphCaptureError``): that replay borrows and writes the
+recorded buffers and hands back the recorded output.
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -206,6 +209,12 @@ class Graph:
     def __init__(self, records: list, output, single: bool = False, shared_holds=()):
         self.output = output
         self._single = single
+        # Replays begun and not yet finished (their executions still borrow the recorded
+        # storages and will hand back `output`): `update` is refused while there are any.
+        # The lock makes the count and update's swap of the recorded state one step, so a
+        # replay reads either the old state throughout or the new one.
+        self._lock = threading.Lock()
+        self._in_flight = 0
         self._set(records, shared_holds)
 
     def __repr__(self) -> str:
@@ -324,13 +333,29 @@ class Graph:
                     f"kernels, argument dtypes and shapes, grids, in order): "
                     f"{_difference(self.records, scope.records)}; the graph is unchanged and "
                     f"the new ops' values are handed back (e.recovered)")
+            self._refuse_in_flight()
             # Made aside and swapped in whole: a failure (a capture that fails) leaves this
             # graph as it was.
-            new = Graph(scope.records, output, self._single, scope.shared_holds)
+            new = Graph(scope.records, output, self._single, scope.shared_holds).__dict__
+            del new["_lock"], new["_in_flight"]
+            with self._lock:
+                self._refuse_in_flight()
+                self.__dict__.update(new)
         except BaseException as e:
             attach_recovered(e, output, replace=True)
             raise
-        self.__dict__.update(new.__dict__)
+
+    def _refuse_in_flight(self) -> None:
+        if self._in_flight:
+            raise GraphCaptureError(
+                f"graph.update() while {self._in_flight} replay(s) of {self!r} are in flight: "
+                f"they borrow the recorded buffers and hand back the recorded output; "
+                f"synchronize them first (op.sync() or await); the graph is unchanged and "
+                f"the new ops' values are handed back (e.recovered)")
+
+    def _replay_done(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
 
 class GraphLaunchOp(DeviceOp):
@@ -360,12 +385,19 @@ class GraphLaunchOp(DeviceOp):
             g.check_inlined()
             ctx.recording.extend(g.records)
             return g.output
-        g.check_layouts()
-        reads, writes = g._borrows
-        hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads, writes,
-                               exempt=g._own_shared)
+        with g._lock:
+            g._in_flight += 1                     # before reading any recorded state
+        try:
+            g.check_layouts()
+            reads, writes = g._borrows
+            hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads,
+                                   writes, exempt=g._own_shared)
+        except BaseException:
+            g._replay_done()
+            raise
         hold.owner = ctx
         ctx.at_finish(hold.release)
+        ctx.at_finish(g._replay_done)
         g._replay(ctx)
         if g.records:
             ctx.last = g.records[-1]
