@@ -188,3 +188,89 @@ def test_submit_inside_a_then_callback_raises_and_starts_nothing():
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]     # handed back
     assert other.values[0] is other_x and not other._consumed      # never started
     other.sync()
+
+
+# ---- a graph scope belongs to the task that opened it ----------------------------------------
+
+def scope_open_across_an_await(other):
+    """Run ``other()`` in another task while a task keeps a graph scope (which records a
+    write of ``x``) open across an await; returns ``(graph, x, what other returned)``."""
+    x = st.zeros((4,))
+
+    async def recorder(ready, done):
+        with st.graph_scope() as s:
+            s.record(add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), x.view((4,)).partition((2,))))
+            ready.set()
+            await done.wait()
+        return s.graph
+
+    async def bystander(ready, done):
+        await ready.wait()
+        try:
+            return await other(x)
+        finally:
+            done.set()
+
+    async def main():
+        ready, done = asyncio.Event(), asyncio.Event()
+        return await asyncio.gather(recorder(ready, done), bystander(ready, done))
+
+    graph, result = asyncio.run(main())
+    return graph, x, result
+
+
+def test_another_task_may_allocate_while_a_scope_is_open_across_an_await():
+    async def allocate(x):
+        return st.zeros((2,)).shape
+    assert scope_open_across_an_await(allocate)[2] == (2,)
+
+
+def test_another_task_may_await_ops_while_a_scope_is_open_across_an_await():
+    async def run(x):
+        _, _, z = await add(vec(1, 2), vec(1, 1), st.empty((2,)).partition((1,)))
+        return z.unpartition().to_torch().tolist()
+    assert scope_open_across_an_await(run)[2] == [2, 3]
+
+
+def test_a_value_another_task_shares_meanwhile_is_not_the_graphs_own():
+    async def share(x):
+        return x.view((4,)).share()
+    graph, x, shared = scope_open_across_an_await(share)
+    with pytest.raises(st.AliasError, match="shared value"):
+        graph.launch().sync()
+    assert shared.to_torch().tolist() == [0, 0, 0, 0]
+
+
+def test_a_task_started_inside_a_scope_is_not_part_of_it():
+    x = st.zeros((4,))
+
+    async def bystander():
+        await asyncio.sleep(0)
+        return st.zeros((2,)).shape, x.view((4,)).share()
+
+    async def main():
+        with st.graph_scope() as s:
+            s.record(add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), x.view((4,)).partition((2,))))
+            result = await asyncio.create_task(bystander())
+        return s.graph, result
+
+    graph, (shape, shared) = asyncio.run(main())
+    assert shape == (2,)
+    with pytest.raises(st.AliasError, match="shared value"):
+        graph.launch().sync()
+
+
+def test_a_record_made_by_another_task_still_refuses_allocation():
+    x = st.zeros((4,))
+    op = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), x.partition((2,))).then(
+        lambda *_: add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), st.empty((4,)).partition((2,))))
+
+    async def main():
+        with st.graph_scope() as s:
+            async def record():
+                s.record(op)
+            with pytest.raises(st.GraphCaptureError, match="allocates inside"):
+                await asyncio.create_task(record())
+        return s.graph
+
+    assert asyncio.run(main()).records == []

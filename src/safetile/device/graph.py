@@ -75,7 +75,10 @@ class GraphScope:
             op._abandon()
             attach_recovered(err, op._values())
             raise err
-        with executing(f"a record into {self.reason}"):
+        # The scope's guards apply to the code a record runs (its callbacks), whichever
+        # thread or task calls record(): they are entered for that caller too.
+        with executing(f"a record into {self.reason}"), forbid_allocation(self.reason), \
+                borrows.collect_shared(self.shared_holds, self.count):
             ctx = RunContext(None, recording=self.records)
             before = len(self.records)
             try:

@@ -29,12 +29,14 @@ from asyncio.events import _get_running_loop as _running_loop
 
 from ..errors import BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
 from ..tensor import borrows
-from ..tensor.alloc import GUARD as _ALLOCATION_GUARD
-from ..tensor.alloc import allocation_forbidden
+from ..tensor.alloc import FORBIDDING, allocation_forbidden
 from ..tensor.ownership import NoCopies
 from . import streams
 
 _state = threading.local()
+# The active graph scopes' allocation guards of this context (an empty tuple outside any):
+# read on every execution, so bound once.
+_guarded = FORBIDDING.var.get
 
 
 def spread(out) -> tuple:
@@ -255,7 +257,7 @@ def enqueue(op, stream, what: str):
     if getattr(_state, "busy", None) is not None:
         with executing(what):                    # raises ExecutionError
             pass
-    if getattr(_ALLOCATION_GUARD, "stack", None):   # inside a graph scope's block
+    if _guarded():                               # maybe inside a graph scope's block
         refuse_inside_recording(op, what)
     _state.busy = "execution"
     owner = borrows._owner

@@ -4,9 +4,9 @@ allocation guard.
 
 Graph-capture guard: a CUDA graph replays fixed addresses, so nothing may allocate while a
 graph scope records. The device layer wraps its scopes in :func:`forbid_allocation`; while
-any is active on the current thread, every allocating function here raises
-:class:`~safetile.errors.GraphCaptureError`. The guard is thread-local (another thread's
-scope does not affect this one) and nestable.
+one is active, every allocating function called by the thread and asyncio task that entered
+it raises :class:`~safetile.errors.GraphCaptureError`. Other threads and tasks (also those
+started inside the block) allocate freely (``scoped.py``). The guard nests.
 
 Ownership and torch references: ``from_torch(t)`` / ``from_dlpack(x)`` wrap memory without
 copying. The returned Tensor owns that memory *as far as safetile can see*: if the caller
@@ -20,13 +20,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
-from typing import Iterator
 
 import torch
 
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, GraphCaptureError
+from .scoped import Scoped
 from .tensor import Tensor
 from .tensor import _shape_tuple as _any_shape
 
@@ -97,34 +96,21 @@ def _torch_dtype(dtype, default: _dtypes.DType = _dtypes.float32) -> torch.dtype
 # the graph-capture guard
 # ---------------------------------------------------------------------------------------
 
-#: ``GUARD.stack``: the reasons of this thread's active scopes (the device layer reads it on
-#: every execution, so it is a plain attribute rather than a call away).
-GUARD = threading.local()
+#: The reasons of the active :func:`forbid_allocation` blocks. The device layer reads
+#: ``FORBIDDING.var.get()`` on every execution: an empty tuple outside every block.
+FORBIDDING = Scoped("safetile.forbid_allocation")
 
 
-def _stack() -> list[str]:
-    s = getattr(GUARD, "stack", None)
-    if s is None:
-        s = GUARD.stack = []
-    return s
-
-
-@contextlib.contextmanager
-def forbid_allocation(reason: str) -> Iterator[None]:
-    """While active (on this thread), safetile allocation functions raise
-    ``GraphCaptureError``. ``reason`` names the scope, e.g. ``"st.graph_scope()"``."""
-    stack = _stack()
-    stack.append(reason)
-    try:
-        yield
-    finally:
-        stack.pop()
+def forbid_allocation(reason: str):
+    """While active (for the thread and task that entered it), safetile allocation functions
+    raise ``GraphCaptureError``. ``reason`` names the scope, e.g. ``"st.graph_scope()"``."""
+    return FORBIDDING.entered(reason)
 
 
 def allocation_forbidden() -> str | None:
-    """The reason of the innermost active :func:`forbid_allocation` scope, or None."""
-    s = getattr(GUARD, "stack", None)
-    return s[-1] if s else None
+    """The reason of the innermost :func:`forbid_allocation` block this thread and task are
+    in, or None."""
+    return FORBIDDING.current()
 
 
 def _guard(fn: str) -> None:

@@ -37,6 +37,7 @@ from ..errors import AliasError, BorrowError
 from .ownership import LOCK
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 from .registry import Registry
+from .scoped import Scoped
 
 __all__ = ["acquire", "prepare", "register", "hold_shared", "collect_shared", "by_device",
            "Extent", "Hold", "check_host_read",
@@ -225,19 +226,19 @@ def acquire(holder: str,
                     exempt=exempt)
 
 
-# Where the read borrows of Shared values made on this thread go while a graph scope
-# records (see ``collect_shared``).
-_collecting = threading.local()
+# Where the read borrows of Shared values go while a graph scope records: only those the
+# recording thread and task make (``scoped.py``), not another task's that runs meanwhile.
+_collecting = Scoped("safetile.collect_shared")
 
 
 def collect_shared(into: list, clock):
     """While the block runs, append to ``into`` ``(hold, clock())`` for the read borrow of
-    every Shared value made on this thread. A graph scope collects them, with the number of
-    launches recorded so far: a value shared after a recorded launch wrote its bytes is the
-    recording's own result (a write recorded after the share is refused at record time), so
-    the graph's replays may rewrite it, in recorded order, before the launches that read
-    it (``Graph``)."""
-    return _set_while(_collecting, "into", (into, clock))
+    every Shared value made by the thread and task that entered it. A graph scope collects
+    them, with the number of launches recorded so far: a value shared after a recorded
+    launch wrote its bytes is the recording's own result (a write recorded after the share
+    is refused at record time), so the graph's replays may rewrite it, in recorded order,
+    before the launches that read it (``Graph``)."""
+    return _collecting.entered((into, clock))
 
 
 def hold_shared(t: torch.Tensor, what: str) -> Hold:
@@ -250,7 +251,7 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     hold.checked_in = None                        # and no operation will run it
     hold.holder = f"the shared value {what}"
     hold.remedy = "get the Tensor back with try_unwrap() (after the other handles are released)"
-    collecting = getattr(_collecting, "into", None)
+    collecting = _collecting.current()
     if collecting is not None:
         into, clock = collecting
         into.append((hold, clock()))
