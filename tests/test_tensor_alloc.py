@@ -93,6 +93,25 @@ def test_default_device_is_cuda_only_when_available(fresh_default_device):
     assert default_device().type == expected
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+@pytest.mark.parametrize("call", [
+    lambda: zeros(4, device="cuda"), lambda: ones(4, device="cuda:0"),
+    lambda: full(4, 1.0, device="cuda"), lambda: empty(4, device="cuda"),
+    lambda: arange(4, device="cuda"), lambda: randn(4, device="cuda", seed=1),
+    lambda: from_numpy(np.zeros(4, np.float32), device="cuda"),
+])
+def test_a_cuda_device_without_cuda_is_an_argument_error(call):
+    with pytest.raises(ArgumentError, match="no CUDA device is available.*device='cpu'"):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_default_device_without_cuda_is_an_argument_error(fresh_default_device):
+    fresh_default_device.setenv("SAFETILE_DEVICE", "cuda")
+    with pytest.raises(ArgumentError, match="no CUDA device is available"):
+        zeros(2)
+
+
 # -- interop ----------------------------------------------------------------------------------
 
 def test_from_torch_is_zero_copy():

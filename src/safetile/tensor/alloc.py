@@ -57,13 +57,26 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_present() -> bool:
+    return torch.cuda.is_available()
+
+
 def _device(device) -> torch.device:
+    """The device to allocate on; a CUDA device only where there is one (torch itself fails
+    with an assertion there)."""
     if device is None:
-        return default_device()
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise ArgumentError(f"device {device!r} is not a device: {e}") from None
+        dev = default_device()
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise ArgumentError(f"device {device!r} is not a device: {e}") from None
+    if dev.type == "cuda" and not _cuda_present():
+        raise ArgumentError(f"device {str(dev)!r}: no CUDA device is available on this "
+                            f"machine; use device='cpu'"
+                            + (" (or unset SAFETILE_DEVICE)" if device is None else ""))
+    return dev
 
 
 @contextlib.contextmanager
