@@ -219,3 +219,53 @@ def test_a_callback_may_read_bytes_that_the_op_before_it_wrote():
 
     scale(st.ones((64,)), t.partition((16,)), 2.0).then(read_then_write_again).sync()
     assert seen == [128.0] and view.to_torch().sum().item() == 192.0
+
+
+
+def _take_back_on_another_thread_while_this_execution_writes(take):
+    """Share, in a `then` callback, bytes the execution still writes (ordered after that
+    write on its stream), and call ``take(shared)`` (try_unwrap / try_partition) from another
+    thread, which that in-flight write blocks. Returns the tensor, the Shared value and what
+    the other thread raised."""
+    import threading
+    t = st.zeros((64,))
+    box = {}
+
+    def callback(x, zp, _):
+        box["shared"] = shared = zp.unpartition().share()
+
+        def other_thread():
+            try:
+                take(shared)
+            except Exception as e:                        # noqa: BLE001 (the test reports it)
+                box["error"] = e
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        return scale(x, st.empty((64,)).partition((16,)), 1.0)
+
+    scale(st.full((64,), 5.0), t.view(64).partition((16,)), 1.0).then(callback).sync()
+    return t, box["shared"], box.get("error")
+
+
+TAKE_BACK = pytest.mark.parametrize("take", [lambda s: s.try_unwrap(),
+                                             lambda s: s.try_partition((16,))],
+                                    ids=["try_unwrap", "try_partition"])
+
+
+@TAKE_BACK
+def test_taking_back_a_shared_value_an_in_flight_op_writes_raises_borrow_error(take):
+    _, shared, error = _take_back_on_another_thread_while_this_execution_writes(take)
+    assert isinstance(error, BorrowError), repr(error)
+    assert "kernel 'scale'" in str(error)
+    assert shared.num_handles == 1
+
+
+@TAKE_BACK
+def test_a_shared_value_that_could_not_be_taken_back_keeps_its_bytes_read_only(take):
+    t, shared, error = _take_back_on_another_thread_while_this_execution_writes(take)
+    assert error is not None
+    with pytest.raises(AliasError, match="shared value"):
+        scale(st.full((64,), 9.0), t.view(64).partition((16,)), 1.0)
+    assert shared.to_torch().tolist() == [5.0] * 64
+    assert take(shared) is not None                       # nothing is in flight now
