@@ -53,6 +53,20 @@ def test_every_moved_handle_names_the_kernel_until_sync():
     assert x.shape == (64,) and z.grid == (4,)
 
 
+class _Elsewhere(torch.Tensor):
+    """A torch subclass that misreports where its bytes are."""
+
+    def data_ptr(self):
+        return torch.Tensor.data_ptr(self) + (1 << 40)
+
+
+def test_a_torch_subclass_misreporting_its_address_still_overlaps_its_storage():
+    t = torch.zeros(64)
+    x, z = st.from_torch(t), st.from_torch(t.as_subclass(_Elsewhere))
+    with pytest.raises(AliasError, match="'z'.*'x'|'x'.*'z'"):
+        scale(x, z.partition((16,)), 1.0)
+
+
 def test_same_tensor_as_input_and_output_is_refused_before_launch():
     t = st.from_torch(torch.randn(64))
     view = st.from_torch(t._torch)                       # a second handle on the same storage

@@ -55,6 +55,23 @@ def _to_numpy(t: torch.Tensor):
     return t.numpy()
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a torch.Tensor subclass) as a plain ``torch.Tensor`` over the same storage.
+    ``torch.Tensor.as_subclass`` is torch's own method, not one the subclass overrides; a
+    subclass whose torch dispatch keeps its type (a fake or wrapper tensor) is refused."""
+    try:
+        plain = torch.Tensor.as_subclass(t, torch.Tensor)
+    except Exception as e:
+        plain, why = None, f" ({type(e).__name__}: {e})"
+    else:
+        why = ""
+    if type(plain) is not torch.Tensor:
+        raise ArgumentError(
+            f"a {type(t).__name__} (a torch.Tensor subclass) could not be viewed as a plain "
+            f"torch.Tensor over its memory{why}; pass a plain torch.Tensor")
+    return plain
+
+
 class Tensor(Handle):
     """A dense n-dimensional array on one device, owned by safetile.
 
@@ -74,9 +91,15 @@ class Tensor(Handle):
 
     @classmethod
     def _wrap(cls, t: torch.Tensor) -> "Tensor":
-        """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype)."""
+        """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype).
+
+        The wrapped tensor is always a plain ``torch.Tensor`` (views too: they are wrapped
+        here): the overlap checks read its address, strides and storage, and a subclass could
+        override those methods (report another address, say) to slip an overlap past them."""
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"expected a torch.Tensor, got {type(t).__name__}")
+        if type(t) is not torch.Tensor:
+            t = _plain(t)
         if t.layout != torch.strided:
             raise ArgumentError(f"only strided (dense) torch tensors can be wrapped, got {t.layout}")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
