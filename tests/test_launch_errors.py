@@ -160,7 +160,7 @@ def test_a_persistent_partition_needs_a_kernel_that_iterates_its_tiles():
 
 def test_the_same_handle_twice_is_refused_with_a_hint():
     x = x2()
-    with pytest.raises(st.LaunchError, match="same handle.*'x'.*'y'.*clone"):
+    with pytest.raises(st.LaunchError, match="same handle.*'x'.*'y'.*share it"):
         add2(x, x, z2())
     assert x.shape == (8, 8)                             # nothing was moved
 

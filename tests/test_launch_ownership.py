@@ -43,6 +43,29 @@ def test_a_shared_input_comes_back_as_the_same_shared_handle():
     assert s2 is s and isinstance(s2, st.Shared)
 
 
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+def test_one_shared_handle_may_feed_several_in_parameters_of_a_launch():
+    s = st.full((64,), 2.0).share()
+    op = add(s, s, st.empty((64,)).partition((16,)))
+    with pytest.raises(MovedError, match="kernel 'add'"):
+        s.shape
+    x, y, z = op.sync()
+    assert x is s and y is s and s.num_handles == 1
+    assert z.unpartition().to_torch().tolist() == [4.0] * 64
+    assert s.try_unwrap().shape == (64,)
+
+
+def test_a_relaunch_with_one_shared_handle_for_several_in_parameters_moves_it_once():
+    s, z = st.full((64,), 2.0).share(), st.empty((64,)).partition((16,))
+    for _ in range(3):                                   # the cached launch plan's path too
+        s, _, z = add(s, s, z).sync()
+    assert s.num_handles == 1 and s.try_unwrap().shape == (64,)
+
+
 def test_every_moved_handle_names_the_kernel_until_sync():
     x, z = st.randn((64,)), st.empty((64,)).partition((16,))
     op = scale(x, z, 3.0)
@@ -273,6 +296,7 @@ def test_taking_back_a_shared_value_an_in_flight_op_writes_raises_borrow_error(t
     assert isinstance(error, BorrowError), repr(error)
     assert "kernel 'scale'" in str(error)
     assert shared.num_handles == 1
+    take(shared)                                          # nothing is in flight now
 
 
 @TAKE_BACK

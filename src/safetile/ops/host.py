@@ -175,18 +175,10 @@ def borrow(v):
 
 def inputs(*values) -> list:
     """What an op passes to its kernel for the inputs ``values``: each :func:`borrow`-ed, so
-    one Tensor may feed several inputs; a Shared handle that feeds several is cloned for each
-    repeat, since a launch takes each handle once (the clone releases itself when the op
-    hands it back and drops it)."""
-    seen: set = set()
-    out = []
-    for v in values:
-        if isinstance(v, Shared) and id(v) in seen:
-            out.append(v.clone())
-        else:
-            seen.add(id(v))
-            out.append(borrow(v))
-    return out
+    one Tensor may feed several inputs (a fresh view each). A Shared handle that feeds several
+    is passed as itself for each: a launch moves it in once and hands it back once, so the op
+    makes no other handle that could outlive it (and keep ``try_unwrap`` from succeeding)."""
+    return [borrow(v) for v in values]
 
 
 def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
