@@ -170,6 +170,22 @@ def test_from_torch_refuses_a_subclass_that_will_not_become_a_plain_tensor():
         from_torch(fake)
 
 
+def test_from_torch_refuses_a_nested_tensor_with_argument_error():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                    # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(ArgumentError, match="nested"):
+        from_torch(nested)
+
+
+@pytest.mark.parametrize("make", [lambda: from_torch(torch.zeros(4, device="meta")),
+                                  lambda: zeros((4,), device="meta")], ids=["from_torch", "zeros"])
+def test_the_meta_device_is_refused_with_argument_error(make):
+    with pytest.raises(ArgumentError, match="meta"):
+        make()
+
+
 def test_numpys_default_float64_is_refused_with_the_conversion_to_make():
     with pytest.raises(ArgumentError, match=r"astype\(np.float32\)"):
         from_numpy(np.zeros(3))
