@@ -131,6 +131,27 @@ def test_sync_accepts_an_explicit_stream_argument():
     assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
 
 
+@pytest.mark.parametrize("stream", [3, "default", object()], ids=["int", "str", "object"])
+def test_sync_refuses_a_stream_that_is_not_a_cuda_stream_and_leaves_the_op_runnable(stream):
+    op = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out())
+    with pytest.raises(st.ArgumentError, match="torch.cuda.Stream"):
+        op.sync(stream=stream)
+    _, _, z = op.sync()
+    assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
+
+
+def test_submit_refuses_a_stream_that_is_not_a_cuda_stream_before_starting_the_op():
+    op = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out())
+
+    async def main():
+        with pytest.raises(st.ArgumentError, match="torch.cuda.Stream"):
+            st.submit(op, stream=3)
+        return await op
+
+    _, _, z = asyncio.run(main())
+    assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
+
+
 def test_submit_returns_an_asyncio_future_that_gather_waits_on_directly():
     async def main():
         futs = [st.submit(add(vec(i, i, i, i), vec(1, 1, 1, 1), out())) for i in range(8)]
@@ -145,7 +166,7 @@ def test_submit_returns_an_asyncio_future_that_gather_waits_on_directly():
 def test_submit_needs_a_running_loop_and_moves_nothing_without_one():
     x = vec(1, 2, 3, 4)
     op = add(x, vec(1, 1, 1, 1), out())
-    with pytest.raises(RuntimeError):
+    with pytest.raises(st.ExecutionError, match="running event loop"):
         st.submit(op)
     rx, _, _ = op.sync()              # the op was not consumed: it still runs once
     assert rx is x
@@ -189,6 +210,7 @@ def test_submit_inside_a_then_callback_raises_and_starts_nothing():
     assert other.values[0] is other_x and not other._consumed      # never started
     other.sync()
 
+<<<<<<< HEAD
 
 # ---- a graph scope belongs to the task that opened it ----------------------------------------
 
@@ -274,3 +296,5 @@ def test_a_record_made_by_another_task_still_refuses_allocation():
         return s.graph
 
     assert asyncio.run(main()).records == []
+=======
+>>>>>>> holesA

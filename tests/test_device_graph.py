@@ -353,3 +353,33 @@ def test_update_is_refused_while_a_replay_of_the_graph_is_in_flight():
     (zp,) = asyncio.run(main())
     assert z.to_torch().tolist() == [1, 1, 1, 1]
     g.update(inc(zp))                           # once the replay is done, update works
+
+
+def test_a_graphs_own_shared_result_that_could_not_be_unwrapped_during_a_replay_stays_shared():
+    import threading
+    x = st.zeros((4,))
+    with st.graph_scope() as s:
+        s.record(inc(x.view(4).partition((2,))))
+        shared = x.view(4).share()                  # the graph's own result
+    started, proceed = threading.Event(), threading.Event()
+
+    def hold_the_replay_open(*out):                 # runs while the replay's writes are held
+        started.set()
+        proceed.wait(10)
+        return out
+
+    async def main():
+        fut = st.submit(s.launch().map(hold_the_replay_open))
+        while not started.is_set():
+            await asyncio.sleep(0.001)
+        try:
+            with pytest.raises(st.BorrowError, match="graph replay"):
+                shared.try_unwrap()
+        finally:
+            proceed.set()
+        await fut
+
+    asyncio.run(main())
+    with pytest.raises(AliasError, match="shared value"):
+        inc(x.view(4).partition((2,)))
+    assert shared.try_unwrap().to_torch().tolist() == [1, 1, 1, 1]

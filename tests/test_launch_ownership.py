@@ -43,6 +43,29 @@ def test_a_shared_input_comes_back_as_the_same_shared_handle():
     assert s2 is s and isinstance(s2, st.Shared)
 
 
+@st.kernel
+def add(x: st.In[st.f32], y: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + sl.load_like(y, z))
+
+
+def test_one_shared_handle_may_feed_several_in_parameters_of_a_launch():
+    s = st.full((64,), 2.0).share()
+    op = add(s, s, st.empty((64,)).partition((16,)))
+    with pytest.raises(MovedError, match="kernel 'add'"):
+        s.shape
+    x, y, z = op.sync()
+    assert x is s and y is s and s.num_handles == 1
+    assert z.unpartition().to_torch().tolist() == [4.0] * 64
+    assert s.try_unwrap().shape == (64,)
+
+
+def test_a_relaunch_with_one_shared_handle_for_several_in_parameters_moves_it_once():
+    s, z = st.full((64,), 2.0).share(), st.empty((64,)).partition((16,))
+    for _ in range(3):                                   # the cached launch plan's path too
+        s, _, z = add(s, s, z).sync()
+    assert s.num_handles == 1 and s.try_unwrap().shape == (64,)
+
+
 def test_every_moved_handle_names_the_kernel_until_sync():
     x, z = st.randn((64,)), st.empty((64,)).partition((16,))
     op = scale(x, z, 3.0)
@@ -51,6 +74,20 @@ def test_every_moved_handle_names_the_kernel_until_sync():
             handle.shape
     op.sync()
     assert x.shape == (64,) and z.grid == (4,)
+
+
+class _Elsewhere(torch.Tensor):
+    """A torch subclass that misreports where its bytes are."""
+
+    def data_ptr(self):
+        return torch.Tensor.data_ptr(self) + (1 << 40)
+
+
+def test_a_torch_subclass_misreporting_its_address_still_overlaps_its_storage():
+    t = torch.zeros(64)
+    x, z = st.from_torch(t), st.from_torch(t.as_subclass(_Elsewhere))
+    with pytest.raises(AliasError, match="'z'.*'x'|'x'.*'z'"):
+        scale(x, z.partition((16,)), 1.0)
 
 
 def test_same_tensor_as_input_and_output_is_refused_before_launch():
@@ -219,3 +256,54 @@ def test_a_callback_may_read_bytes_that_the_op_before_it_wrote():
 
     scale(st.ones((64,)), t.partition((16,)), 2.0).then(read_then_write_again).sync()
     assert seen == [128.0] and view.to_torch().sum().item() == 192.0
+
+
+
+def _take_back_on_another_thread_while_this_execution_writes(take):
+    """Share, in a `then` callback, bytes the execution still writes (ordered after that
+    write on its stream), and call ``take(shared)`` (try_unwrap / try_partition) from another
+    thread, which that in-flight write blocks. Returns the tensor, the Shared value and what
+    the other thread raised."""
+    import threading
+    t = st.zeros((64,))
+    box = {}
+
+    def callback(x, zp, _):
+        box["shared"] = shared = zp.unpartition().share()
+
+        def other_thread():
+            try:
+                take(shared)
+            except Exception as e:                        # noqa: BLE001 (the test reports it)
+                box["error"] = e
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        return scale(x, st.empty((64,)).partition((16,)), 1.0)
+
+    scale(st.full((64,), 5.0), t.view(64).partition((16,)), 1.0).then(callback).sync()
+    return t, box["shared"], box.get("error")
+
+
+TAKE_BACK = pytest.mark.parametrize("take", [lambda s: s.try_unwrap(),
+                                             lambda s: s.try_partition((16,))],
+                                    ids=["try_unwrap", "try_partition"])
+
+
+@TAKE_BACK
+def test_taking_back_a_shared_value_an_in_flight_op_writes_raises_borrow_error(take):
+    _, shared, error = _take_back_on_another_thread_while_this_execution_writes(take)
+    assert isinstance(error, BorrowError), repr(error)
+    assert "kernel 'scale'" in str(error)
+    assert shared.num_handles == 1
+    take(shared)                                          # nothing is in flight now
+
+
+@TAKE_BACK
+def test_a_shared_value_that_could_not_be_taken_back_keeps_its_bytes_read_only(take):
+    t, shared, error = _take_back_on_another_thread_while_this_execution_writes(take)
+    assert error is not None
+    with pytest.raises(AliasError, match="shared value"):
+        scale(st.full((64,), 9.0), t.view(64).partition((16,)), 1.0)
+    assert shared.to_torch().tolist() == [5.0] * 64
+    assert take(shared) is not None                       # nothing is in flight now

@@ -85,6 +85,40 @@ def test_qk_norm_rope_kv_append_accepts_one_shared_norm_weight_for_q_and_k():
     assert torch.equal(q.to_torch(), want.to_torch())
 
 
+def test_an_op_given_one_shared_handle_for_two_inputs_makes_no_other_handle():
+    s = wrap(rand(64, st.f32, 20)).share()
+    op = ops.add(s, s)
+    op.sync()
+    assert s.num_handles == 1
+    assert s.try_unwrap().shape == (64,)                   # while the op object lives
+
+
+@pytest.mark.parametrize("config", [
+    ops.MatmulConfig(16, 16, 16, 4, 2, split_k=2),
+    ops.MatmulConfig(16, 16, 16, 4, 2, head_rows=16, tail=ops.MatmulConfig(16, 16, 16, 4, 2))],
+    ids=["split_k", "head_tail"])
+def test_a_matmul_of_several_launches_given_one_shared_handle_makes_no_other_handle(config):
+    t = rand((48, 48), st.f32, 21)
+    s = wrap(t).share()
+    op = ops.matmul(s, s, config=config, weight=True)
+    c = op.sync()
+    torch.testing.assert_close(c.to_torch(), t @ t.T, rtol=1e-5, atol=1e-5)
+    assert s.num_handles == 1 and s.try_unwrap().shape == (48, 48)
+
+
+def test_a_graph_of_an_op_given_one_shared_handle_for_two_inputs_replays_and_pins_no_handle():
+    t = rand(64, st.f32, 22)
+    s, out = wrap(t).share(), st.zeros((64,))
+    g = ops.add(s, s, out=out).graph()
+    assert s.num_handles == 1
+    g.launch().sync()
+    assert torch.equal(out.to_torch(), t + t)
+    back = s.try_unwrap()                                   # while the graph lives
+    ops.copy(wrap(torch.ones(64)), out=back).sync()
+    g.launch().sync()                                       # reads the bytes as they are now
+    assert torch.equal(out.to_torch(), torch.full((64,), 2.0))
+
+
 def test_an_input_tensor_stays_readable_but_not_writable_while_its_op_is_pending():
     t = rand((16, 16), st.f32, 19)
     a = wrap(t)

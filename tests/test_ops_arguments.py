@@ -194,3 +194,61 @@ def test_elementwise_ops_refuse_a_block_that_is_not_a_power_of_two_tile(op, bloc
             ops.copy(x, st.empty((100,)), block=block)
         else:
             getattr(ops, op)(x, st.zeros((100,)), block=block)
+
+
+@pytest.mark.parametrize("num_warps", [[4], 4.0, "4"], ids=["list", "float", "str"])
+def test_elementwise_ops_refuse_a_num_warps_that_is_not_a_warp_count(num_warps):
+    x = wrap(rand(64, st.f32, 0))
+    ops.add(x, x, num_warps=4).sync()                      # a cached copy for 4 warps
+    with pytest.raises(st.ArgumentError, match="num_warps"):
+        ops.add(x, x, num_warps=num_warps)
+
+
+@pytest.mark.parametrize("field", ["values", "indices"])
+def test_argmax_refuses_a_workspace_buffer_that_is_not_a_tensor(field):
+    ws = ops.argmax_workspace(64, device="cpu", block=16)
+    bad = ops.ArgmaxWorkspace(**{**vars(ws), field: getattr(ws, field).share()})
+    with pytest.raises(st.ArgumentError, match=f"workspace.{field}.*st.Tensor"):
+        ops.argmax(wrap(rand(64, st.f32, 1)), workspace=bad)
+
+
+def test_rmsnorm_gemv_argmax_refuses_a_workspace_buffer_that_is_not_a_tensor():
+    w = wrap(rand((64, 32), st.f32, 2))
+    ws = ops.gemv_argmax_workspace(w)
+    bad = ops.ArgmaxWorkspace(ws.values.share(), ws.indices, ws.block)
+    with pytest.raises(st.ArgumentError, match="workspace.values.*st.Tensor"):
+        ops.rmsnorm_gemv_argmax(wrap(rand(32, st.f32, 3)), wrap(rand(32, st.f32, 4)), w,
+                                workspace=bad)
+
+
+@pytest.mark.parametrize("field", ["stats", "values", "states"])
+def test_sample_refuses_a_workspace_buffer_that_is_not_a_tensor(field):
+    ws = ops.sampler_workspace(64, device="cpu")
+    fields = dict(vars(ws))
+    fields[field] = (ws.states[0].share(), ws.states[1]) if field == "states" else \
+        getattr(ws, field).share()
+    with pytest.raises(st.ArgumentError, match=f"workspace.{field}.*st.Tensor"):
+        ops.sample(wrap(rand(64, st.f32, 5)), ops.sampling_params(1.0, device="cpu"),
+                   ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32),
+                   workspace=type(ws)(**fields))
+
+
+def test_sample_and_rmsnorm_gemv_argmax_refuse_a_workspace_of_another_kind():
+    w = wrap(rand((64, 32), st.f32, 6))
+    with pytest.raises(st.ArgumentError, match="workspace must be"):
+        ops.rmsnorm_gemv_argmax(wrap(rand(32, st.f32, 7)), wrap(rand(32, st.f32, 8)), w,
+                                workspace=ops.sampler_workspace(64, device="cpu"))
+    with pytest.raises(st.ArgumentError, match="workspace must be"):
+        ops.sample(wrap(rand(64, st.f32, 9)), ops.sampling_params(1.0, device="cpu"),
+                   ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32),
+                   workspace=ops.argmax_workspace(64, device="cpu"))
+
+
+def test_decode_attention_refuses_a_workspace_buffer_that_is_not_a_tensor():
+    q, k = wrap(rand((4, 16), st.f32, 10)), wrap(rand((2, 64, 16), st.f32, 11))
+    ws = ops.DecodeWorkspace.for_cache(q, k, num_splits=2, block_n=16)
+    ws.lse = ws.lse.share()
+    with pytest.raises(st.ArgumentError, match="workspace.lse.*st.Tensor"):
+        ops.decode_attention(q, k, wrap(rand((2, 64, 16), st.f32, 12)),
+                             st.from_torch(torch.tensor([40], dtype=torch.int32)), block_n=16,
+                             num_splits=2, workspace=ws)

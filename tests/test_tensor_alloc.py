@@ -141,6 +141,70 @@ def test_from_torch_rejects_non_tensors_and_sparse_layouts():
         from_torch(torch.eye(3).to_sparse())
 
 
+class _Elsewhere(torch.Tensor):
+    """A torch subclass whose methods misreport where its bytes are."""
+
+    def data_ptr(self):
+        return torch.Tensor.data_ptr(self) + (1 << 40)
+
+    def is_contiguous(self, *args, **kwargs):
+        return False
+
+
+def test_from_torch_wraps_a_torch_subclass_as_a_plain_tensor_over_the_same_storage():
+    src = torch.arange(8.0)
+    t = from_torch(src.as_subclass(_Elsewhere))
+    plain = t.into_torch()
+    assert type(plain) is torch.Tensor and plain.data_ptr() == src.data_ptr()
+
+
+@pytest.mark.parametrize("derive", [
+    lambda t: t.view(2, 4), lambda t: t.reshape(4, 2), lambda t: t.slice(0, 2, 6),
+    lambda t: t[1:], lambda t: t.partition((4,)).unpartition(),
+    lambda t: t.share().try_unwrap()], ids=["view", "reshape", "slice", "getitem",
+                                             "partition", "share"])
+def test_views_of_a_wrapped_torch_subclass_stay_plain_torch_tensors(derive):
+    t = from_torch(torch.arange(8.0).as_subclass(_Elsewhere))
+    assert type(derive(t).into_torch()) is torch.Tensor
+
+
+def test_from_torch_wraps_a_parameter_as_a_plain_detached_tensor():
+    param = torch.nn.Parameter(torch.ones(3))
+    plain = from_torch(param).into_torch()
+    assert type(plain) is torch.Tensor and not plain.requires_grad
+    assert plain.data_ptr() == param.data_ptr()
+
+
+def test_from_dlpack_wraps_a_torch_subclass_as_a_plain_tensor():
+    src = torch.arange(4.0)
+    plain = from_dlpack(src.as_subclass(_Elsewhere)).into_torch()
+    assert type(plain) is torch.Tensor and plain.data_ptr() == src.data_ptr()
+
+
+def test_from_torch_refuses_a_subclass_that_will_not_become_a_plain_tensor():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.zeros(4)                              # no memory behind it
+    with pytest.raises(ArgumentError, match="plain torch.Tensor"):
+        from_torch(fake)
+
+
+def test_from_torch_refuses_a_nested_tensor_with_argument_error():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                    # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(ArgumentError, match="nested"):
+        from_torch(nested)
+
+
+@pytest.mark.parametrize("make", [lambda: from_torch(torch.zeros(4, device="meta")),
+                                  lambda: zeros((4,), device="meta")], ids=["from_torch", "zeros"])
+def test_the_meta_device_is_refused_with_argument_error(make):
+    with pytest.raises(ArgumentError, match="meta"):
+        make()
+
+
 def test_numpys_default_float64_is_refused_with_the_conversion_to_make():
     with pytest.raises(ArgumentError, match=r"astype\(np.float32\)"):
         from_numpy(np.zeros(3))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from safetile import dtypes
-from safetile.errors import BorrowError, MovedError
+from safetile.errors import ArgumentError, BorrowError, IndexOutOfRangeError, MovedError
 from safetile.tensor import Partition, Tensor, acquire, arange, from_torch, zeros
 
 KERNEL_ARG = "kernel 'add' (examples/01.py:12), argument 'z'"
@@ -165,6 +165,32 @@ def test_getitem_rejects_advanced_indexing_which_would_copy():
 def test_slice_rejects_non_positive_steps():
     with pytest.raises(ValueError, match="positive"):
         arange(6, device="cpu").slice(0, 0, 6, 0)
+
+
+@pytest.mark.parametrize("index", [lambda t: t.slice(5), lambda t: t.slice(-3), lambda t: t[100],
+                                   lambda t: t[0, 0, 0], lambda t: t[:, -9]],
+                         ids=["slice-dim", "slice-negative-dim", "getitem-index",
+                              "getitem-too-many", "getitem-negative-index"])
+def test_an_index_outside_the_tensor_raises_index_out_of_range_error(index):
+    t = zeros((8, 8), device="cpu")
+    with pytest.raises(IndexOutOfRangeError, match="out of range|too many"):
+        index(t)
+
+
+@pytest.mark.parametrize("index", [
+    lambda t: t.slice(0, 0, 8, 1.5), lambda t: t.slice(0, step="a"), lambda t: t.slice(0, 1.5),
+    lambda t: t.slice("0"), lambda t: t[0:8:1.5], lambda t: t[0.5:], lambda t: t[True]],
+    ids=["slice-float-step", "slice-str-step", "slice-float-start", "slice-str-dim",
+         "getitem-float-step", "getitem-float-start", "getitem-bool"])
+def test_a_slice_bound_step_or_index_that_is_not_an_int_raises_argument_error(index):
+    t = zeros((8, 8), device="cpu")
+    with pytest.raises(ArgumentError, match="int"):
+        index(t)
+
+
+def test_iterating_a_tensor_gives_views_of_its_rows_and_stops_at_the_end():
+    rows = list(arange(6, device="cpu").view(3, 2))
+    assert [r.to_torch().tolist() for r in rows] == [[0, 1], [2, 3], [4, 5]]
 
 
 def test_repr_shows_shape_dtype_device_and_state():

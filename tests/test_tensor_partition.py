@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from safetile.errors import PartitionError
+from safetile.errors import ArgumentError, IndexOutOfRangeError, PartitionError
 from safetile.tensor import ProgramOrder, zeros
 
 POW2 = [1, 2, 4, 8, 16]
@@ -168,3 +168,22 @@ def test_group_size_must_be_a_positive_int():
 def test_tile_larger_than_the_tensor_gives_one_masked_tile():
     p = zeros((5,), device="cpu").partition((64,))
     assert p.grid == (1,) and p.tile_slices((0,)) == (slice(0, 5),)
+
+
+@pytest.mark.parametrize("index", [lambda p: p.tile_slices((9,)), lambda p: p.tile_slices((-1,)),
+                                   lambda p: p.tile_slices((0, 0)),
+                                   lambda p: p.order.tile_coords(8),
+                                   lambda p: p.order.tiles_of_program(8)],
+                         ids=["tile_slices", "tile_slices-negative", "tile_slices-rank",
+                              "tile_coords", "tiles_of_program"])
+def test_a_tile_or_program_outside_the_grid_raises_index_out_of_range_error(index):
+    p = zeros((64,), device="cpu").partition((8,))
+    with pytest.raises(IndexOutOfRangeError, match="out of range"):
+        index(p)
+
+
+@pytest.mark.parametrize("coords", [3, (1.5,), ("a",)], ids=["int", "float", "str"])
+def test_tile_slices_refuses_coordinates_that_are_not_a_tuple_of_ints(coords):
+    p = zeros((64,), device="cpu").partition((8,))
+    with pytest.raises(ArgumentError, match="tile coordinates"):
+        p.tile_slices(coords)

@@ -76,6 +76,12 @@ class PartitionError(SafetileError, ValueError):
     """A tile shape or partition option is invalid for the tensor it partitions."""
 
 
+class IndexOutOfRangeError(SafetileError, IndexError):
+    """A host-side index is outside the value it indexes: a dimension of ``t.slice``, an
+    element index of ``t[...]``, a tile of ``Partition.tile_slices`` or a position of a
+    program order. Also an ``IndexError``, so iterating a Tensor stops at its end."""
+
+
 class CollectiveError(SafetileError):
     """A collective (``st.all_reduce``, ``st.all_gather``) could not run or failed: no
     process group, a buffer on the wrong device for its backend, or a peer that left or

@@ -35,6 +35,7 @@ import queue
 import threading
 import weakref
 
+from ..errors import ExecutionError
 from . import streams
 from .op import _state, enqueue, executing, refuse_inside_recording
 
@@ -50,7 +51,14 @@ def submit(op, stream=None) -> "asyncio.Future":
     handed back (``e.recovered``); errors found at completion are set on the future.
     Cancelling the future does not stop the work: its values are still handed back (to the
     op's arguments' handles) when it completes."""
-    loop = asyncio.get_running_loop()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise ExecutionError("st.submit(op) needs a running event loop: call it from a "
+                             "coroutine (or run the op with op.sync()); the op did not "
+                             "start") from None
+    if stream is not None:
+        streams.resolve(stream)                  # ArgumentError here, not on the future
     if not streams.cuda_available() or op._host_bound():
         # The execution runs on another thread, where this thread's running execution is not
         # seen: refuse a re-entrant start here, as enqueue does on the GPU path.

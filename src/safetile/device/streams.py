@@ -16,6 +16,8 @@ import functools
 
 import torch
 
+from ..errors import ArgumentError
+
 
 @functools.cache
 def cuda_available() -> bool:
@@ -43,9 +45,12 @@ def current():
 
 
 def resolve(stream=None):
-    """The stream an execution runs on: ``stream`` if given, else torch's current stream
-    (None without CUDA)."""
+    """The stream an execution runs on: ``stream`` if given (a ``torch.cuda.Stream``), else
+    torch's current stream (None without CUDA)."""
     if stream is not None:
+        if not isinstance(stream, torch.cuda.Stream):
+            raise ArgumentError(f"stream must be a torch.cuda.Stream or None (torch's current "
+                                f"stream), got {type(stream).__name__} {stream!r}")
         return stream
     if not cuda_available():
         return None

@@ -52,13 +52,16 @@ def bind(kernel, args, kwargs) -> list[BoundArg]:
 
 
 def _refuse_repeats(kernel, pairs) -> None:
-    """A launch moves each handle in once: the same handle at two parameters is refused."""
+    """A launch moves each handle in once: the same Tensor or Partition at two parameters is
+    refused. A Shared handle (bound only to ``In`` parameters, which only read) may feed
+    several: it is moved in once and handed back once (``LaunchPlan.moves``)."""
     seen: dict = {}
     for n, v in pairs:
-        if isinstance(v, (Tensor, Shared, Partition)):
+        if isinstance(v, (Tensor, Partition)):
             if id(v) in seen:
-                hint = (" (to read one Shared value twice, pass s and s.clone())"
-                        if isinstance(v, (Tensor, Shared)) else "")
+                hint = (" (to read one tensor at several inputs, share it: one Shared handle "
+                        "may be passed for several st.In parameters)"
+                        if isinstance(v, Tensor) else "")
                 raise LaunchError(f"kernel '{kernel.name}': the same handle is passed as "
                                   f"'{seen[id(v)]}' and '{n}'; a launch moves each handle in "
                                   f"once{hint}")
@@ -266,7 +269,7 @@ def launch(kernel, args, kwargs):
                 for i, where in moves:
                     values[i]._move_locked(where)
                     n += 1
-            except BaseException:             # the same handle passed twice: undo
+            except BaseException:             # undo the moves made so far
                 for i, _ in moves[:n]:
                     values[i]._restore_locked()
                 hold.release()

@@ -47,7 +47,8 @@ class LaunchPlan:
 
     ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
     strides, dtype)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
-    text)``; ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
+    text)`` per handle, at its first position (a Shared handle passed for several ``In``
+    parameters is moved in, and handed back, once); ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
     ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
     ``gpu``: what the backend derives once per plan (``backends/triton/launch.py``: the
 variant, binary and packed arguments).
@@ -61,6 +62,7 @@ variant, binary and packed arguments).
         self.opts = kernel.opts
         self.n = len(bound)
         tensors, scalars, moves, params = [], [], [], []
+        moved: set = set()
         for i, b in enumerate(bound):
             t = b.torch
             params.append((b.name, b.spec, b.tile, b.order, t is not None))
@@ -69,7 +71,9 @@ variant, binary and packed arguments).
             else:
                 tensors.append((i, weakref.ref(b.value, self._forget), weakref.ref(t),
                                 t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
-                moves.append((i, where[b.name]))
+                if id(b.value) not in moved:
+                    moved.add(id(b.value))
+                    moves.append((i, where[b.name]))
         self.tensors, self.scalars = tuple(tensors), tuple(scalars)
         self.moves, self.params = tuple(moves), tuple(params)
         self.grid = grid

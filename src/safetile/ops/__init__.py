@@ -18,8 +18,10 @@ Convention, shared by every op:
   string is refused), counts and sizes ints (numpy ints too), tile sizes powers of two.
 - Inputs are ``Tensor`` or ``Shared`` handles, and one tensor may feed several inputs. The
   op reads a fresh view of a Tensor (the handle stays usable) and holds a Shared handle
-  while it is in flight; either way the input's memory cannot be written until the op is
-  synchronized. No dtype is converted implicitly.
+  while it is in flight (the same handle for every input it feeds: the op makes no other);
+  either way the input's memory cannot be written until the op is synchronized. A graph
+  recorded from an op holds no handle of its inputs: each replay borrows their bytes while
+  it runs. No dtype is converted implicitly.
 - Outputs the caller does not pass are allocated. Passing ``out=`` (and ``workspace=`` where
   an op needs scratch) makes an op allocate nothing, so it can be recorded in a graph scope
   and replayed: grout's decode step preallocates every buffer. A given ``out`` must have the

@@ -110,6 +110,7 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     if not isinstance(workspace, ArgmaxWorkspace):
         raise ArgumentError(f"ops.argmax: workspace must be an ArgmaxWorkspace "
                             f"(ops.argmax_workspace), got {type(workspace).__name__}")
+    host.check_workspace("ops.argmax", workspace, ("values", "indices"))
     host.check_pow2("ops.argmax: workspace.block", workspace.block)
     if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype \
             or workspace.values.dtype is not st.f32:

@@ -284,6 +284,7 @@ def _check_workspace(name: str, ws, hkv: int | None = None, group: int = 0, d: i
     if not isinstance(ws, DecodeWorkspace):
         raise ArgumentError(f"{name}: workspace must be a DecodeWorkspace (build one with "
                             f"DecodeWorkspace.for_cache(q, k_cache)), got {a_type_name(ws)}")
+    host.check_workspace(name, ws, ("partial", "lse"))
     if hkv is not None and (tuple(ws.partial.shape) != (hkv, ws.num_splits, group, d)
                             or ws.group != group):
         raise ArgumentError(f"{name}: the workspace (partial {ws.partial.shape}, group "

@@ -112,6 +112,10 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
         raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
     cfg = config or choose_config(n, k)
     ws = workspace or gemv_argmax_workspace(w, dtype, cfg)
+    if not isinstance(ws, ArgmaxWorkspace):
+        raise ArgumentError(f"{name}: workspace must be an ArgmaxWorkspace "
+                            f"(ops.gemv_argmax_workspace), got {type(ws).__name__}")
+    host.check_workspace(name, ws, ("values", "indices"))
     blocks = -(-n // cfg.bn)
     if ws.block != cfg.bn or ws.blocks != blocks or ws.indices.dtype is not dtype:
         raise ArgumentError(f"{name}: the workspace holds {ws.blocks} {ws.indices.dtype!r} "

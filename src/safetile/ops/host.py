@@ -111,6 +111,13 @@ def check_target(name: str, v) -> None:
                             f"{f'; {hint}' if hint else ''}")
 
 
+def check_workspace(name: str, ws, fields) -> None:
+    """Each buffer ``fields`` of the workspace ``ws``, which an op writes, must be a Tensor
+    (a workspace is a plain dataclass a caller may fill with anything)."""
+    for field in fields:
+        check_target(f"{name}: workspace.{field}", getattr(ws, field))
+
+
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
     """A caller-provided output must be a Tensor of exactly the result's shape and dtype."""
     check_target(name, out)
@@ -175,18 +182,10 @@ def borrow(v):
 
 def inputs(*values) -> list:
     """What an op passes to its kernel for the inputs ``values``: each :func:`borrow`-ed, so
-    one Tensor may feed several inputs; a Shared handle that feeds several is cloned for each
-    repeat, since a launch takes each handle once (the clone releases itself when the op
-    hands it back and drops it)."""
-    seen: set = set()
-    out = []
-    for v in values:
-        if isinstance(v, Shared) and id(v) in seen:
-            out.append(v.clone())
-        else:
-            seen.add(id(v))
-            out.append(borrow(v))
-    return out
+    one Tensor may feed several inputs (a fresh view each). A Shared handle that feeds several
+    is passed as itself for each: a launch moves it in once and hands it back once, so the op
+    makes no other handle that could outlive it (and keep ``try_unwrap`` from succeeding)."""
+    return [borrow(v) for v in values]
 
 
 def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
@@ -282,6 +281,10 @@ class Configured:
         self._by_warps: dict = {}
 
     def __call__(self, num_warps: int):
+        if type(num_warps) is not int:
+            # Not a cache key: a list is unhashable, and 4.0 or True would find the copy made
+            # for 4 or 1. kernel.options refuses it (ArgumentError naming num_warps).
+            return self.kernel.options(num_warps=num_warps)
         k = self._by_warps.get(num_warps)
         if k is None:
             k = self._by_warps[num_warps] = self.kernel.options(num_warps=num_warps)

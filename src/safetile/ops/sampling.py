@@ -298,6 +298,15 @@ def _check(logits, params, key, counter, ws: SamplerWorkspace):
         if v.dtype is not dtype or tuple(v.shape) != shape:
             raise ArgumentError(f"ops.sample: {name} must be {dtype!r} of shape {shape}, got "
                                 f"{v.dtype!r} {tuple(v.shape)}")
+    if not isinstance(ws, SamplerWorkspace):
+        raise ArgumentError(f"ops.sample: workspace must be a SamplerWorkspace "
+                            f"(ops.sampler_workspace), got {type(ws).__name__}")
+    host.check_workspace("ops.sample", ws, ("stats", "counts", "masses", "values", "indices"))
+    if not isinstance(ws.states, tuple) or len(ws.states) != 2:
+        raise ArgumentError(f"ops.sample: workspace.states must be a pair of st.Tensors, got "
+                            f"{ws.states!r}")
+    for i, state in enumerate(ws.states):
+        host.check_target(f"ops.sample: workspace.states[{i}]", state)
     if ws.n != logits.shape[0]:
         raise ArgumentError(f"ops.sample: the workspace is for {ws.n} logits, got "
                             f"{logits.shape[0]}")

@@ -282,8 +282,9 @@ def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
         f"storage")
 
 
-def _conflicting(t: torch.Tensor, writes_only: bool):
-    """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``)."""
+def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None):
+    """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``),
+    ``exempt`` aside."""
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
@@ -293,7 +294,7 @@ def _conflicting(t: torch.Tensor, writes_only: bool):
         if reg is not None and x.hi > x.lo:
             for e, h in reg.near(x.lo, x.hi):
                 if (e.write or not writes_only) and (owner is None or h.owner is not owner) \
-                        and _overlap(x, e):
+                        and h is not exempt and _overlap(x, e):
                     return e, h
     return None
 
@@ -312,10 +313,11 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
             f"{_label(e.name, True)}; {_remedy(h)}")
 
 
-def check_host_write(t: torch.Tensor, what: str) -> None:
+def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None) -> None:
     """Raise :class:`BorrowError` if any in-flight operation reads or writes ``t``'s memory
-    (used before handing out mutable access: DLPack export, ``into_torch``, unwrap)."""
-    found = _conflicting(t, writes_only=False)
+    (used before handing out mutable access: DLPack export, ``into_torch``, unwrap), the hold
+    ``exempt`` aside (a Shared value's own read borrow, which ends only once this passes)."""
+    found = _conflicting(t, writes_only=False, exempt=exempt)
     if found is not None:
         e, h = found
         verb = "writing" if e.write else "reading"

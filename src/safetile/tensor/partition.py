@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import dtypes as _dtypes
-from ..errors import ArgumentError, PartitionError
+from ..errors import ArgumentError, IndexOutOfRangeError, PartitionError
 from ..lang.semantics import MAX_DIM, MAX_PROGRAMS, MAX_TILE_ELEMENTS
 from .ownership import LOCK, Handle
 
@@ -116,7 +116,7 @@ class ProgramOrder:
         """Tile coordinates at sequence position ``s`` (``0 <= s < num_tiles``)."""
         n = self.num_tiles
         if not 0 <= s < n:
-            raise IndexError(f"sequence position {s} out of range for {n} tiles")
+            raise IndexOutOfRangeError(f"sequence position {s} out of range for {n} tiles")
         if self.kind == "grouped":
             num_pid_m, num_pid_n = self.grid
             num_pid_in_group = self.group_size * num_pid_n
@@ -135,7 +135,7 @@ class ProgramOrder:
         """The tiles program ``p`` owns, in the order it visits them."""
         np_ = self.num_programs
         if not 0 <= p < np_:
-            raise IndexError(f"program {p} out of range for {np_} programs")
+            raise IndexOutOfRangeError(f"program {p} out of range for {np_} programs")
         if self.persistent is None:
             return [self.tile_coords(p)]
         return [self.tile_coords(s) for s in range(p, self.num_tiles, np_)]
@@ -294,10 +294,16 @@ class Partition(Handle):
         """The index region of the tile at ``coords``, clipped to the tensor (edge tiles
         are smaller than ``tile_shape``)."""
         self._check("call .tile_slices()")
-        coords = tuple(coords)
         grid = self._order.grid
+        try:
+            if any(isinstance(c, bool) for c in coords):
+                raise TypeError
+            coords = tuple(operator.index(c) for c in coords)
+        except TypeError:
+            raise ArgumentError(f"tile coordinates must be a tuple of ints, one per axis of the "
+                                f"grid {grid}, got {coords!r}") from None
         if len(coords) != len(grid) or not all(0 <= c < g for c, g in zip(coords, grid)):
-            raise IndexError(f"tile {coords} out of range for grid {grid}")
+            raise IndexOutOfRangeError(f"tile {coords} out of range for grid {grid}")
         shape = self._tensor._torch.shape
         return tuple(slice(c * t, min((c + 1) * t, n))
                      for c, t, n in zip(coords, self._tile_shape, shape))

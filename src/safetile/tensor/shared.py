@@ -209,13 +209,12 @@ class Shared(Handle):
                 f"{'s are' if others != 1 else ' is'} alive ({', '.join(parts)}); "
                 f"{' and '.join(todo)} first")
         # Zero-copy views made before share() are separate handles: check the bytes too,
-        # setting this value's own read borrow aside (it ends when the value is unwrapped).
-        core.hold.release()
-        try:
-            borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}")
-        except BorrowError:
-            core.hold = borrows.hold_shared(core.tensor._torch, self._describe())
-            raise
+        # this value's own read borrow set aside. That borrow stays registered until the
+        # check has passed (``_unwrap_locked`` ends it): a value that stays shared keeps its
+        # bytes read-only, and the graph that may rewrite it (``borrows.collect_shared``)
+        # knows it by that very hold.
+        borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}",
+                                 exempt=core.hold)
 
     def try_unwrap(self) -> "Tensor":
         """The Tensor back, if this is the last handle and nothing in flight holds it.
@@ -229,8 +228,9 @@ class Shared(Handle):
             return self._unwrap_locked("try_unwrap()", "use the Tensor try_unwrap() returned")
 
     def _unwrap_locked(self, by: str, hint: str) -> "Tensor":
+        """Consume the last handle (``_sole_owner_or_raise`` passed, under the same LOCK)."""
         self._release(by, hint)
-        self._core.handles -= 1                 # the last one; its borrow already ended
+        self._core.drop_handle()                # the last one: ends the value's read borrow
         tensor = self._core.tensor
         tensor._restore()
         return tensor

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows
 from .ownership import LOCK, Handle
@@ -45,6 +45,27 @@ def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     return dims
 
 
+def _index(v, what: str) -> int:
+    """``v`` as an int (numpy and 0-d torch ints too, never a bool) for an error naming
+    ``what``."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise ArgumentError(f"{what} must be an int, got {type(v).__name__} {v!r}") from None
+
+
+def _checked_slice(s: slice, what: str) -> slice:
+    """``s`` with int (or None) bounds and a positive int step (1 when None)."""
+    start = None if s.start is None else _index(s.start, f"{what}: a slice start")
+    stop = None if s.stop is None else _index(s.stop, f"{what}: a slice stop")
+    step = 1 if s.step is None else _index(s.step, f"{what}: a slice step")
+    if step <= 0:
+        raise ArgumentError(f"{what}: slice step must be a positive int, got {step}")
+    return slice(start, stop, step)
+
+
 def _to_numpy(t: torch.Tensor):
     """A host numpy copy of ``t`` (bfloat16, which numpy lacks, is upcast to float32)."""
     src = t.detach()
@@ -53,6 +74,23 @@ def _to_numpy(t: torch.Tensor):
     if t is src:
         t = t.clone()            # never hand out a numpy alias of owned storage
     return t.numpy()
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a torch.Tensor subclass) as a plain ``torch.Tensor`` over the same storage.
+    ``torch.Tensor.as_subclass`` is torch's own method, not one the subclass overrides; a
+    subclass whose torch dispatch keeps its type (a fake or wrapper tensor) is refused."""
+    try:
+        plain = torch.Tensor.as_subclass(t, torch.Tensor)
+    except Exception as e:
+        plain, why = None, f" ({type(e).__name__}: {e})"
+    else:
+        why = ""
+    if type(plain) is not torch.Tensor:
+        raise ArgumentError(
+            f"a {type(t).__name__} (a torch.Tensor subclass) could not be viewed as a plain "
+            f"torch.Tensor over its memory{why}; pass a plain torch.Tensor")
+    return plain
 
 
 class Tensor(Handle):
@@ -74,11 +112,25 @@ class Tensor(Handle):
 
     @classmethod
     def _wrap(cls, t: torch.Tensor) -> "Tensor":
-        """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype)."""
+        """Internal constructor: wrap ``t`` zero-copy (dtype must be a safetile dtype).
+
+        The wrapped tensor is always a plain, dense ``torch.Tensor`` with memory behind it
+        (views too: they are wrapped here): the overlap checks read its address, strides and
+        storage, and a subclass could override those methods (report another address, say)
+        to slip an overlap past them."""
         if not isinstance(t, torch.Tensor):
             raise ArgumentError(f"expected a torch.Tensor, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise ArgumentError(f"only strided (dense) torch tensors can be wrapped, got {t.layout}")
+        if type(t) is not torch.Tensor:
+            t = _plain(t)
+        if t.layout != torch.strided or t.is_nested:
+            layout = "a nested tensor" if t.is_nested else str(t.layout)
+            raise ArgumentError(f"only strided (dense) torch tensors can be wrapped, got "
+                                f"{layout}; make a dense tensor first (t.to_dense(), or one "
+                                f"tensor per nested component)")
+        if t.device.type == "meta":
+            # Every meta tensor reports address 0: there is nothing to run on or to check.
+            raise ArgumentError("a tensor on the meta device has no memory for a kernel to read "
+                                "or write: allocate it on the CPU or a GPU")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
         if t.requires_grad:
             t = t.detach()                               # zero-copy; safetile has no autograd
@@ -234,11 +286,12 @@ class Tensor(Handle):
         """The elements ``start:stop:step`` along ``dim`` as a zero-copy view (step > 0)."""
         self._check("call .slice()")
         nd = self._torch.dim()
+        dim = _index(dim, "slice: dim")
         if not -nd <= dim < nd:
-            raise IndexError(f"dim {dim} out of range for a rank-{nd} tensor")
-        if step is None or step <= 0:
-            raise ArgumentError(f"slice step must be positive, got {step}")
-        index = (slice(None),) * (dim % nd) + (slice(start, stop, step),)
+            raise IndexOutOfRangeError(f"slice: dim {dim} out of range for a rank-{nd} tensor "
+                                       f"(dims {-nd} to {nd - 1})")
+        part = _checked_slice(slice(start, stop, step), "slice")
+        index = (slice(None),) * (dim % nd) + (part,)
         return self._derive(self._torch[index])
 
     def __getitem__(self, index) -> "Tensor":
@@ -246,17 +299,28 @@ class Tensor(Handle):
         self._check("index it")
         items = index if isinstance(index, tuple) else (index,)
         for it in items:
-            if it is Ellipsis or it is None or isinstance(it, slice):
-                if isinstance(it, slice) and it.step is not None and it.step <= 0:
-                    raise ArgumentError(f"slice step must be positive, got {it.step}")
+            if it is Ellipsis or it is None:
                 continue
+            if isinstance(it, slice):
+                _checked_slice(it, "Tensor indexing")
+                continue
+            # A bool (torch reads it as a mask) or a non-int index is advanced indexing,
+            # which copies: the result would not be a view of these bytes.
             try:
                 operator.index(it)
+                if isinstance(it, bool) or (isinstance(it, torch.Tensor) and
+                                            it.dtype == torch.bool):
+                    raise TypeError
             except TypeError:
                 raise ArgumentError(
                     f"Tensor indices must be ints, slices or ..., got {type(it).__name__}: "
                     f"advanced indexing would copy; use to_torch() for that") from None
-        return self._derive(self._torch[index])
+        try:
+            view = self._torch[index]
+        except IndexError as e:
+            raise IndexOutOfRangeError(f"index {index!r} is out of range for "
+                                       f"{self._describe()}: {e}") from None
+        return self._derive(view)
 
     # -- DLPack --------------------------------------------------------------------------
     def __dlpack__(self, stream=None, **kwargs):
