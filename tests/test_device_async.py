@@ -210,7 +210,6 @@ def test_submit_inside_a_then_callback_raises_and_starts_nothing():
     assert other.values[0] is other_x and not other._consumed      # never started
     other.sync()
 
-<<<<<<< HEAD
 
 # ---- a graph scope belongs to the task that opened it ----------------------------------------
 
@@ -296,5 +295,3 @@ def test_a_record_made_by_another_task_still_refuses_allocation():
         return s.graph
 
     assert asyncio.run(main()).records == []
-=======
->>>>>>> holesA
