@@ -85,6 +85,21 @@ def cpu_executor(seed: int):
     return fixture
 
 
+def triton_backend():
+    """An autouse fixture running every test of a module on the ``triton`` backend."""
+    @pytest.fixture(autouse=True)
+    def fixture():
+        with st.backend("triton"):
+            yield
+    return fixture
+
+
+def cuda_bf16(shape, seed: int, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+    """Seeded normal values on the GPU, ``* scale + offset``, rounded to bf16."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, generator=g, device="cuda") * scale + offset).to(torch.bfloat16)
+
+
 # -- shared by the device-layer tests ------------------------------------------------------------
 
 @st.kernel

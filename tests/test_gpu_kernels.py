@@ -13,6 +13,8 @@ import torch
 import safetile as st
 import safetile.lang as sl
 
+import support
+
 pytestmark = pytest.mark.gpu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -20,10 +22,7 @@ DTYPES = [st.f32, st.bf16]
 DTYPE_IDS = [d.name for d in DTYPES]
 
 
-@pytest.fixture(autouse=True)
-def triton_backend():
-    with st.backend("triton"):
-        yield
+triton_backend = support.triton_backend()
 
 
 def load_example(name: str):

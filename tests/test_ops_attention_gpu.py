@@ -14,13 +14,12 @@ import safetile as st
 from safetile.ops import (DecodeWorkspace, decode_attention, flash_attention, kv_append,
                           kv_append_many)
 
+import support
+
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def triton_backend():
-    with st.backend("triton"):
-        yield
+triton_backend = support.triton_backend()
 
 
 def randn(shape, seed, dtype=torch.bfloat16):

@@ -13,16 +13,10 @@ pytestmark = pytest.mark.gpu
 H, HQ, HKV, D, INTER = 2560, 32, 8, 128, 9728
 
 
-@pytest.fixture(autouse=True)
-def triton_backend():
-    with st.backend("triton"):
-        yield
+triton_backend = support.triton_backend()
 
 
-def rand(shape, seed, scale=1.0, offset=0.0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    t = torch.randn(shape, generator=g, device="cuda") * scale + offset
-    return t.to(torch.bfloat16)
+rand = support.cuda_bf16
 
 
 def wrap(t):

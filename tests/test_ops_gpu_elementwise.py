@@ -7,13 +7,12 @@ import safetile as st
 from safetile import ops
 from safetile.ops.unsafe_twins import add_unsafe
 
+import support
+
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def triton_backend():
-    with st.backend("triton"):
-        yield
+triton_backend = support.triton_backend()
 
 
 def rand(shape, dtype, seed, scale=1.0):
