@@ -27,7 +27,8 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from . import host
-from .decode_attention import DEFAULT_BLOCK_N, MIN_GROUP_ROWS, WHOLE_STAGES, masked_step
+from .decode_attention import (DEFAULT_BLOCK_N, MIN_GROUP_ROWS, WHOLE_STAGES, masked_step,
+                               valid_length)
 from .flash_attention import LOG2E
 from .kv_cache import max_cache_positions
 from .qk_rope_append import EARLY, check_prologue, normed_half, row_scales
@@ -70,8 +71,9 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
     v_row = qkv.load_at((Q_HEADS + KV_HEADS + h, 0), (1, D))
     v_cache.partition((1, 1, D)).store(sl.reshape(v_row, (1, 1, D)), (0, p, 0))
     # Rows 0..p, but never past the cache's ``max_seq`` rows (the slab's rows past them read
-    # as zero keys): a position past the cache, which appends nothing, attends the whole cache.
-    n = min(p, max_seq - 1) + 1
+    # as zero keys): a position past the cache, which appends nothing, attends the whole cache,
+    # one below 0 attends nothing, as ops.decode_attention.
+    n = valid_length(p, 1, max_seq)
     k_blocks = k_cache.partition((1, BLOCK_N, HALF))
     v_blocks = v_cache.partition((1, BLOCK_N, D))
     m_i = sl.full((GP,), float("-inf"), st.f32)
@@ -84,9 +86,8 @@ def prologue_attention_kernel(qkv: st.In[st.floats, 2], q_weight: st.In[st.float
         scores = (sl.matmul(q_rot1, kt1.T) + sl.matmul(q_rot2, kt2.T)) * qk_scale
         m_i, l_i, acc = masked_step(scores, vt, j * BLOCK_N + sl.arange(BLOCK_N) < n,
                                     m_i, l_i, acc)
-    # A negative position attends nothing: the rows are 0 rather than 0 / 0.
-    l_safe = sl.where(l_i > 0.0, l_i, 1.0)
-    o.store(sl.reshape(acc / l_safe[:, None], (1, GP, D)))
+    # No row attended (a position below 0): zeros, not the 0 / 0 of an empty softmax.
+    o.store(sl.reshape(sl.where(n > 0, acc / l_i[:, None], 0.0), (1, GP, D)))
 
 
 # The scores' products take half a head per operand: tl.dot needs K >= 16.
