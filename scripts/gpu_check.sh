@@ -5,7 +5,7 @@
 # Usage: bash scripts/gpu_check.sh [bench_name ...]   (default: every benchmarks/bench_*.py)
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out="${OUT:-/tmp/safetile-gpu}"
 mkdir -p "$out"
 status=0

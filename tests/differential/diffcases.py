@@ -78,7 +78,7 @@ class Case:
 
     @property
     def out_dtypes(self) -> list:
-        return [e.dtype if e.runtime else S.weak_dtype(e.value) for e in self.exprs]
+        return [e.dtype if e.runtime else _stored_dtype(e.value) for e in self.exprs]
 
     @property
     def interpretable(self) -> bool:
@@ -86,6 +86,15 @@ class Case:
         whose math it gets wrong, nor libdevice, which it does not run)."""
         return not (any(d is st.bf16 for d in self.inputs + self.out_dtypes)
                     or "bfloat16" in self.source or "sl.tanh" in self.source)
+
+
+def _stored_dtype(value) -> "st.DType":
+    """The Out dtype for a compile-time value stored on its own: its weak dtype, or fp32 for
+    a float with none (outside fp32's normal range), which the store rounds to the Out's type."""
+    try:
+        return S.weak_dtype(value)
+    except S.SemanticsError:
+        return st.f32
 
 
 class Builder:
