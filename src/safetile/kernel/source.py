@@ -110,7 +110,11 @@ def classify(value) -> Resolved:
         from ..dtypes import ALL
         return Resolved("dtype", value) if any(value is d for d in ALL) else \
             Resolved("other", value)
-    if isinstance(value, bool) or isinstance(value, (int, float)):
+    if isinstance(value, (int, float)):
+        # the plain value: a subclass's own methods (its repr is what code generation would
+        # spell) are never consulted; bool cannot be subclassed
+        if type(value) is not bool:
+            value = int.__int__(value) if isinstance(value, int) else float.__float__(value)
         return Resolved("const", value)
     if getattr(value, "__safetile_function__", False):
         return Resolved("function", value)
