@@ -219,3 +219,44 @@ def test_a_load_in_a_loop_bound_is_ordered_after_an_earlier_store():
     head = src.index("for i in range(")
     before = src[:head]
     assert before.rstrip().splitlines()[-1].strip().startswith("tl.debug_barrier()")
+
+
+def persistent(n=64, tile=(16,)):
+    return st.zeros((n,), device="cpu").partition(tile, persistent=2)
+
+
+@st.kernel
+def tiles_in_a_range_loop(z: st.Out[st.f32], n: int):
+    for i in range(n):
+        for t in z.tiles():
+            t.store(t.load() + 1.0)
+
+
+@st.kernel
+def two_tiles_loops(z: st.Out[st.f32]):
+    for t in z.tiles():
+        t.store(sl.full(t.shape, 1.0, st.f32))
+    for u in z.tiles():
+        u.store(u.load() + 1.0)
+
+
+def test_a_tiles_loop_run_again_is_ordered_after_the_previous_visit():
+    body = entry_body(tiles_in_a_range_loop.source(persistent(), 3), "tiles_in_a_range_loop")
+    outer = next(i for i, text in enumerate(body) if "for i in range(" in text)
+    tiles = next(i for i, text in enumerate(body) if "for _st_t in" in text)
+    assert barrier_between(body, outer, tiles)
+    (z,) = tiles_in_a_range_loop(persistent(), 3).sync()[:1]
+    assert z.unpartition().to_torch().eq(3.0).all()
+
+
+def test_a_second_tiles_loop_is_ordered_after_the_first():
+    body = entry_body(two_tiles_loops.source(persistent()), "two_tiles_loops")
+    (store, _), (load, kind), _ = accesses(body, "z")
+    assert kind == "load" and barrier_between(body, store, load)
+    two_tiles_loops.compile(persistent())
+
+
+def test_a_tiles_loop_first_in_the_kernel_has_no_barrier_before_it():
+    body = entry_body(two_tiles_loops.source(persistent()), "two_tiles_loops")
+    first = next(i for i, text in enumerate(body) if "for _st_t in" in text)
+    assert not any(b < first for b in barriers(body))

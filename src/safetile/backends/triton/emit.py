@@ -5,7 +5,9 @@ store after any earlier access of it, get a CTA barrier (``tl.debug_barrier()``)
 because different threads hold different elements of a tile. Reads of ``In`` views carry no
 token and no barrier. Across control flow the analysis is conservative: a loop body starts from
 the join of the state before the loop and at the end of its body; an ``if`` joins its branches.
-Each tile of ``for t in z.tiles()`` starts a fresh chain, since distinct tiles are disjoint.
+Each tile of ``for t in z.tiles()`` starts a fresh chain, since distinct tiles are disjoint; a
+barrier before such a loop orders what came before it (a program visits its tiles again when
+the loop runs again).
 """
 from __future__ import annotations
 
@@ -256,6 +258,11 @@ class Emitter(ViewEmitter):
             return body, end
         if self.in_tile_loop:
             raise self.fail(node, "`tiles()` loops cannot nest")
+        # A program visits each of its tiles once per loop, but it comes back to them when the
+        # loop runs again (inside a range loop, or a second tiles() loop): one barrier before
+        # the loop orders the accesses before it, and each visit then starts a fresh chain.
+        pre = [f"{ind}tl.debug_barrier()  # token: tiles visited again after earlier accesses"] \
+            if any(state.values()) else []
         self.in_tile_loop = True
         coords = self.coords("_st_t", ind + "    ")
         body, end = self.block(node.body, {}, ind + "    ")
@@ -264,7 +271,7 @@ class Emitter(ViewEmitter):
         loop = f"tl.range(tl.program_id(0), _st_ntiles, tl.num_programs(0){hints})" if hints else \
             "range(tl.program_id(0), _st_ntiles, tl.num_programs(0))"
         head = f"{ind}for _st_t in {loop}:"
-        return [head] + coords + body, _join(state, end)
+        return pre + [head] + coords + body, _join({} if pre else state, end)
 
     def early_access(self, call) -> bool:
         """Whether ``call`` may run before the programmatic-launch wait: an L2 prefetch of an
