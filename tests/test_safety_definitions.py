@@ -192,3 +192,34 @@ def test_bad_host_inputs_are_typed_errors():
         st.arange(0, 4, 0)
     with pytest.raises(st.ArgumentError, match="not a device"):
         st.zeros((2,), device="no-such-device")
+
+
+
+def test_a_tiles_loop_cannot_rebind_an_out_parameter():
+    with pytest.raises(st.KernelDefinitionError,
+                       match=r"\[param-assignment\] assignment to parameter 'w' \(Out\)"):
+        @st.kernel
+        def k(z: st.Out[st.f32], w: st.Out[st.f32]):
+            for w in z.tiles():
+                w.store(sl.full((4,), 5.0, st.f32))
+
+
+def test_a_tiles_loop_cannot_rebind_a_scalar_or_in_parameter():
+    with pytest.raises(st.KernelDefinitionError, match=r"parameter 'n' \(int\)"):
+        @st.kernel
+        def k(z: st.Out[st.f32], n: int):
+            for n in z.tiles():
+                n.store(sl.full((4,), 5.0, st.f32))
+    with pytest.raises(st.KernelDefinitionError, match=r"parameter 'x' \(In\)"):
+        @st.kernel
+        def k2(x: st.In[st.f32], z: st.Out[st.f32]):
+            for x in z.tiles():
+                x.store(sl.full((4,), 5.0, st.f32))
+
+
+def test_a_tiles_loop_cannot_bind_a_reserved_name():
+    with pytest.raises(st.KernelDefinitionError, match=r"\[name\].*'tl'"):
+        @st.kernel
+        def k(z: st.Out[st.f32]):
+            for tl in z.tiles():
+                tl.store(sl.full((4,), 5.0, st.f32))

@@ -251,10 +251,11 @@ class BodyChecker(ast.NodeVisitor):
             it.func.attr == "tiles" and self.kind_of(it.func.value) == "Out"
         if not (is_range or is_tiles):
             self.fail(node, "statement", "loops are `for i in range(...)` or `for t in z.tiles()`")
+        if not isinstance(node.target, ast.Name):
+            self.fail(node, "statement", f"a {'range' if is_range else 'tiles()'} loop binds "
+                                         f"one plain name")
+        self.check_target(node.target)
         if is_range:
-            if not isinstance(node.target, ast.Name):
-                self.fail(node, "statement", "a range loop binds one plain name")
-            self.check_target(node.target)
             for a in it.args:
                 self.visit(a)
             if it.keywords or not 1 <= len(it.args) <= 3:
