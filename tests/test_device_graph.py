@@ -383,3 +383,13 @@ def test_a_graphs_own_shared_result_that_could_not_be_unwrapped_during_a_replay_
     with pytest.raises(AliasError, match="shared value"):
         inc(x.view(4).partition((2,)))
     assert shared.try_unwrap().to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_a_replay_is_a_device_op_that_can_itself_be_captured():
+    z = st.zeros((4,)).partition((2,))
+    g = inc(z).graph()
+    outer = g.launch().graph()                 # the replay recorded into a new graph
+    t = outer.output[0].unpartition()
+    outer.launch().sync()
+    outer.launch().sync()
+    assert t.to_torch().tolist() == [2, 2, 2, 2]

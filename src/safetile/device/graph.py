@@ -362,10 +362,11 @@ class Graph:
 
 
 class GraphLaunchOp(DeviceOp):
-    """One replay of a ``Graph``."""
+    """One replay of a ``Graph`` (``replayed``; ``graph()`` is the DeviceOp method, which
+    captures this replay into a new graph)."""
 
     def __init__(self, graph: Graph):
-        self.graph = graph
+        self.replayed = graph
         self.site = None
 
     def _abandon(self) -> None:
@@ -373,17 +374,17 @@ class GraphLaunchOp(DeviceOp):
 
     def __del__(self):
         if not self._consumed:
-            warn_unrun(f"a replay of {self.graph!r}", self.site)
+            warn_unrun(f"a replay of {self.replayed!r}", self.site)
 
     def __repr__(self) -> str:
-        return f"<GraphLaunchOp {self.graph!r}>"
+        return f"<GraphLaunchOp {self.replayed!r}>"
 
     def _values(self):
-        return self.graph.output
+        return self.replayed.output
 
     def _run(self, ctx: RunContext):
         self._take()
-        g = self.graph
+        g = self.replayed
         if ctx.recording is not None:             # a replay inside a recording: inline it
             g.check_inlined()
             ctx.recording.extend(g.records)
@@ -407,4 +408,4 @@ class GraphLaunchOp(DeviceOp):
         return g.output
 
     def _host_bound(self) -> bool:
-        return self.graph.host_bound
+        return self.replayed.host_bound
