@@ -90,6 +90,21 @@ def test_first_and_last_select_an_output_value():
     assert z == 1.0
 
 
+def test_first_and_last_of_an_empty_output_are_argument_errors():
+    with pytest.raises(st.ArgumentError, match=r"op.first\(\) of an op whose output is empty"):
+        st.zip().first().sync()
+    with pytest.raises(st.ArgumentError, match=r"op.last\(\)"):
+        scale(vec(1, 2, 3, 4), out(), 2.0).map(lambda *v: ()).last().sync()
+
+
+def test_a_map_callback_returning_an_op_is_refused_and_the_values_come_back():
+    z = out()
+    with pytest.raises(st.ArgumentError, match="use op.then") as e:
+        scale(vec(1, 2, 3, 4), z, 2.0).map(lambda x, p, k: scale(x, p, k)).sync()
+    rx, rz, rk = e.value.recovered
+    assert rz is z and rz.unpartition().to_torch().tolist() == [2, 4, 6, 8]
+
+
 def test_zip_output_is_the_tuple_of_each_ops_output():
     a = add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out())
     b = scale(vec(1, 2, 3, 4), out(), 2.0).last()

@@ -130,7 +130,13 @@ class MapOp(DeviceOp):
         ctx.settle()
         try:
             with in_callback("map"), collecting_built():
-                return self.f(*spread(out))
+                result = self.f(*spread(out))
+                if isinstance(result, DeviceOp):      # the op it built is handed back
+                    raise ArgumentError(
+                        f"the `map` callback {getattr(self.f, '__name__', self.f)!r} returned "
+                        f"{result!r}, which would never run: a `map` callback computes on the "
+                        f"host; to run an op on these values, use op.then(f)")
+                return result
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
             attach_recovered(wrong or e, out)

@@ -27,7 +27,7 @@ import threading
 import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
-from ..errors import BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
+from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
 from ..tensor import borrows
 from ..tensor.alloc import FORBIDDING, allocation_forbidden
 from ..tensor.ownership import NoCopies
@@ -280,6 +280,13 @@ def enqueue(op, stream, what: str):
     return ctx, out
 
 
+def _end_of(values: tuple, i: int, which: str):
+    if not values:
+        raise ArgumentError(f"op.{which}() of an op whose output is empty: there is no "
+                            f"{which} value")
+    return values[i]
+
+
 class DeviceOp(NoCopies):
     """Lazy device work. ``sync()`` runs it and returns its output; ``await op`` too."""
 
@@ -334,11 +341,11 @@ class DeviceOp(NoCopies):
 
     def first(self) -> "DeviceOp":
         """An op whose output is the first of this op's output values."""
-        return self.map(lambda *values: values[0])
+        return self.map(lambda *values: _end_of(values, 0, "first"))
 
     def last(self) -> "DeviceOp":
         """An op whose output is the last of this op's output values."""
-        return self.map(lambda *values: values[-1])
+        return self.map(lambda *values: _end_of(values, -1, "last"))
 
     def shared(self) -> "DeviceOp":
         """A handle that runs this op at most once, however many consumers run it."""
