@@ -7,6 +7,7 @@ another's write, and accesses outside a tensor.
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,6 +58,19 @@ def test_the_same_seed_gives_the_same_order():
 def read_past_the_end(p: st.Ptr[st.f32], q: st.Ptr[st.f32], n: int):
     offs = sl.bid(0) * 8 + sl.arange(8)
     sl.store_ptr(q, offs, sl.load_ptr(p, offs + n))
+
+
+@pytest.mark.parametrize("seed", ["3", 1.5, None, True, [1]])
+def test_a_seed_that_is_not_an_int_is_refused_when_the_backend_is_chosen(seed):
+    with pytest.raises(st.ArgumentError, match="seed must be an int"):
+        with st.backend("interpret", seed=seed):
+            pass
+    with pytest.raises(st.ArgumentError, match="seed must be an int"):
+        st.set_backend("interpret", seed=seed)
+
+
+def test_a_numpy_integer_seed_orders_programs_as_the_same_int():
+    assert program_order(np.int64(5)) == program_order(5)
 
 
 def test_out_of_bounds_pointer_load_names_kernel_program_and_offset():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import operator
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -70,7 +71,14 @@ def choose(name: str, seed: int = 0) -> Backend:
     kind = _KINDS.get(name)
     if kind is None:
         raise ArgumentError(f"unknown backend {name!r}; choose one of {BACKENDS}")
-    return kind(name, seed)
+    try:
+        value = operator.index(seed)          # numpy ints too; never a bool
+    except TypeError:
+        value = None
+    if value is None or isinstance(seed, bool):
+        raise ArgumentError(f"the backend's seed must be an int (it fixes the CPU executor's "
+                            f"program order), got {type(seed).__name__} {seed!r}")
+    return kind(name, value)
 
 
 def _default() -> Backend:
