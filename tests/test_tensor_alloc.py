@@ -65,6 +65,19 @@ def test_arange_refuses_what_is_not_a_count_or_a_1d_shape(args):
         arange(*args, device="cpu")
 
 
+def test_arange_refuses_a_range_past_an_integer_dtype():
+    with pytest.raises(ArgumentError, match=r"outside st.int8's range \[-128, 127\]"):
+        arange(300, dtype=dtypes.int8)
+    assert arange(-128, 128, dtype=dtypes.int8).to_torch()[[0, -1]].tolist() == [-128, 127]
+
+
+def test_numpy_scalars_serve_as_counts_and_shapes():
+    assert arange(np.int64(4)).to_torch().tolist() == [0, 1, 2, 3]
+    assert arange(np.float32(1.5), dtype=dtypes.float32).to_torch().tolist() == [0.0, 1.0]
+    assert zeros(np.int64(3), device="cpu").shape == (3,)
+    assert zeros(6, device="cpu").view(np.int64(6)).shape == (6,)
+
+
 def test_randn_with_a_seed_is_reproducible_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected_global = torch.rand(1)

@@ -187,3 +187,16 @@ def test_tile_slices_refuses_coordinates_that_are_not_a_tuple_of_ints(coords):
     p = zeros((64,), device="cpu").partition((8,))
     with pytest.raises(ArgumentError, match="tile coordinates"):
         p.tile_slices(coords)
+
+
+def test_a_bool_tile_dimension_is_refused():
+    with pytest.raises(PartitionError, match="tuple of ints"):
+        zeros((8,), device="cpu").partition((True,))
+
+
+def test_numpy_integers_serve_as_tile_shape_persistent_and_group_size():
+    import numpy as np
+    p = zeros((8,), device="cpu").partition(np.int64(4), persistent=np.int64(2))
+    assert p.tile_shape == (4,) and p.grid == (2,)
+    q = zeros((8, 8), device="cpu").partition((2, 2), order="grouped", group_size=np.int32(2))
+    assert type(q._order.group_size) is int

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
+import operator
 import os
 
 import torch
@@ -185,18 +187,37 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
             raise ArgumentError(f"st.arange makes a 1-D tensor: its shape is (n,), got "
                                 f"{tuple(start)}")
         start = start[0]
-    for name, v in (("start", start), ("stop", stop), ("step", step)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ArgumentError(f"st.arange: {name} must be an int or a float, got "
-                                f"{type(v).__name__} {v!r}")
+    start, stop, step = (None if v is None else _arange_number(v, name)
+                         for name, v in (("start", start), ("stop", stop), ("step", step)))
     if stop is None:
         start, stop = 0, start
     if dtype is None:
         all_int = all(isinstance(v, int) for v in (start, stop, step))
         dtype = _dtypes.int64 if all_int else _dtypes.float32
+    tdt = _torch_dtype(dtype)
     with _typed("st.arange"):
-        return Tensor._wrap(torch.arange(start, stop, step, dtype=_torch_dtype(dtype),
-                                         device=_device(device)))
+        if tdt.is_floating_point or tdt == torch.bool:
+            return Tensor._wrap(torch.arange(start, stop, step, dtype=tdt, device=_device(device)))
+        # built in int64, then checked to fit: torch would wrap an int8 range past 127
+        values = torch.arange(start, stop, step, dtype=torch.int64, device=_device(device))
+        info = torch.iinfo(tdt)
+        if values.numel() and (int(values.min()) < info.min or int(values.max()) > info.max):
+            raise ArgumentError(f"st.arange({start}, {stop}, {step}) reaches values outside "
+                                f"{_dtypes.from_torch(tdt)!r}'s range [{info.min}, {info.max}]; "
+                                f"choose a wider dtype")
+        return Tensor._wrap(values.to(tdt))
+
+
+def _arange_number(v, name: str):
+    """An arange bound as a Python int or float (numpy scalars too, never a bool)."""
+    if not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            if isinstance(v, numbers.Real):
+                return float(v)
+    raise ArgumentError(f"st.arange: {name} must be an int or a float, got "
+                        f"{type(v).__name__} {v!r}")
 
 
 def randn(shape, dtype=_dtypes.float32, device=None, seed: int | None = None) -> Tensor:

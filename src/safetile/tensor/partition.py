@@ -145,16 +145,26 @@ class ProgramOrder:
         return [self.tiles_of_program(p) for p in range(self.num_programs)]
 
 
+def _plain_int(v):
+    """``v`` as a plain int if it is an integer (numpy's too, never a bool), else as it is
+    (``ProgramOrder`` refuses it)."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        return v
+    return operator.index(v)
+
+
 def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
               persistent: int | None) -> tuple[tuple[int, ...], ProgramOrder]:
     """Check partition arguments against a tensor shape; return ``(tile_shape, order)``.
 
     Raises :class:`PartitionError` with what was wrong and what would be accepted.
     """
-    if isinstance(tile_shape, int) and not isinstance(tile_shape, bool):
+    if not isinstance(tile_shape, bool) and hasattr(tile_shape, "__index__"):  # one int
         tile_shape = (tile_shape,)
     try:
         tiles = tuple(operator.index(d) for d in tile_shape)
+        if any(isinstance(d, bool) for d in tile_shape):
+            raise TypeError
     except TypeError:
         raise PartitionError(
             f"tile_shape must be a tuple of ints, got {tile_shape!r}") from None
@@ -185,7 +195,8 @@ def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
     grid = tuple(_cdiv(n, t) for n, t in zip(shape, tiles))
     if order not in ORDERS:
         raise PartitionError(f"order must be one of {ORDERS}, got {order!r}")
-    po = ProgramOrder(order, group_size, grid, persistent)
+    po = ProgramOrder(order, _plain_int(group_size), grid,
+                      None if persistent is None else _plain_int(persistent))
     tiles_n = po.num_tiles
     if po.num_programs > MAX_PROGRAMS:
         raise PartitionError(

@@ -34,7 +34,7 @@ __all__ = ["Tensor"]
 
 def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     """Normalize an int or a sequence of ints to a tuple of ints (TypeError otherwise)."""
-    if isinstance(shape, (int,)) and not isinstance(shape, bool):
+    if not isinstance(shape, bool) and hasattr(shape, "__index__"):   # one int (numpy too)
         shape = (shape,)
     try:
         dims = tuple(operator.index(d) for d in shape)
