@@ -393,3 +393,19 @@ def test_a_replay_is_a_device_op_that_can_itself_be_captured():
     outer.launch().sync()
     outer.launch().sync()
     assert t.to_torch().tolist() == [2, 2, 2, 2]
+
+
+def test_a_callback_cannot_read_bytes_a_recorded_launch_writes_only_when_replayed():
+    t = st.zeros((4,))
+    alias = t.view((4,))                                 # the same bytes, another handle
+    z = t.partition((2,))
+    with pytest.raises(st.BorrowError, match="only when it is replayed") as e:
+        inc(z).map(lambda p: alias.to_torch()).graph()
+    (p,) = e.value.recovered
+    assert p is z and p.unpartition().to_torch().tolist() == [0, 0, 0, 0]   # never written
+
+
+def test_a_callback_may_read_bytes_no_recorded_launch_writes():
+    x = vec(1, 2, 3, 4)
+    g = inc(st.zeros((4,)).partition((2,))).map(lambda p: (p, x.to_torch().tolist())).graph()
+    assert g.output[1] == [1, 2, 3, 4]

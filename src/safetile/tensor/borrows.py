@@ -265,9 +265,17 @@ def _raise_internal(holder: str, w: Extent, other: Extent):
         f"the same launch: pass a copy or non-overlapping slices")
 
 
+def _recording(ctx) -> bool:
+    """Whether the execution ``ctx`` records a graph (its launches run only when replayed)."""
+    return getattr(ctx, "recording", None) is not None
+
+
 def _remedy(hold: Hold) -> str:
     """What to do about a conflict with ``hold``, met on this thread."""
     ctx = getattr(_owner, "ctx", None)
+    if ctx is not None and hold.owner is ctx and _recording(ctx):
+        return ("the graph being recorded writes these bytes only when it is replayed: read "
+                "them after a replay (g.launch().sync()), outside the recording")
     if ctx is not None and hold.owner is None and hold.checked_in is ctx:
         # Syncing it is not possible here (execution is not re-entrant), and not needed.
         return ("that operation was built in this callback and runs only after it returns: "
@@ -282,13 +290,18 @@ def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
         f"storage")
 
 
-def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None):
+def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
+                 touches_bytes: bool = True):
     """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``),
-    ``exempt`` aside."""
+    ``exempt`` aside. The running execution's own holds are ordered before the host's
+    access, except while it records a graph and the host touches the bytes: its launches
+    have not run."""
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
     owner = getattr(_owner, "ctx", None)
+    if touches_bytes and _recording(owner):
+        owner = None
     with LOCK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
@@ -313,11 +326,14 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
             f"{_label(e.name, True)}; {_remedy(h)}")
 
 
-def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None) -> None:
+def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
+                     touches_bytes: bool = True) -> None:
     """Raise :class:`BorrowError` if any in-flight operation reads or writes ``t``'s memory
     (used before handing out mutable access: DLPack export, ``into_torch``, unwrap), the hold
-    ``exempt`` aside (a Shared value's own read borrow, which ends only once this passes)."""
-    found = _conflicting(t, writes_only=False, exempt=exempt)
+    ``exempt`` aside (a Shared value's own read borrow, which ends only once this passes).
+    ``touches_bytes=False``: only ownership changes hands now (unwrapping a Shared value),
+    so the running execution's launches, ordered before what follows, never conflict."""
+    found = _conflicting(t, writes_only=False, exempt=exempt, touches_bytes=touches_bytes)
     if found is not None:
         e, h = found
         verb = "writing" if e.write else "reading"

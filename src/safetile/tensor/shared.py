@@ -214,7 +214,7 @@ class Shared(Handle):
         # bytes read-only, and the graph that may rewrite it (``borrows.collect_shared``)
         # knows it by that very hold.
         borrows.check_host_write(core.tensor._torch, f"{action} {self._describe()}",
-                                 exempt=core.hold)
+                                 exempt=core.hold, touches_bytes=False)
 
     def try_unwrap(self) -> "Tensor":
         """The Tensor back, if this is the last handle and nothing in flight holds it.
