@@ -295,3 +295,13 @@ def test_a_record_made_by_another_task_still_refuses_allocation():
         return s.graph
 
     assert asyncio.run(main()).records == []
+
+
+def test_submit_without_a_running_loop_raises_and_names_the_ops_values():
+    x, z = vec(1, 2, 3, 4), out()
+    op = add(x, vec(1, 1, 1, 1), z)
+    with pytest.raises(ExecutionError, match="needs a running event loop") as e:
+        st.submit(op)
+    assert e.value.recovered[0] is x and e.value.recovered[2] is z
+    _, _, z = op.sync()                       # the op did not start: it still runs
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]

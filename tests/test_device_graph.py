@@ -143,6 +143,16 @@ def test_running_an_op_inside_a_scope_raises_and_leaves_it_to_record():
     assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]
 
 
+def test_an_inline_op_refused_inside_a_scope_names_its_values_as_recovered():
+    t = st.zeros((4,))
+    with pytest.raises(GraphCaptureError) as e:
+        with st.graph_scope():
+            inc(t.partition((2,))).sync()
+    (z,) = e.value.recovered
+    del e                                     # the traceback held the op: now it is dropped
+    assert z.unpartition().to_torch().tolist() == [0, 0, 0, 0]
+
+
 def test_awaiting_an_op_inside_a_scope_raises():
     z = st.zeros((4,)).partition((2,))
 

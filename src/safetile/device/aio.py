@@ -37,7 +37,7 @@ import weakref
 
 from ..errors import ExecutionError
 from . import streams
-from .op import _state, enqueue, executing, refuse_inside_recording
+from .op import _state, enqueue, executing, refuse_inside_recording, refused
 
 
 def submit(op, stream=None) -> "asyncio.Future":
@@ -54,18 +54,28 @@ def submit(op, stream=None) -> "asyncio.Future":
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        raise ExecutionError("st.submit(op) needs a running event loop: call it from a "
-                             "coroutine (or run the op with op.sync()); the op did not "
-                             "start") from None
+        error = ExecutionError("st.submit(op) needs a running event loop: call it from a "
+                               "coroutine (or run the op with op.sync()); the op did not "
+                               "start")
+        refused(error, op)
+        raise error from None
     if stream is not None:
-        streams.resolve(stream)                  # ArgumentError here, not on the future
+        try:
+            streams.resolve(stream)              # ArgumentError here, not on the future
+        except BaseException as e:
+            refused(e, op)
+            raise
     if not streams.cuda_available() or op._host_bound():
         # The execution runs on another thread, where this thread's running execution is not
         # seen: refuse a re-entrant start here, as enqueue does on the GPU path.
         if getattr(_state, "busy", None) is not None:
             with executing("st.submit(op)"):     # raises ExecutionError
                 pass
-        refuse_inside_recording(op, "st.submit(op)")
+        try:
+            refuse_inside_recording(op, "st.submit(op)")
+        except BaseException as e:
+            refused(e, op)
+            raise
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         fut = loop.create_future()
 

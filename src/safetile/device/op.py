@@ -248,6 +248,13 @@ def refuse_inside_recording(op, what: str) -> None:
                                 f"run it before the scope")
 
 
+def refused(error: BaseException, op) -> None:
+    """``op`` was refused before it started: it still holds its values (it can run or be
+    recorded later, and hands them back when dropped); ``error.recovered`` names them, so a
+    value made for the call (an inline ``t.partition(...)``) is not lost."""
+    attach_recovered(error, op._values())
+
+
 def enqueue(op, stream, what: str):
     """Start an execution of ``op`` on ``stream`` (default: torch's current stream) and
     enqueue its work; returns ``(ctx, output)``, the caller finishes ``ctx`` once the work is
@@ -257,13 +264,18 @@ def enqueue(op, stream, what: str):
     if getattr(_state, "busy", None) is not None:
         with executing(what):                    # raises ExecutionError
             pass
-    if _guarded():                               # maybe inside a graph scope's block
-        refuse_inside_recording(op, what)
+    try:
+        if _guarded():                           # maybe inside a graph scope's block
+            refuse_inside_recording(op, what)
+        handle = streams.resolve(stream)
+    except BaseException as e:
+        refused(e, op)
+        raise
     _state.busy = "execution"
     owner = borrows._owner
     outer_owner = getattr(owner, "ctx", None)
     try:
-        ctx = RunContext(streams.resolve(stream))
+        ctx = RunContext(handle)
         owner.ctx = ctx                          # `with borrows.owned_by(ctx)`, inlined
         try:
             if stream is None:                   # already torch's current stream
