@@ -223,3 +223,18 @@ def test_a_tiles_loop_cannot_bind_a_reserved_name():
         def k(z: st.Out[st.f32]):
             for tl in z.tiles():
                 tl.store(sl.full((4,), 5.0, st.f32))
+
+
+def test_a_local_bound_to_a_string_or_a_module_is_refused_before_either_backend_runs():
+    @st.kernel
+    def named(z: st.Out[st.f32]):
+        q = "abc"
+        z.store(sl.full((4,), 1.0, st.f32))
+
+    @st.kernel
+    def aliased(z: st.Out[st.f32]):
+        q = sl
+        z.store(sl.full((4,), 1.0, st.f32))
+    for k, what in ((named, "a string"), (aliased, "a module")):
+        with pytest.raises(st.KernelDefinitionError, match=rf"`q = \.\.\.` binds {what}"):
+            k(st.zeros((8,)).partition((4,))).sync()

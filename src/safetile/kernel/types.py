@@ -242,6 +242,11 @@ class BodyTyper(ExprTyper, CallTyper):
                 if x.kind == "const":
                     self.rule(target, S.int64_check, x.value)
         if isinstance(target, ast.Name):
+            module = v.kind == "fn" and v.value.kind == "module"
+            if v.kind == "str" or module:
+                what = "a module" if module else v.describe()
+                raise self.fail(target, f"`{target.id} = ...` binds {what}: a local holds a "
+                                        f"tile, a number, a dtype or a tuple of them")
             self.env[target.id] = v
             return
         if isinstance(target, ast.Tuple):
