@@ -167,6 +167,33 @@ def test_atomic_updates_of_one_element_are_not_a_race():
     assert p.to_torch().item() == 20.0
 
 
+@st.kernel(unsafe=True)
+def read_while_another_counts(p: st.Ptr[st.f32], out: st.Ptr[st.f32]):
+    if sl.bid(0) == 0:
+        sl.store_ptr(out, sl.arange(1), sl.load_ptr(p, sl.arange(1)))
+    else:
+        sl.atomic_add(p, sl.arange(1), sl.full((1,), 1.0, st.f32))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_read_of_an_element_another_program_updates_atomically_is_a_race_in_any_order(seed):
+    with pytest.raises(st.RaceError, match=r"program [01] (reads|atomically updates) element "
+                                           r"\(0,\) of 'p'.*program [01] also "
+                                           r"(atomically updates|reads) it"):
+        run_unsafe(read_while_another_counts, zeros(4), zeros(1), seed=seed, grid=(2,))
+
+
+@st.kernel(unsafe=True)
+def count_then_read_back(p: st.Ptr[st.f32], out: st.Ptr[st.f32]):
+    sl.atomic_add(p, sl.arange(1), sl.full((1,), 1.0, st.f32))
+    sl.store_ptr(out, sl.arange(1), sl.load_ptr(p, sl.arange(1)))
+
+
+def test_a_program_may_read_back_its_own_atomic_update():
+    p, out = run_unsafe(count_then_read_back, zeros(4), zeros(1), grid=(1,))
+    assert out.to_torch().tolist() == [1.0]
+
+
 # ---- safe kernels never race ------------------------------------------------------------------
 
 def load_example(name: str):

@@ -17,7 +17,7 @@ from ...lang.semantics import MAX_TILE_ELEMENTS, representable
 from . import arith
 from .tile import Tile, as_tensor, scalar
 
-NONE, MANY, ATOMIC = -1, -2, -3
+NONE, MANY = -1, -2
 
 
 def _coord(flat: int, shape: tuple) -> tuple:
@@ -247,6 +247,15 @@ class SubView:
         return Tile(_read_box(box, [0] * len(shape), self.shape, 0))
 
 
+_VERBS = {"writer": "writes", "reader": "reads", "atomic": "atomically updates"}
+
+
+def _mark(table: torch.Tensor, active: torch.Tensor, program: int) -> None:
+    """Record that ``program`` accessed elements ``active`` (MANY once several programs did)."""
+    r = table[active]
+    table[active] = torch.where(r == NONE, program, torch.where(r == program, r, MANY)).to(torch.int32)
+
+
 class PtrView:
     """A raw pointer (unsafe kernels): element offsets into a contiguous buffer."""
 
@@ -255,8 +264,12 @@ class PtrView:
         self._flat = t.view(-1)
         self._shape = tuple(t.shape)
         n = self._flat.numel()
+        # per element: the program that stored, read or atomically updated it (MANY: more
+        # than one). Atomic updates of one element by several programs commute; any other
+        # access by two programs, one of them a store or an atomic update, is a race.
         self.writer = torch.full((n,), NONE, dtype=torch.int32)
         self.reader = torch.full((n,), NONE, dtype=torch.int32)
+        self.atomic = torch.full((n,), NONE, dtype=torch.int32)
 
     def _lanes(self, program, offsets, mask, op):
         off = as_tensor(offsets).to(torch.int64).reshape(-1)
@@ -279,44 +292,41 @@ class PtrView:
             return int(active[i]), int(owners[i])
         return None
 
-    def _raise(self, program, other, off, verb):
-        el = _coord(off, self._shape)
-        other_s = {MANY: "several programs", ATOMIC: "an atomic update"}.get(other) or \
-            self.launch.describe(other)
-        raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(program)} {verb} "
-                        f"element {el} of '{self.name}' (offset {off}); {other_s} also "
-                        f"{'writes' if verb != 'writes' else 'accesses'} it")
+    def _check(self, program, active, verb: str, tables: tuple) -> None:
+        """Raise ``RaceError`` if another program accessed an element of ``active`` in a way
+        ``tables`` names (``"writer"``, ``"reader"``, ``"atomic"``)."""
+        for name in tables:
+            c = self._conflict(program, getattr(self, name), active)
+            if c:
+                off, other = c
+                el = _coord(off, self._shape)
+                other_s = "several programs" if other == MANY else self.launch.describe(other)
+                raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(program)} "
+                                f"{verb} element {el} of '{self.name}' (offset {off}); {other_s} "
+                                f"also {_VERBS[name]} it")
 
     def load(self, program, offsets, mask, other):
         off, m, active = self._lanes(program, offsets, mask, "load_ptr")
-        c = self._conflict(program, self.writer, active)
-        if c:
-            self._raise(program, c[1], c[0], "reads")
-        r = self.reader[active]
-        self.reader[active] = torch.where(r == NONE, program, torch.where(r == program, r, MANY)).to(torch.int32)
+        self._check(program, active, "reads", ("writer", "atomic"))
+        _mark(self.reader, active, program)
         vals = torch.full(off.shape, other, dtype=self._flat.dtype)
         vals[m] = self._flat[active]
         return Tile(vals.reshape(as_tensor(offsets).shape))
 
     def store(self, program, offsets, value, mask):
         off, m, active = self._lanes(program, offsets, mask, "store_ptr")
-        for table, verb in ((self.writer, "writes"), (self.reader, "writes")):
-            c = self._conflict(program, table, active)
-            if c:
-                self._raise(program, c[1], c[0], verb)
+        self._check(program, active, "writes", ("writer", "reader", "atomic"))
         self.writer[active] = program
         v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
         self._flat[active] = v.to(self._flat.dtype)
 
     def atomic_add(self, program, offsets, value, mask):
         off, m, active = self._lanes(program, offsets, mask, "atomic_add")
-        c = self._conflict(program, self.writer, active)
-        if c and c[1] != ATOMIC:
-            self._raise(program, c[1], c[0], "atomically updates")
+        self._check(program, active, "atomically updates", ("writer", "reader"))
         old = self._flat[active].clone()
         v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
         self._flat.index_add_(0, active, v.to(self._flat.dtype))
-        self.writer[active] = ATOMIC
+        _mark(self.atomic, active, program)
         out = torch.zeros(off.shape, dtype=self._flat.dtype)
         out[m] = old
         return Tile(out.reshape(as_tensor(offsets).shape))
