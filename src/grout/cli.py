@@ -65,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     _common(b)
     b.add_argument("--prompt-len", type=int, required=True)
     b.add_argument("--gen-len", type=int, required=True)
-    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3)
     b.add_argument("--json", default=None, help="also write the figures to this file")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
     _common(s)

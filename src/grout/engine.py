@@ -11,6 +11,7 @@ raises if resumed).
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -183,11 +184,13 @@ class Engine:
     def _ids(self, prompt) -> list:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-            for i in ids:
-                if isinstance(i, bool) or not isinstance(i, int):
-                    raise RequestError(f"token ids must be ints, got {i!r}")
+        elif isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist"):
+            # a list of ids, or an array of them (numpy, torch): each taken as a plain int
+            ids = prompt.tolist() if hasattr(prompt, "tolist") else list(prompt)
+            if not isinstance(ids, list):
+                raise RequestError(f"prompt must be a str or a list of token ids, got a 0-d "
+                                   f"{type(prompt).__name__}")
+            ids = [_token_id(i) for i in ids]
         else:
             raise RequestError(f"prompt must be a str or a list of token ids, got "
                                f"{type(prompt).__name__}")
@@ -302,11 +305,21 @@ class Engine:
 
     def logits(self, ids) -> torch.Tensor:
         """Prefill logits of ``ids``: torch.float32 (len, vocab) on the CPU."""
-        ids = self._ids(ids.tolist() if hasattr(ids, "tolist") else ids)
+        ids = self._ids(ids)
         with self._lock:
             self._request += 1
             with st.backend(self.backend):
                 return self.runner.logits(ids)
+
+
+def _token_id(i) -> int:
+    """A token id as a plain int (numpy and torch integers too, never a bool)."""
+    if not isinstance(i, bool):
+        try:
+            return operator.index(i)
+        except TypeError:
+            pass
+    raise RequestError(f"token ids must be ints, got {i!r}")
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",

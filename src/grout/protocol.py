@@ -212,7 +212,7 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise APIError(f"{where} must be an object", param=where)
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise APIError(f"{where}.role must be one of {sorted(_ROLES)}, got {shown(role)}",
                            param=f"{where}.role")
         if message.get("tool_calls"):

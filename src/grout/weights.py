@@ -286,9 +286,13 @@ def load_checkpoint(directory: Path, cfg: Qwen3Config, device: torch.device,
 
     def read(name: str, out: torch.Tensor) -> torch.Tensor:
         path, entry = found[name]
-        if path not in handles:
-            handles[path] = safe_open(str(path), framework="pt", device="cpu")
-        out.copy_(handles[path].get_tensor(name))
+        try:
+            if path not in handles:
+                handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            out.copy_(handles[path].get_tensor(name))
+        except (SafetensorError, OSError, RuntimeError) as e:
+            e.__traceback__ = None
+            raise CheckpointError(f"{path}: reading tensor '{name}' failed ({e})") from None
         bar.update(entry[2][1] - entry[2][0])
         return out
 

@@ -183,6 +183,23 @@ def test_a_bad_tensor_offset_is_caught_before_reading(checkpoint_copy, no_new_ho
         load(checkpoint_copy)
 
 
+def test_a_file_the_safetensors_reader_refuses_names_the_file_and_tensor(checkpoint_copy,
+                                                                         no_new_holds):
+    # two tensors of one size over the same bytes: each entry is in bounds, but safetensors
+    # refuses the file (overlapping data) when the first tensor of it is read
+    def overlap(h):
+        sizes = {}
+        for name, e in h.items():
+            if name != "__metadata__":
+                sizes.setdefault(e["data_offsets"][1] - e["data_offsets"][0], []).append(name)
+        a, b = next(names for names in sizes.values() if len(names) >= 2)[:2]
+        h[b]["data_offsets"] = list(h[a]["data_offsets"])
+    _rewrite_header(checkpoint_copy / "model.safetensors", overlap)
+    with pytest.raises(grout.CheckpointError,
+                       match=r"model\.safetensors: reading tensor '[\w.]+' failed"):
+        load(checkpoint_copy)
+
+
 def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
     with pytest.raises(grout.CheckpointError, match="no such checkpoint directory"):
         grout.load("./no/such/dir", device="cpu")

@@ -91,6 +91,13 @@ def test_bench_json_that_cannot_be_written_exits_1_before_running(tmp_path, caps
     assert err.startswith("grout: error: --json ") and "time to first token" not in out
 
 
+@pytest.mark.parametrize("repeats", ["0", "-2"])
+def test_bench_repeats_must_be_positive(capsys, repeats):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--model", "tiny", "--repeats", repeats])
+    assert e.value.code == 2 and "is not a positive count" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"],
                                   ["--max-request-bytes", "0"]])
 def test_serve_options_out_of_range_are_usage_errors(capsys, args):

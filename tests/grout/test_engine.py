@@ -58,6 +58,13 @@ def test_bad_prompts_raise_and_leave_the_engine_usable(eng, reference):
     assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
 
 
+def test_token_ids_may_come_as_numpy_or_torch_integers(eng, reference):
+    import numpy as np
+    for prompt in (np.array(PROMPT), torch.tensor(PROMPT), [np.int64(i) for i in PROMPT]):
+        assert eng.generate(prompt, max_new_tokens=3).token_ids == reference
+        assert eng.logits(prompt).shape[0] == len(PROMPT)
+
+
 def test_text_prompts_with_ids_outside_a_small_vocabulary_are_rejected(eng):
     with pytest.raises(grout.RequestError, match="outside the vocabulary"):
         eng.logits("Hello, world!")              # Qwen ids 9707, 1879 > 384

@@ -60,6 +60,12 @@ def test_chat_logprobs_take_top_logprobs():
     assert chat(logprobs=False).logprobs is None
 
 
+@pytest.mark.parametrize("role", [["user"], {"x": 1}, 5, None])
+def test_a_role_that_is_not_a_known_string_is_a_400_naming_it(role):
+    e = refused(chat, messages=[{"role": role, "content": "hi"}])
+    assert e.param == "messages[0].role"
+
+
 def test_developer_role_and_text_parts_are_understood():
     req = chat(messages=[{"role": "developer", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": "a"},
