@@ -615,3 +615,26 @@ def test_max_and_maximum_skip_nan_as_the_gpu_does():
     got = z.unpartition().to_torch()
     assert got[0].tolist() == [4.0, 3.5, 6.0, 5.0]     # maximum(nan, 0.5) = 0.5; max skips nan
     assert torch.isnan(got[1]).all()                  # a row of NaN has a NaN max
+
+
+@st.kernel
+def select_by_float(x: st.In[st.f32], z: st.Out[st.f32]):
+    t = sl.load_like(x, z)
+    z.store(sl.where(t, t, 0.0))
+
+
+@st.kernel
+def select_by_int(x: st.In[st.i32], z: st.Out[st.i32]):
+    t = sl.load_like(x, z)
+    z.store(sl.where(t, t, 7))
+
+
+def test_where_refuses_a_float_condition_with_the_comparison_to_write():
+    with pytest.raises(st.KernelDefinitionError, match=r"condition is a st.float32 tile of shape \(4,\): it takes a bool condition"):
+        select_by_float(st.ones((4,)), st.empty((4,)).partition((4,))).sync()
+
+
+def test_where_refuses_an_int_condition_too():
+    x = st.from_torch(torch.tensor([0, 3, 0, -1], dtype=torch.int32))
+    with pytest.raises(st.KernelDefinitionError, match=r"condition is a st.int32 tile"):
+        select_by_int(x, st.empty((4,), dtype=st.i32).partition((4,))).sync()

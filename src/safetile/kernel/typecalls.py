@@ -205,6 +205,9 @@ class CallTyper:
     # -- safetile.lang ---------------------------------------------------------------------------
     def op_where(self, node) -> V:
         c = self.number(node.args[0], "the condition")
+        if (c.dtype is not _d.bool_ if c.runtime else type(c.value) is not bool):
+            raise self.fail(node, f"sl.where's condition is {c.describe()}: it takes a bool "
+                                  f"condition; compare first (`c != 0`)")
         a, b = self.number(node.args[1], "a value"), self.number(node.args[2], "a value")
         self.refuse_special(node, a, b)
         d = self.rule(node, S.where_dtype, operand(a), operand(b))

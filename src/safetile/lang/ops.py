@@ -107,7 +107,7 @@ def reset_implementation(token) -> None:
 
 @_builtin("tl.where")
 def where(cond, a, b):
-    """Element-wise select: ``a`` where ``cond`` is true, else ``b`` (broadcasting)."""
+    """Element-wise select: ``a`` where ``cond`` (a bool) is true, else ``b`` (broadcasting)."""
 
 @_builtin("_st_m_exp")
 def exp(x):
