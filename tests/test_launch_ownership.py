@@ -307,3 +307,24 @@ def test_a_shared_value_that_could_not_be_taken_back_keeps_its_bytes_read_only(t
         scale(st.full((64,), 9.0), t.view(64).partition((16,)), 1.0)
     assert shared.to_torch().tolist() == [5.0] * 64
     assert take(shared) is not None                       # nothing is in flight now
+
+
+def test_an_op_kept_after_it_ran_does_not_keep_a_clone_it_was_given():
+    s = st.randn((8,), seed=0).share()
+    op = scale(s.clone(), st.zeros((8,)).partition((4,)), 2.0)
+    xs, p, _ = op.sync()
+    del xs                                    # the caller drops the clone it got back
+    assert s.try_unwrap().shape == (8,)       # though `op` is still alive
+    assert p.unpartition().to_torch().abs().sum() > 0
+
+
+def test_an_op_kept_after_a_then_chain_lets_its_borrowed_tensors_go_only_to_its_hold():
+    x, z = st.randn((64,), seed=1), st.zeros((64,))
+    first = scale(x, z.partition((16,)), 2.0)
+    kept = []
+
+    def next_op(x, p, f):
+        kept.append(first)                    # the first op outlives its hand-back
+        return scale(x, st.zeros((64,)).partition((16,)), 3.0)
+    x, p2, _ = first.then(next_op).sync()
+    assert kept[0].values == () and not st.tensor.active_holds()

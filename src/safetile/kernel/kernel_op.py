@@ -21,7 +21,7 @@ class KernelOp(DeviceOp):
     """
 
     __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "running",
-                 "_released", "_consumed", "site")
+                 "_released", "_consumed", "_executed", "site")
 
     def __init__(self, kernel, plan, values, backend, hold):
         self.kernel, self.plan, self.values, self.backend, self.hold = \
@@ -33,6 +33,7 @@ class KernelOp(DeviceOp):
         self.running = ()
         self._released = False
         self._consumed = False
+        self._executed = False                    # ran outside a recording (_let_go)
         self.site = None                          # where it was built (kernel.__call__ sets it)
         note_built(self)
 
@@ -65,6 +66,8 @@ class KernelOp(DeviceOp):
                     values[i]._restore_locked()
             except MovedError:                    # a Shared clone collected with this op
                 restore_moved_locked([values[i] for i, _ in self.plan.moves])
+        if self._executed:
+            self._let_go()
 
     def _release(self) -> None:
         """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
@@ -122,7 +125,20 @@ class KernelOp(DeviceOp):
         except BaseException as e:
             e.recovered = self.values             # the arguments are not lost: see e.recovered
             raise
+        self._executed = True
         return self.values
+
+    def _let_go(self) -> None:
+        """After an executed op handed its values back: it lets go of them (an op kept by the
+        caller must not keep, say, a Shared clone alive), the hold taking over the tensors it
+        still borrows. A recorded op keeps them: its graph replays it."""
+        hold = self.hold
+        if not hold._released:
+            with LOCK:
+                if not hold._released:
+                    values = self.values
+                    hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
+        self.values = ()
 
     def _borrow_again(self, ctx):
         """This op was built inside another execution's callback, so its borrows were checked
@@ -163,7 +179,7 @@ class KernelOp(DeviceOp):
         # so that the bytes stay allocated while borrowed and a strided extent's exact
         # overlap check can still read its layout.
         hold = getattr(self, "hold", None)
-        if hold is not None and not hold._released:
+        if hold is not None and not hold._released and self.values:
             with LOCK:
                 if not hold._released:
                     values = self.values
