@@ -238,3 +238,19 @@ def test_a_local_bound_to_a_string_or_a_module_is_refused_before_either_backend_
     for k, what in ((named, "a string"), (aliased, "a module")):
         with pytest.raises(st.KernelDefinitionError, match=rf"`q = \.\.\.` binds {what}"):
             k(st.zeros((8,)).partition((4,))).sync()
+
+
+def test_a_helper_that_calls_itself_is_refused_as_recursion():
+    with pytest.raises(st.KernelDefinitionError, match=r"\[call\] helper 'again' calls itself"):
+        @st.function
+        def again(a):
+            return again(a)
+
+
+def test_a_kernel_decorated_twice_is_refused_naming_its_file_and_line():
+    with pytest.raises(st.KernelDefinitionError,
+                       match=r"test_safety_definitions\.py:\d+: \[source\] @st.kernel decorates"):
+        @st.kernel
+        @st.kernel
+        def k(z: st.Out[st.f32]):
+            z.store(z.load())

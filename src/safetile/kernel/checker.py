@@ -10,17 +10,16 @@ Rules (the ``rule`` tag each error carries):
   pointer operations only in ``@st.kernel(unsafe=True)``.
 - ``prefetch``: ``x.prefetch(index, shape)`` only on ``In`` views, as a statement of its own
   (an L2 hint that delivers no value, so it cannot observe data; see ``lang``).
-- ``call``: only ``safetile.lang`` operations, view methods, ``@st.function`` helpers and
-  ``range min max abs float`` may be called.
+- ``call``: only ``safetile.lang`` operations, view methods, ``@st.function`` helpers (never
+  recursively) and ``range min max abs float`` may be called.
 - ``no-out``: a safe kernel declares at least one ``Out`` (its grid is the launch grid).
-- ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts or
-  sets; tiles are indexed only with ``:`` and ``None`` (Triton cannot slice a tile).
+- ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts, sets,
+  chained comparisons, ``is`` or ``in``; tiles are indexed only with ``:`` and ``None``.
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
   ``pass`` (and, in functions, one ``return`` as the last statement); parameters take no
   defaults; every name must resolve; names generated code uses (``tl``, ``triton``,
   ``libdevice``, ``float``, ``range``, anything starting with ``_st_`` or ``_stf_``) cannot
   be bound.
-- ``expression``: also no chained comparisons, ``is`` or ``in``.
 - ``internal``: a rule failed on code it did not foresee; still a definition error with
   file:line (please report it).
 
@@ -68,6 +67,11 @@ class BodyChecker(ast.NodeVisitor):
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, node, rule, message):
         raise self.src.error(node, rule, message)
+
+    def undefined(self, node, name: str):
+        if self.is_function and name == self.src.tree.name:   # not bound while it is checked
+            self.fail(node, "call", f"helper '{name}' calls itself: recursion is not supported")
+        self.fail(node, "name", f"name '{name}' is not defined")
 
     def kind_of(self, node):
         """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals and for an
@@ -267,7 +271,7 @@ class BodyChecker(ast.NodeVisitor):
     def visit_Name(self, node):
         r = self.info.scope.resolve(node)
         if r is None:
-            self.fail(node, "name", f"name '{node.id}' is not defined")
+            self.undefined(node, node.id)
         if r.kind == "forbidden_builtin":
             self.fail(node, "call", f"Python builtin '{node.id}' is not part of the kernel "
                                     f"language; see safetile.lang for the tile operations")
@@ -336,7 +340,7 @@ class BodyChecker(ast.NodeVisitor):
         elif isinstance(f, ast.Name):
             r = self.info.scope.resolve(f)
             if r is None:
-                self.fail(node, "name", f"name '{f.id}' is not defined")
+                self.undefined(node, f.id)
             self.check_callee(node, f, r)
         else:
             self.fail(node, "call", f"cannot call `{ast.unparse(f)}` in a kernel")
@@ -403,22 +407,20 @@ class BodyChecker(ast.NodeVisitor):
                           f"outside that chain is not allowed)")
             if method not in OUT_METHODS:
                 self.fail(node, "call", f"Out '{name}' has no method '{method}'")
-            if method == "store":
-                if len(node.args) != 1 or node.keywords:
-                    self.fail(node, "free-index-store",
-                              f"`{name}.store` takes exactly the tile: the destination is the "
-                              f"owned tile; to write part of it use "
-                              f"`{name}.partition(sub_shape).store(tile, sub_index)`")
+            if method == "store" and (len(node.args) != 1 or node.keywords):
+                self.fail(node, "free-index-store",
+                          f"`{name}.store` takes exactly the tile: the destination is the "
+                          f"owned tile; to write part of it use "
+                          f"`{name}.partition(sub_shape).store(tile, sub_index)`")
             if method == "load" and (node.args or node.keywords):
                 self.fail(node, "free-index-store", f"`{name}.load()` reads the owned tile and "
                                                     f"takes no index")
         elif kind == "sub":
             if method not in SUB_METHODS:
                 self.fail(node, "call", f"sub-partition '{name}' has no method '{method}'")
-            if method == "store":
-                if len(node.args) != 2 or node.keywords:
-                    self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
-                                                        f"sub-index is within the owned slab")
+            if method == "store" and (len(node.args) != 2 or node.keywords):
+                self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
+                                                    f"sub-index is within the owned slab")
         for a in node.args:
             self.visit(a)
         for k in node.keywords:

@@ -108,10 +108,12 @@ def _plain(fn, what: str):
     """Refuse what is not a plain ``def``: a wrapper (``functools.wraps``) would let the checker
     read one body while another runs."""
     if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
-        where = getattr(getattr(fn, "__code__", None), "co_filename", "<unknown>")
+        # a kernel or helper decorated again names the function it wraps
+        code = getattr(fn, "__code__", None) or getattr(getattr(fn, "fn", None), "__code__", None)
         raise KernelDefinitionError(
             f"{what} decorates a plain `def` function (no wrapper, no functools.wraps, no "
-            f"callable object), got {fn!r}", where, 0, "source")
+            f"callable object), got {fn!r}", getattr(code, "co_filename", "<unknown>"),
+            getattr(code, "co_firstlineno", 0), "source")
 
 
 class _Frozen:
