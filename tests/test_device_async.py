@@ -211,6 +211,20 @@ def test_submit_inside_a_then_callback_raises_and_starts_nothing():
     other.sync()
 
 
+def test_submit_inside_a_then_callback_of_an_awaited_op_names_the_re_entrancy():
+    other = add(vec(5, 5, 5, 5), vec(1, 1, 1, 1), out())
+
+    def submit_there(x, y, z):
+        st.submit(other)
+        return add(x, y, z)
+
+    async def main():
+        return await add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(submit_there)
+    with pytest.raises(ExecutionError, match="cannot start execution.*inside a running `then`"):
+        asyncio.run(main())
+    other.sync()
+
+
 # ---- a graph scope belongs to the task that opened it ----------------------------------------
 
 def scope_open_across_an_await(other):

@@ -189,3 +189,4 @@ def test_repr_shows_the_handle_count():
     c = s.clone()
     assert "handles=2" in repr(s)
     c.release()
+

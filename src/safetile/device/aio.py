@@ -51,6 +51,9 @@ def submit(op, stream=None) -> "asyncio.Future":
     handed back (``e.recovered``); errors found at completion are set on the future.
     Cancelling the future does not stop the work: its values are still handed back (to the
     op's arguments' handles) when it completes."""
+    if getattr(_state, "busy", None) is not None:     # inside a callback: re-entrant
+        with executing("st.submit(op)"):              # raises ExecutionError
+            pass
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -66,11 +69,6 @@ def submit(op, stream=None) -> "asyncio.Future":
             refused(e, op)
             raise
     if not streams.cuda_available() or op._host_bound():
-        # The execution runs on another thread, where this thread's running execution is not
-        # seen: refuse a re-entrant start here, as enqueue does on the GPU path.
-        if getattr(_state, "busy", None) is not None:
-            with executing("st.submit(op)"):     # raises ExecutionError
-                pass
         try:
             refuse_inside_recording(op, "st.submit(op)")
         except BaseException as e:

@@ -249,7 +249,8 @@ def launch(kernel, args, kwargs):
             cache.type_check(kernel, bound)
             holder, where = cache.holder, cache.moved_into
             reads = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind == "In"]
-            writes = [(b.name, b.torch) for b in bound if b.torch is not None and b.spec.kind != "In"]
+            writes = [(b.name if b.spec.kind == "Out" else f"Ptr '{b.name}'", b.torch)
+                      for b in bound if b.torch is not None and b.spec.kind != "In"]
             extents = borrows.prepare(holder, reads, writes)
             plan = LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
             values = tuple([b.value for b in bound])
