@@ -189,4 +189,3 @@ def test_repr_shows_the_handle_count():
     c = s.clone()
     assert "handles=2" in repr(s)
     c.release()
-
