@@ -60,3 +60,20 @@ def test_a_compile_time_value_rebound_in_a_runtime_if_is_refused():
         rebound_constant(x, z, 3)
     x, z, _ = e.value.recovered                  # nothing was moved: every value comes back
     z.unpartition()
+
+
+@st.kernel
+def not_below(z: st.Out[st.bool_], n: int):
+    z.store(~(n < 255))
+
+
+@pytest.mark.parametrize("n, stored", [(1, 0), (3, None)])
+def test_inverting_a_bool_holds_when_triton_makes_an_int_argument_a_constant(n, stored):
+    # Triton compiles an int argument equal to 1 as a Python constant: `~(1 < 255)` must be
+    # False there too (Python's ~True is -2, which a bool store would keep as True)
+    z = st.empty((16,), dtype=st.bool_, device="cpu").partition((16,))
+    ttir = not_below.compile(z, n).asm["ttir"]
+    if stored is not None:
+        assert f"arith.constant dense<{stored}> : tensor<16xi8>" in ttir
+    (z, _) = not_below(z, n).sync()
+    assert not z.unpartition().to_torch().any()

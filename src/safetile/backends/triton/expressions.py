@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 
+from ...dtypes import bool_
 from ...errors import KernelDefinitionError
 from ...lang.views import inline_partition, kind_of
 from ...lang import semantics as S
@@ -29,8 +30,7 @@ def _kw(node, name):
 
 
 def _kept_bf16(src: str, t) -> str:
-    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum return bf16
-    operands' extremum as fp32 (the value is exact; the type would skip later roundings)."""
+    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum of bf16 give fp32."""
     if t is not None and t.runtime and t.dtype.name == "bfloat16":
         return f"({src}).to(tl.bfloat16)"
     return src
@@ -282,6 +282,10 @@ class ExpressionEmitter(ConstantNames):
 
     def expr_UnaryOp(self, node):
         op = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}[type(node.op)]
+        t = self.tp(node.operand)
+        if op == "~" and t is not None and (t.dtype if t.runtime else type(t.value)) in (bool_, bool):
+            # xor: Triton makes an int argument equal to 1 a Python constant, where ~True is -2
+            return f"({self.expr(node.operand)} ^ True)"
         return f"({op}{self.expr(node.operand)})"
 
     def expr_BoolOp(self, node):
