@@ -30,6 +30,15 @@ def test_safetile_exports_its_api_explicitly():
     assert set(star) - {"__builtins__"} == set(st.__all__)
 
 
+def test_every_error_and_warning_class_is_exported_as_st_name():
+    import inspect
+    from safetile import errors
+    for name, cls in vars(errors).items():
+        if inspect.isclass(cls) and issubclass(cls, (errors.SafetileError, Warning)) and \
+                cls.__module__ == errors.__name__:
+            assert getattr(st, name) is cls and name in st.__all__, name
+
+
 def test_help_on_safetile_lists_the_api_not_only_the_dtypes():
     doc = text(st)
     for name in ("kernel(fn=None, *, unsafe=False, **options)", "class Tensor", "class Partition",

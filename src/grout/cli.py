@@ -38,7 +38,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="default: cuda when a GPU is present, else cpu")
     p.add_argument("--dtype", default=None,
                    help="float32, bfloat16 or float16 (default: the checkpoint's)")
-    p.add_argument("--max-seq-len", type=int, default=4096, help="KV cache positions")
+    p.add_argument("--max-seq-len", type=int, default=4096,
+                   help="KV cache positions (default 4096; at most the model's context)")
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
     p.add_argument("--seed", type=int, default=None, help="sampling seed")
@@ -52,20 +53,21 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text, streamed as it is produced")
     _common(g)
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", required=True, help="the prompt text")
     g.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     g.add_argument("--enable-thinking", action="store_true",
                    help="with --chat: let the model think first (<think> ... </think>)")
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 is off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 is off")
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     b = sub.add_parser("bench", help="time to first token, decode tok/s, %% of roofline")
     _common(b)
-    b.add_argument("--prompt-len", type=int, required=True)
-    b.add_argument("--gen-len", type=int, required=True)
-    b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3)
+    b.add_argument("--prompt-len", type=int, required=True, help="prompt tokens (random ids)")
+    b.add_argument("--gen-len", type=int, required=True, help="tokens generated per request")
+    b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3,
+                   help="timed requests; the figures are their medians (default 3)")
     b.add_argument("--json", default=None, help="also write the figures to this file")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
     _common(s)
@@ -79,9 +81,8 @@ def parser() -> argparse.ArgumentParser:
                                       "ones get HTTP 413")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
-    s.add_argument("--fault-injection", action="store_true",
-                   help="testing aid: a request's X-Grout-Fault: N header makes its generation "
-                        "fail after N tokens")
+    # testing aid, not listed: a request's X-Grout-Fault: N header fails it after N tokens
+    s.add_argument("--fault-injection", action="store_true", help=argparse.SUPPRESS)
     return ap
 
 
@@ -110,10 +111,12 @@ def generate(args) -> int:
         sys.stdout.flush()
     end = time.perf_counter()
     sys.stdout.write("\n")
-    if n:
-        rate = (n - 1) / (end - first) if n > 1 and end > first else float("nan")
-        print(f"[{n} tokens, finish: {finish}; first token {1e3 * (first - start):.1f} ms, "
-              f"then {rate:.1f} tok/s]", file=sys.stderr)
+    if not n:
+        print(f"[0 tokens, finish: {finish}]", file=sys.stderr)
+    else:
+        then = f", then {(n - 1) / (end - first):.1f} tok/s" if n > 1 and end > first else ""
+        print(f"[{n} token{'s' if n > 1 else ''}, finish: {finish}; first token "
+              f"{1e3 * (first - start):.1f} ms{then}]", file=sys.stderr)
     return 0
 
 

@@ -90,6 +90,7 @@ class Qwen3Config:
         return (self.num_parameters() - embed_rows) * itemsize
 
     def with_dtype(self, dtype: str) -> "Qwen3Config":
+        """This config with another compute ``dtype`` (a name: "float32", "bfloat16", ...)."""
         return replace(self, dtype=dtype)
 
 

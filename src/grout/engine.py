@@ -51,6 +51,7 @@ class Completion:
 
     @property
     def completion_tokens(self) -> int:
+        """How many tokens were generated (``len(token_ids)``)."""
         return len(self.token_ids)
 
 
@@ -78,9 +79,11 @@ class Stream:
         self.decoded = 0
 
     def __iter__(self):
+        """The stream itself: iterate it for the pieces."""
         return self
 
     def __next__(self) -> Piece:
+        """The next piece (StopIteration once the generation has finished)."""
         return next(self._gen)
 
     def close(self) -> None:
@@ -88,9 +91,11 @@ class Stream:
         self._gen.close()
 
     def __enter__(self):
+        """``with eng.stream(...) as s``: the stream, closed when the block ends."""
         return self
 
     def __exit__(self, *exc):
+        """Close the stream (its generation stops; the engine is free for the next)."""
         self.close()
 
 
@@ -178,6 +183,7 @@ class Engine:
 
     @property
     def max_seq_len(self) -> int:
+        """Positions of the KV cache: prompt and generated tokens together fit in it."""
         return self.runner.max_seq_len
 
     # -- requests ------------------------------------------------------------------------
@@ -348,7 +354,10 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     elif isinstance(model, str) and model.lower() in config_mod.SHAPES:
         cfg, tokenizer, path = config_mod.named(model), qwen_tokenizer(), None
     elif isinstance(model, str) and ("/" in model or model.startswith(".") or path.exists()):
-        raise CheckpointError(f"{path}: no such checkpoint directory")
+        hub = model.count("/") == 1 and not model.startswith((".", "/", "~"))
+        raise CheckpointError(f"{path}: no such checkpoint directory" + (
+            f" (grout loads local files only; download it first, e.g. `huggingface-cli "
+            f"download {model} --local-dir DIR`, then pass DIR)" if hub else ""))
     else:
         cfg = config_mod.named(str(model))           # RequestError listing the names
         tokenizer, path = qwen_tokenizer(), None

@@ -169,6 +169,8 @@ def _token_ids(ids) -> list[int]:
 def _message_text(m, i: int) -> tuple[str, str]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r}")
+    if "content" not in m and m["role"] != "assistant":     # (an assistant turn may be empty)
+        raise RequestError(f"message {i}: a {m['role']} message needs its 'content'")
     content = m.get("content")
     content = "" if content is None else content
     if not isinstance(content, str):

@@ -30,9 +30,10 @@ from .device import CollectiveOp, all_gather, all_reduce  # noqa: F401
 from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
 from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # noqa: F401
-                     CollectiveError, GraphCaptureError, IndexOutOfRangeError,
-                     KernelDefinitionError, LaunchError, MovedError, OutOfBoundsError,
-                     PartitionError, RaceError, SafetileError, UnsafeError)
+                     CollectiveError, CopyError, DivisionByZeroError, FrozenError,
+                     GraphCaptureError, IndexOutOfRangeError, KernelDefinitionError,
+                     LaunchError, MovedError, OutOfBoundsError, PartitionError, RaceError,
+                     SafetileError, UnsafeError)
 from .errors import BlockingSyncWarning, UnrunOpWarning  # noqa: F401
 from .kernel.kernel import Kernel, function, kernel, unsafe  # noqa: F401
 from .kernel.params import Const, In, Out, Ptr  # noqa: F401
@@ -63,6 +64,7 @@ __all__ = [
     "errors", "SafetileError", "KernelDefinitionError", "LaunchError", "ArgumentError",
     "MovedError", "BorrowError", "AliasError", "UnsafeError", "RaceError", "OutOfBoundsError", "CollectiveError",
     "GraphCaptureError", "ExecutionError", "PartitionError", "IndexOutOfRangeError",
+    "CopyError", "DivisionByZeroError", "FrozenError",
     "UnrunOpWarning",
     "BlockingSyncWarning",
 ]

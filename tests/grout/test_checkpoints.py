@@ -207,6 +207,12 @@ def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
         grout.load("qwen9-1b", device="cpu")
 
 
+def test_a_hub_model_id_is_told_grout_loads_local_files_only(no_new_holds):
+    with pytest.raises(grout.CheckpointError, match=r"Qwen/Qwen3-0.6B: no such checkpoint "
+                                                   r"directory \(grout loads local files only"):
+        load("Qwen/Qwen3-0.6B")
+
+
 def test_errors_are_value_errors():
     assert issubclass(grout.CheckpointError, grout.GroutError)
     assert issubclass(grout.RequestError, grout.GroutError)

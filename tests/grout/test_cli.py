@@ -18,6 +18,15 @@ def test_python_m_grout_generate_streams_text_from_the_tiny_model():
     assert "random tiny" in err and "recording the greedy decode step" in err   # progress
 
 
+@pytest.mark.parametrize("tokens, summary", [("1", "[1 token, finish: length; first token "),
+                                               ("0", "[0 tokens, finish: length]")])
+def test_generate_summarizes_one_or_no_token_without_a_rate(capsys, tokens, summary):
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", tokens,
+                     "--device", "cpu", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert summary in err and "tok/s" not in err and "nan" not in err
+
+
 def test_generate_in_process_matches_the_engine(capsys):
     import grout
     assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3",

