@@ -104,5 +104,5 @@ def report(r: dict) -> str:
             f"  decode               {r['decode_tok_s']:9.1f} tok/s  ({r['ms_per_token']:.3f} "
             f"ms/token{', graph replays' if r['graph'] else ', eager'})\n"
             f"  roofline             {r['roofline_tok_s']:9.1f} tok/s  "
-            f"({r['bytes_per_token'] / 1e9:.2f} GB/token at 4.26 TB/s)  -> "
+            f"({r['bytes_per_token'] / 1e9:.2f} GB/token at the H200's 4.26 TB/s)  -> "
             f"{r['pct_of_roofline']:.1f}% of roofline")
