@@ -252,3 +252,30 @@ def test_decode_attention_refuses_a_workspace_buffer_that_is_not_a_tensor():
         ops.decode_attention(q, k, wrap(rand((2, 64, 16), st.f32, 12)),
                              st.from_torch(torch.tensor([40], dtype=torch.int32)), block_n=16,
                              num_splits=2, workspace=ws)
+
+
+@pytest.mark.parametrize("call", ["gemv", "rmsnorm_gemv", "gemv_add", "silu_mul_gemv_add",
+                                  "matmul"])
+def test_a_config_that_is_not_a_config_object_is_an_argument_error(call):
+    w, x = wrap(rand((32, K), st.f32, 1)), wrap(rand((K,), st.f32, 2))
+    calls = {"gemv": lambda c: ops.gemv(w, x, config=c),
+             "rmsnorm_gemv": lambda c: ops.rmsnorm_gemv(x, wrap(rand((K,), st.f32, 3)), w, config=c),
+             "gemv_add": lambda c: ops.gemv_add(w, x, wrap(rand((32,), st.f32, 4)), config=c),
+             "silu_mul_gemv_add": lambda c: ops.silu_mul_gemv_add(
+                 w, wrap(rand((2 * K,), st.f32, 5)), wrap(rand((32,), st.f32, 6)), config=c),
+             "matmul": lambda c: ops.matmul(wrap(rand((4, K), st.f32, 7)), w, weight=True, config=c)}
+    for bad in ({}, {"bn": 4}, "default"):
+        with pytest.raises(st.ArgumentError, match=rf"ops.{call}: config must be an ops\."):
+            calls[call](bad)
+
+
+@pytest.mark.parametrize("weight", [1, "yes", None])
+def test_matmul_weight_is_a_flag(weight):
+    with pytest.raises(st.ArgumentError, match="ops.matmul: weight must be True or False"):
+        ops.matmul(wrap(rand((4, K), st.f32, 1)), wrap(rand((K, 8), st.f32, 2)), weight=weight)
+
+
+@pytest.mark.parametrize("num_warps", [0, 3, 64])
+def test_elementwise_num_warps_must_be_a_power_of_two_up_to_32(num_warps):
+    with pytest.raises(st.ArgumentError, match="ops.add: num_warps must be a power of two"):
+        ops.add(wrap(rand((64,), st.f32, 1)), wrap(rand((64,), st.f32, 2)), num_warps=num_warps)

@@ -63,6 +63,17 @@ def test_decode_attention_split_refuses_a_workspace_that_is_not_a_decode_workspa
         ops.decode_attention_split(q, k, k, i32(5), ws)
 
 
+@pytest.mark.parametrize("field, value", [("rows", 1), ("num_splits", 3), ("group", 1)])
+def test_a_workspace_whose_fields_were_changed_is_refused(field, value):
+    q, k = wrap(rand((HQ, D), st.f32, 6)), wrap(rand((HKV, S, D), st.f32, 7))
+    ws = ops.DecodeWorkspace.for_cache(q, k, num_splits=4)
+    setattr(ws, field, value)
+    with pytest.raises(st.ArgumentError, match="the workspace's fields disagree"):
+        ops.decode_attention_split(q, k, k, i32(5), ws)
+    with pytest.raises(st.ArgumentError, match="the workspace's fields disagree"):
+        ops.decode_attention_merge(ws, st.empty((HQ, D)))
+
+
 # ---- decode_attention options ----------------------------------------------------------------
 
 def test_decode_attention_takes_numpy_ints_for_counts_and_sizes():

@@ -231,6 +231,36 @@ def test_no_logits_is_an_argument_error():
         draw(torch.zeros(0), 1.0)
 
 
+@pytest.mark.parametrize("fill", [float("-inf"), float("nan")])
+def test_with_no_finite_logit_the_token_is_still_inside_the_vocabulary(fill):
+    # the last block's padding ties with every -inf logit at z = 0; it is never a token
+    logits = torch.full((2000,), fill)
+    logits[::3] = float("-inf")
+    for counter in range(6):
+        assert 0 <= draw(logits, 1.0, counter=counter) < 2000
+
+
+def test_a_workspace_whose_block_was_changed_is_refused():
+    ws = ops.sampler_workspace(3000, device="cpu", block=2048)
+    ws.block = 1024
+    with pytest.raises(st.ArgumentError, match=r"workspace.stats is st.float32 \(2, 4\), "
+                                               r"where 3000 logits in blocks of 1024 need"):
+        draw(torch.randn(3000), 0.0, workspace=ws)
+
+
+@pytest.mark.parametrize("n, block", [(0, 1024), (-5, 1024), (10, 16.0), ("10", 1024)])
+def test_a_workspace_for_no_logits_or_a_bad_block_is_an_argument_error(n, block):
+    with pytest.raises(st.ArgumentError, match="ops.sampler_workspace"):
+        ops.sampler_workspace(n, device="cpu", block=block)
+
+
+def test_a_float_out_is_refused_when_the_op_is_built():
+    with pytest.raises(st.ArgumentError, match="out must be st.i32 or st.i64"):
+        ops.sample(wrap(torch.randn(64)), ops.sampling_params(device="cpu"),
+                   ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32, device="cpu"),
+                   out=st.zeros((1,), device="cpu"))
+
+
 def test_an_out_overlapping_an_input_is_refused_before_anything_runs():
     counter = st.zeros((1,), dtype=st.i32, device="cpu")
     with pytest.raises(st.AliasError, match="ops.sample: the output out overlaps the input "

@@ -94,9 +94,9 @@ Operations (``safetile.lang``; see each op's docstring for its signature)
 - ``sl.sum``: fp16/bf16 accumulate in fp32 and round back to their type, int8 sums are int32;
   the order of the additions is unspecified (float sums may differ in the last bits).
   ``sl.max``/``sl.min`` skip NaN (NaN only if every element is NaN) and return fp16/bf16 as
-  fp32 and int8 as int32. ``sl.argmax``/``sl.argmin`` skip NaN too (the index of the largest
-  non-NaN element; 0 if all are NaN), the first index on ties, int32. Reductions of bool
-  tiles are refused (``.astype(st.i32)`` first).
+  fp32 and int8 as int32. ``sl.argmax``/``sl.argmin`` count a NaN as -inf (argmin: +inf), so
+  a NaN never beats a number, and give the first index on ties (``[nan, -inf]``: 0), int32.
+  Reductions of bool tiles are refused (``.astype(st.i32)`` first).
 - ``sl.mma(a, b, acc)``: ``a``, ``b`` of one dtype (fp16, bf16, fp32 with an fp32 ``acc``;
   int8 with an int32 ``acc``), 2-D, K at least 16 (32 for int8). fp32 operands use TF32 on
   the GPU. ``a * b + c`` on floats may be fused into one rounding on the GPU.

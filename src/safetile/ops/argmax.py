@@ -4,9 +4,9 @@ Stage 1: each program owns one entry of two small outputs and writes the max and
 index of the max of its block of ``B`` logits. Stage 2: one program reduces those partials and
 stores the token id. Both stages pick the first maximum (``tl.argmax`` breaks ties to the
 left), and blocks are in index order, so ties go to the lowest index, as ``torch.argmax``.
-A NaN never wins (``sl.max``/``sl.argmax`` skip NaNs on both backends): the result is the
-index of the largest non-NaN entry, and 0 when every entry is NaN, where ``torch.argmax``
-would return a NaN's index.
+A NaN counts as -inf (as in ``sl.argmax`` on both backends): it never beats a number, where
+``torch.argmax`` returns a NaN's index; among entries that are all -inf or NaN the first
+wins, so every entry NaN gives 0.
 
 The partials live in a :class:`ArgmaxWorkspace` the caller may allocate once (decode graphs
 must not allocate); the token id stays on the device.
@@ -79,7 +79,7 @@ def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
 def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DType = st.i64,
            block: int = BLOCK):
     """The index of the largest entry of ``x`` (shape (n,) or (1, n), n >= 1; fp32, fp16 or
-    bf16). A NaN never wins (see the module docstring): all NaNs give 0.
+    bf16). A NaN counts as -inf (see the module docstring): all NaNs give 0.
 
     Returns a ``DeviceOp`` whose output is a (1,) tensor of ``dtype`` (int32 or int64;
     ``out``'s dtype when given) on x's device. ``block``: logits per stage-1 program, a power

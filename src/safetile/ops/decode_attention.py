@@ -285,8 +285,13 @@ def _check_workspace(name: str, ws, hkv: int | None = None, group: int = 0, d: i
         raise ArgumentError(f"{name}: workspace must be a DecodeWorkspace (build one with "
                             f"DecodeWorkspace.for_cache(q, k_cache)), got {a_type_name(ws)}")
     host.check_workspace(name, ws, ("partial", "lse"))
-    if hkv is not None and (tuple(ws.partial.shape) != (hkv, ws.num_splits, group, d)
-                            or ws.group != group):
+    p = tuple(ws.partial.shape)
+    if len(p) != 4 or tuple(ws.lse.shape) != p[:3] + (1,) or p[1:3] != (ws.num_splits, ws.group) \
+            or ws.rows != max(MIN_GROUP_ROWS, host.next_pow2(ws.group)):
+        raise ArgumentError(f"{name}: the workspace's fields disagree (partial {p}, lse "
+                            f"{ws.lse.shape}, group {ws.group}, rows {ws.rows}, num_splits "
+                            f"{ws.num_splits}); build it with DecodeWorkspace.for_cache")
+    if hkv is not None and (p != (hkv, ws.num_splits, group, d) or ws.group != group):
         raise ArgumentError(f"{name}: the workspace (partial {ws.partial.shape}, group "
                             f"{ws.group}) does not fit {hkv * group} q heads and the cache "
                             f"({hkv} kv heads of {d}); build it with DecodeWorkspace.for_cache")
@@ -329,7 +334,8 @@ def _launch_split(q, k_cache, v_cache, length, ws, o: dict, num_warps, num_stage
 def _launch_merge(ws, out, num_warps, pdl: bool, trigger_early: bool):
     hq, d = out.shape
     # Each program holds all splits of one row in registers: more splits, more warps.
-    warps = num_warps or min(8, host.warps_for(host.next_pow2(ws.num_splits) * d))
+    warps = min(8, host.warps_for(host.next_pow2(ws.num_splits) * d)) if num_warps is None \
+        else host.check_pow2("ops.decode_attention_merge: num_warps", num_warps, 1, 32)
     op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
                                      trigger_early=pdl and trigger_early)(
         *host.inputs(ws.partial, ws.lse),

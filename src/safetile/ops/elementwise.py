@@ -46,7 +46,8 @@ def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None)
     z = host.output(f"ops.{name}: out", out, a.shape, dtype, a.device)
     (av, bv), zv = host.elementwise_views(f"ops.{name}", [a, b], z)
     tile = host.elementwise_tile(tuple(zv.shape), block)
-    warps = num_warps or host.warps_for(block)
+    warps = host.warps_for(block) if num_warps is None else \
+        host.check_pow2(f"ops.{name}: num_warps", num_warps, 1, 32)
     op = configured(warps)(*host.inputs(av, bv), zv.partition(tile))
     return host.returning(op, z)
 

@@ -230,7 +230,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
     eps = host.check_eps("ops.rmsnorm_gemv", eps)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
-    cfg = config or choose_config(n, k)
+    cfg = host.config("ops.rmsnorm_gemv", config, GemvConfig, lambda: choose_config(n, k))
     kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
     op = kern(*host.inputs(xv, norm_weight, w), yv.partition((cfg.bn,)), eps,
               -(-k // cfg.bk), host.next_pow2(k))
@@ -256,7 +256,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     host.same_dtype("ops.gemv_add", w, x)
     rv = _residual("ops.gemv_add", residual, n)
     y, yv = result("ops.gemv_add", out, n, residual.dtype, w.device)
-    cfg = config or choose_config(n, k)
+    cfg = host.config("ops.gemv_add", config, GemvConfig, lambda: choose_config(n, k))
     kern = configured(gemv_add_kernel(cfg.bk, cfg.head), cfg)
     op = kern(*host.inputs(w, xv, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)
@@ -291,7 +291,8 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     host.same_dtype("ops.silu_mul_gemv_add", w, gate_up)
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
-    cfg = config or choose_config(n, k, swiglu=True)
+    cfg = host.config("ops.silu_mul_gemv_add", config, GemvConfig,
+                      lambda: choose_config(n, k, swiglu=True))
     kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
     op = kern(*host.inputs(w, gu, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

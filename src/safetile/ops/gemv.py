@@ -181,7 +181,7 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
         out_dtype = out.dtype
     out_dtype = host.check_out_dtype("ops.gemv: out_dtype", out_dtype or w.dtype, OUT_DTYPES)
     y = host.output("ops.gemv: out", out, (1, n) if row else (n,), out_dtype, w.device)
-    cfg = config or choose_config(n, k)
+    cfg = host.config("ops.gemv", config, GemvConfig, lambda: choose_config(n, k))
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     kern = _kernel(cfg.bk, cfg.head, cfg.prefetch).options(
         num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma, pdl=cfg.pdl,

@@ -73,7 +73,7 @@ def gemv_argmax_workspace(w, dtype: DType = st.i64, config: GemvConfig | None = 
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"ops.gemv_argmax_workspace: the index dtype must be st.i32 or "
                             f"st.i64, got {dtype!r}")
-    cfg = config or choose_config(n, k)
+    cfg = host.config("ops.gemv_argmax_workspace", config, GemvConfig, lambda: choose_config(n, k))
     blocks = -(-n // cfg.bn)
     device = w.device if device is None else device
     return ArgmaxWorkspace(alloc.empty((blocks,), dtype=st.f32, device=device),
@@ -110,7 +110,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
         dtype = token.dtype
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
-    cfg = config or choose_config(n, k)
+    cfg = host.config("ops.rmsnorm_gemv_argmax", config, GemvConfig, lambda: choose_config(n, k))
     ws = workspace or gemv_argmax_workspace(w, dtype, cfg)
     if not isinstance(ws, ArgmaxWorkspace):
         raise ArgumentError(f"{name}: workspace must be an ArgmaxWorkspace "

@@ -152,6 +152,16 @@ def check_fields(config, checks: dict) -> None:
         object.__setattr__(config, field, value)
 
 
+def config(name: str, given, cls, choose):
+    """``given`` if it is a ``cls``, ``choose()`` when it is None; else ArgumentError."""
+    if given is None:
+        return choose()
+    if not isinstance(given, cls):
+        raise ArgumentError(f"{name}: config must be an ops.{cls.__name__} (or None for the "
+                            f"default), got {type(given).__name__} {given!r}")
+    return given
+
+
 def same_dtype(what: str, *values) -> DType:
     """The common dtype of ``values``; nothing converts implicitly."""
     dtypes = {v.dtype for v in values}

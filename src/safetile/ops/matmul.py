@@ -369,6 +369,7 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     way: tile shapes, order, program count, launch options, the head/tail row split, and
     split-K with the same workspace and the same (safe) reduction kernel."""
     name = stores.name
+    weight = host.check_flag(f"{name}: weight", weight)
     m, n, k = _dims(a, b, weight)
     device = a.device
     if out is not None and out_dtype is None:
@@ -376,7 +377,8 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
         out_dtype = out.dtype
     out_dtype = host.check_out_dtype(f"{name}: out_dtype", out_dtype or a.dtype, OUT_DTYPES)
     sms = num_sms(device if device.type == "cuda" else None)
-    cfg = config or choose_config(m, n, k, a.dtype, out_dtype, sms)
+    cfg = host.config(name, config, MatmulConfig,
+                      lambda: choose_config(m, n, k, a.dtype, out_dtype, sms))
     if cfg.split_k > 1 and workspace is None and out is not None:
         cfg = replace(cfg, split_k=1)
     c = host.output(f"{name}: out", out, (m, n), out_dtype, device)

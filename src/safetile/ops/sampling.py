@@ -221,7 +221,10 @@ def draw_kernel(logits: st.In[st.floats, 1], state: st.In[st.f32, 1], params: st
     noisy = sl.where(params.load_scalar((0,)) > 0.0, z + g, z)
     # The most likely token has z = 0 exactly: a threshold above it (a top_p of 0 makes
     # every mass meet the target) would keep nothing, so it is kept whatever tau is.
-    score = sl.where(z >= sl.minimum(_slot(s, HEADER), 0.0), noisy, float("-inf"))
+    # (The last block's padding is never a token: with every logit -inf or NaN it would
+    # tie with them at z = 0.)
+    keep = (z >= sl.minimum(_slot(s, HEADER), 0.0)) & (idx < logits.shape[0])
+    score = sl.where(keep, noisy, float("-inf"))
     values.store(sl.max(score, 0))
     indices.store(sl.argmax(score, 0) + b * B)
 
@@ -246,9 +249,11 @@ class SamplerWorkspace:
 
 def sampler_workspace(n: int, dtype=st.i32, device=None, block: int = BLOCK) -> SamplerWorkspace:
     """The scratch :func:`sample` needs for ``n`` logits; ``dtype``: the token's int type."""
-    if block < 16 or block & (block - 1):
-        raise ArgumentError(f"ops.sampler_workspace: block must be a power of two >= 16, got "
-                            f"{block}")
+    n = host.check_int("ops.sampler_workspace: n", n, 1)
+    block = host.check_pow2("ops.sampler_workspace: block", block, 16)
+    if dtype not in (st.i32, st.i64):
+        raise ArgumentError(f"ops.sampler_workspace: the token dtype must be st.i32 or st.i64, "
+                            f"got {dtype!r}")
     nb = -(-n // block)
     if nb > 16384:
         raise ArgumentError(f"ops.sampler_workspace: {n} logits in blocks of {block} need {nb} "
@@ -310,6 +315,21 @@ def _check(logits, params, key, counter, ws: SamplerWorkspace):
     if ws.n != logits.shape[0]:
         raise ArgumentError(f"ops.sample: the workspace is for {ws.n} logits, got "
                             f"{logits.shape[0]}")
+    host.check_pow2("ops.sample: workspace.block", ws.block, 16)
+    nb = -(-ws.n // ws.block)
+    want = {"stats": ((nb, 4), st.f32), "counts": ((nb, NT), st.f32),
+            "masses": ((nb, NT), st.f32), "values": ((nb,), st.f32),
+            "states[0]": ((SLOTS,), st.f32), "states[1]": ((SLOTS,), st.f32),
+            "indices": ((nb,), ws.indices.dtype if ws.indices.dtype in (st.i32, st.i64)
+                        else st.i32)}
+    got = {"stats": ws.stats, "counts": ws.counts, "masses": ws.masses, "values": ws.values,
+           "states[0]": ws.states[0], "states[1]": ws.states[1], "indices": ws.indices}
+    for name, (shape, dtype) in want.items():
+        t = got[name]
+        if tuple(t.shape) != shape or t.dtype is not dtype:
+            raise ArgumentError(f"ops.sample: workspace.{name} is {t.dtype!r} {tuple(t.shape)}, "
+                                f"where {ws.n} logits in blocks of {ws.block} need {dtype!r} "
+                                f"{shape}: build the workspace with ops.sampler_workspace")
 
 
 def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace | None = None,
@@ -325,8 +345,13 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     passes = host.check_int("ops.sample: passes", passes, lo=1)
     if n == 0:
         raise ArgumentError("ops.sample: there is no token to draw from 0 logits")
-    ws = workspace or sampler_workspace(n, out.dtype if out is not None else st.i32,
-                                        logits.device)
+    if out is not None:
+        host.check_target("ops.sample: out", out)
+        if out.dtype not in (st.i32, st.i64):
+            raise ArgumentError(f"ops.sample: out must be st.i32 or st.i64 (a token id), got "
+                                f"{out.dtype!r}")
+    ws = workspace if workspace is not None else sampler_workspace(
+        n, out.dtype if out is not None else st.i32, logits.device)
     _check(logits, params, key, counter, ws)
     z = host.output("ops.sample: out", out, (1,), ws.indices.dtype, logits.device)
     # Several launches: an output overlapping an input is refused before the first.

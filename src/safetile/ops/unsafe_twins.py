@@ -36,6 +36,8 @@ def add_unsafe(x, y, out=None, *, block: int = host.BLOCK, num_warps: int | None
         raise ArgumentError(f"ops.add_unsafe: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
     n = x.numel
     grid = (max(1, -(-n // block)),)
-    kernel = add_unsafe_kernel.options(grid=grid, num_warps=num_warps or host.warps_for(block))
+    warps = host.warps_for(block) if num_warps is None else \
+        host.check_pow2("ops.add_unsafe: num_warps", num_warps, 1, 32)
+    kernel = add_unsafe_kernel.options(grid=grid, num_warps=warps)
     op = kernel(x.view(-1), y.view(-1), z.view(-1), n, block)
     return host.returning(op, z)

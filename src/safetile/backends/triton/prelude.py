@@ -88,7 +88,7 @@ def _st_f2i(x, dtype: tl.constexpr, lo: tl.constexpr, hi: tl.constexpr):
     r = tl.where(xf >= (hi + 1) * 1.0, hi, r)
     return tl.where(xf < lo * 1.0, lo, r)
 ''',
-    # arg-extrema skip NaN (a NaN never wins), so the result does not depend on the
+    # arg-extrema count a NaN as -inf / +inf (it never beats a number), so the result does not depend on the
     # reduction tree.
     "_st_argmax": '''
 @triton.jit
