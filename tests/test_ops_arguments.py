@@ -279,3 +279,37 @@ def test_matmul_weight_is_a_flag(weight):
 def test_elementwise_num_warps_must_be_a_power_of_two_up_to_32(num_warps):
     with pytest.raises(st.ArgumentError, match="ops.add: num_warps must be a power of two"):
         ops.add(wrap(rand((64,), st.f32, 1)), wrap(rand((64,), st.f32, 2)), num_warps=num_warps)
+
+
+@pytest.mark.parametrize("make", ["inv_freq_table", "sampling_params", "sampling_key", "rope"])
+def test_ops_that_allocate_their_tables_are_refused_inside_a_graph_scope(make):
+    x, out = wrap(rand((4, 2, 8), st.f32, 1)), st.empty((4, 2, 8), device="cpu")
+    pos = st.from_torch(torch.arange(4, dtype=torch.int32))
+    calls = {"inv_freq_table": lambda: ops.inv_freq_table(8, device="cpu"),
+             "sampling_params": lambda: ops.sampling_params(0.5, device="cpu"),
+             "sampling_key": lambda: ops.sampling_key(7, device="cpu"),
+             "rope": lambda: ops.rope(x, pos, out=out)}           # its default table
+    with pytest.raises(st.GraphCaptureError, match="allocates inside st.graph_scope"):
+        with st.graph_scope():
+            calls[make]()
+
+
+@pytest.mark.parametrize("make", ["inv_freq_table", "sampling_params", "sampling_key"])
+def test_a_bad_device_for_a_table_is_an_argument_error(make):
+    calls = {"inv_freq_table": lambda: ops.inv_freq_table(8, device="bogus"),
+             "sampling_params": lambda: ops.sampling_params(0.5, device="bogus"),
+             "sampling_key": lambda: ops.sampling_key(7, device="bogus")}
+    with pytest.raises(st.ArgumentError, match="'bogus' is not a device"):
+        calls[make]()
+
+
+def test_attention_with_no_kv_heads_or_unhashable_options_is_an_argument_error():
+    q, k = wrap(rand((4, 8, 16), st.f32, 1)), wrap(rand((2, 8, 16), st.f32, 2))
+    with pytest.raises(st.ArgumentError, match="multiple of the kv heads"):
+        ops.flash_attention(q, st.zeros((0, 8, 16)), st.zeros((0, 8, 16)))
+    with pytest.raises(st.ArgumentError, match="num_warps must be a power of two"):
+        ops.flash_attention(q, k, wrap(rand((2, 8, 16), st.f32, 3)), num_warps=[4])
+    with pytest.raises(st.ArgumentError, match="n_kv_heads must be an int >= 1"):
+        ops.DecodeWorkspace.for_cache(st.zeros((4, 16)), st.zeros((0, 8, 16)))
+    with pytest.raises(st.ArgumentError, match=r"k_cache \(Hkv, max_seq, D\), got"):
+        ops.DecodeWorkspace.for_cache(st.zeros((4, 16)), st.zeros((2, 16)))

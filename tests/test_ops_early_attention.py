@@ -171,13 +171,13 @@ def recorded_attention(first: str):
     qkv_t, k_cache, v_cache, pos = wrap(qkv), wrap(kc), wrap(vc), pos_tensor(3)
     src, k_new, v_new = wrap(qkv), wrap(torch.zeros(hkv, d)), wrap(torch.zeros(hkv, d))
     out, k_out = st.empty((hq, d), st.f32), st.empty((hkv, d), st.f32)
+    inv_freq = ops.inv_freq_table(d, THETA, "cpu")
     with st.graph_scope() as s:
         if first == "append":
             s.record(ops.kv_append(k_new, v_new, pos, k_cache, v_cache, pdl=True))
         else:
             s.record(ops.copy(src, out=qkv_t))
-        s.record(ops.qk_norm_rope_attention(qkv_t, wrap(qw), wrap(kw), pos,
-                                            ops.inv_freq_table(d, THETA, "cpu"), k_cache,
+        s.record(ops.qk_norm_rope_attention(qkv_t, wrap(qw), wrap(kw), pos, inv_freq, k_cache,
                                             v_cache, out=out, k_out=k_out, pdl=True))
     return s.records[-1]
 

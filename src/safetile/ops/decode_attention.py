@@ -52,8 +52,7 @@ from .flash_attention import LOG2E, check_gqa, online_softmax_step
 # Rows of the group tile: tl.dot needs at least 16 rows.
 MIN_GROUP_ROWS = 16
 INT32_MAX = 2**31 - 1
-# Defaults of the split kernel; the measurements behind each are in benchmarks/TUNING.md,
-# "decode attention defaults".
+# Defaults of the split kernel (measurements: benchmarks/TUNING.md, "decode attention defaults").
 # Pipeline depth of the K/V loop: Triton keeps num_stages - 1 TMA buffers, so 3 stages
 # double-buffer (one 64-key block of K and V in flight while the previous one is used).
 DEFAULT_STAGES = 3
@@ -61,17 +60,14 @@ DEFAULT_STAGES = 3
 # of the one-split kernel does, rather than after it: its load is then in flight with the
 # others instead of adding one more memory round trip to the longest split.
 DEFAULT_MASKED = True
-# The one-split kernel's depth: 4 stages keep three 64-key blocks in flight, all of a
-# short cache's (the kernel is used up to a few hundred positions), where its 8 programs
-# wait on each block's latency rather than on bandwidth.
+# The one-split kernel's depth: 4 stages keep three 64-key blocks in flight, all of a short
+# cache's, where its 8 programs wait on each block's latency rather than on bandwidth.
 WHOLE_STAGES = 4
-# Block-cyclic splits (every S-th key block) rather than contiguous runs: all splits of a head
-# then stream neighbouring blocks at once, and blocks spread evenly over the splits at any
-# length (contiguous runs round up to whole blocks per split).
+# Block-cyclic splits (every S-th key block): a head's splits stream neighbouring blocks at
+# once, spread evenly at any length (contiguous runs round up to whole blocks per split).
 DEFAULT_CYCLIC = True
-# L2 prefetch of each split's first K/V blocks before the length read: off, because the
-# prefetched bytes compete with the previous kernel's stream and past a short valid length
-# they are wasted.
+# L2 prefetch of each split's first K/V blocks before the length read: off (the bytes compete
+# with the previous kernel's stream, and past a short valid length they are wasted).
 DEFAULT_PREFETCH = 0
 # Programmatic dependent launch, on by default where the GPU has it (Hopper and later): the
 # split kernel does every read (length, q, K, V) before its wait, and both kernels signal the
@@ -219,7 +215,7 @@ def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
     """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
     than the cache has key blocks: more, shorter programs pay the per-program prologue (device
     length, q, pipeline fill) more often and make the merge read more partials."""
-    want = host.next_pow2(max(1, 128 // n_kv_heads))
+    want = host.next_pow2(max(1, 128 // max(n_kv_heads, 1)))
     return max(1, min(want, -(-max_seq // block_n)))
 
 
@@ -246,10 +242,14 @@ class DecodeWorkspace:
     @classmethod
     def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int | None = None):
         """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
+        if getattr(q, "ndim", None) != 2 or getattr(k_cache, "ndim", None) != 3:
+            raise ArgumentError(f"DecodeWorkspace.for_cache: q must be (Hq, D) and k_cache "
+                                f"(Hkv, max_seq, D), got {getattr(q, 'shape', q)!r}, "
+                                f"{getattr(k_cache, 'shape', k_cache)!r}")
         hkv, max_seq, d = k_cache.shape
         splits = default_splits(hkv, max_seq, block_n or DEFAULT_BLOCK_N) \
             if num_splits is None else num_splits
-        return cls(hkv, q.shape[0] // hkv, d, splits, device=q.device)
+        return cls(hkv, q.shape[0] // max(hkv, 1), d, splits, device=q.device)
 
 
 _SPLIT: dict = {}

@@ -96,7 +96,7 @@ def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
     if tuple(k.shape) != tuple(v.shape):
         raise ArgumentError(f"{name}: k {k.shape} and v {v.shape} differ")
     hq, hkv, d = q.shape[0], k.shape[0], k.shape[2]
-    if q.shape[-1] != d or hq % hkv:
+    if q.shape[-1] != d or not hkv or hq % hkv:
         raise ArgumentError(f"{name}: q {q.shape} does not fit k {k.shape}: the head dims must "
                          f"agree and the q heads must be a multiple of the kv heads")
     if d & (d - 1) or d < 16:
@@ -128,7 +128,8 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
     s = q.shape[1]
     bm = min(block_m, max(16, host.next_pow2(s)))
     bn = min(block_n, bm)
-    kern = _configured(num_warps, num_stages)
+    kern = _configured(host.check_pow2("ops.flash_attention: num_warps", num_warps, 1, 32),
+                       host.check_int("ops.flash_attention: num_stages", num_stages, 1))
     zv = host.owned_view(z, tuple(z.shape), "ops.flash_attention: out")
     op = kern(*host.inputs(q, k, v), zv.partition((1, bm, d)),
               scale * LOG2E, bn)

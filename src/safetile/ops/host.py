@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 
+import torch
+
 from ..errors import AliasError, ArgumentError
 from ..dtypes import DType
 from ..lang.semantics import MAX_TILE_ELEMENTS
@@ -160,6 +162,14 @@ def config(name: str, given, cls, choose):
         raise ArgumentError(f"{name}: config must be an ops.{cls.__name__} (or None for the "
                             f"default), got {type(given).__name__} {given!r}")
     return given
+
+
+def filled(values, dtype: DType, device) -> Tensor:
+    """A new 1-D tensor holding ``values`` (a torch tensor or a list), allocated as ``st.empty``
+    allocates: refused inside a graph scope, a bad device an ArgumentError."""
+    t = alloc.empty((len(values),), dtype=dtype, device=device)
+    t._torch.copy_(torch.as_tensor(values, dtype=t._torch.dtype))
+    return t
 
 
 def same_dtype(what: str, *values) -> DType:

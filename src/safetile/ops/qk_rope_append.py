@@ -156,7 +156,9 @@ def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv:
     dtype); returns ``(Hq, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
     if d < 2 or d & (d - 1):
         raise ArgumentError(f"{name}: head_dim must be a power of two, got {d}")
-    width = qkv.shape[-1] * (qkv.shape[0] if qkv.ndim == 2 else 1)
+    if hkv < 1:
+        raise ArgumentError(f"{name}: the cache has no kv heads (shape gives {hkv})")
+    width = qkv.shape[-1] * (qkv.shape[0] if qkv.ndim == 2 else 1) if qkv.ndim else 0
     if qkv.ndim not in (1, 2) or (qkv.ndim == 2 and qkv.shape[1] != d) or width % d \
             or width // d <= 2 * hkv or (width // d - 2 * hkv) % hkv:
         raise ArgumentError(f"{name}: qkv must hold (Hq + 2 * {hkv}) heads of {d} (Hq a "
@@ -255,8 +257,7 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
     name = "ops.qk_norm_rope"
     check_inputs(name, qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                  pos=pos, inv_freq=inv_freq)
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1:
-        raise ArgumentError(f"{name}: kv_heads must be a positive int, got {kv_heads!r}")
+    kv_heads = host.check_int(f"{name}: kv_heads", kv_heads, 1)
     if q_norm_weight.ndim != 1:
         raise ArgumentError(f"{name}: q_norm_weight must have shape (D,), got "
                             f"{tuple(q_norm_weight.shape)}")

@@ -20,7 +20,6 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
-from ..tensor import alloc
 from . import host
 
 # Qwen3's rope_theta.
@@ -58,9 +57,7 @@ def inv_freq_table(head_dim: int, theta: float = QWEN3_THETA, device=None):
                             f"got {head_dim}")
     theta = host.check_number("ops.inv_freq_table: theta", theta, above=0.0)
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(dtype=torch.float) / head_dim
-    table = 1.0 / (theta ** exponent)
-    device = device if device is not None else alloc.default_device()
-    return st.from_torch(table.to(device))
+    return host.filled(1.0 / (theta ** exponent), st.f32, device)
 
 
 def rope_tile(seq: int, heads: int, head_dim: int) -> tuple:

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import safetile as st
 import safetile.lang as sl
 
@@ -279,9 +277,8 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
     # A top_p below float32's smallest normal would round (or flush) to 0: keep it positive,
     # which keeps only the most likely token, as the tiny top_p means.
     top_p = max(float(top_p), FLOAT32_TINY)
-    values = [float(temperature), float(min(top_k, 1 << 24)), top_p, 0.0]
-    return st.from_torch(torch.tensor(values, dtype=torch.float32,
-                                      device=device or alloc.default_device()))
+    return host.filled([float(temperature), float(min(top_k, 1 << 24)), top_p, 0.0], st.f32,
+                       device)
 
 
 def sampling_key(seed: int, device=None) -> Tensor:
@@ -289,8 +286,7 @@ def sampling_key(seed: int, device=None) -> Tensor:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ArgumentError(f"seed must be an int, got {type(seed).__name__}")
     s = seed & ((1 << 64) - 1)
-    return st.from_torch(torch.tensor([s & MASK32, s >> 32], dtype=torch.int64,
-                                      device=device or alloc.default_device()))
+    return host.filled([s & MASK32, s >> 32], st.i64, device)
 
 
 def _check(logits, params, key, counter, ws: SamplerWorkspace):
@@ -341,6 +337,9 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     host.check_value("ops.sample: logits", logits)
     if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits.view(-1)
+    if logits.ndim != 1:
+        raise ArgumentError(f"ops.sample: logits must be (n,) or (1, n), got shape "
+                            f"{tuple(logits.shape)}")
     n = logits.shape[-1]
     passes = host.check_int("ops.sample: passes", passes, lo=1)
     if n == 0:
