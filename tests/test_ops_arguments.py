@@ -313,3 +313,16 @@ def test_attention_with_no_kv_heads_or_unhashable_options_is_an_argument_error()
         ops.DecodeWorkspace.for_cache(st.zeros((4, 16)), st.zeros((0, 8, 16)))
     with pytest.raises(st.ArgumentError, match=r"k_cache \(Hkv, max_seq, D\), got"):
         ops.DecodeWorkspace.for_cache(st.zeros((4, 16)), st.zeros((2, 16)))
+
+
+def test_an_argmax_workspace_of_another_rank_is_refused_when_built():
+    ws = ops.argmax_workspace(3000, device="cpu")
+    ws.values = st.empty((3, 1), device="cpu")
+    with pytest.raises(st.ArgumentError, match="ops.argmax: the workspace holds"):
+        ops.argmax(wrap(rand((3000,), st.f32, 1)), workspace=ws)
+
+
+def test_prologue_attention_fits_takes_ints_only():
+    assert ops.prologue_attention_fits(128, 10)
+    with pytest.raises(st.ArgumentError, match="head_dim must be an int"):
+        ops.prologue_attention_fits("128", 10)

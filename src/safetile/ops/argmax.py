@@ -112,7 +112,8 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
                             f"(ops.argmax_workspace), got {type(workspace).__name__}")
     host.check_workspace("ops.argmax", workspace, ("values", "indices"))
     host.check_pow2("ops.argmax: workspace.block", workspace.block)
-    if workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype \
+    if workspace.values.ndim != 1 or workspace.indices.ndim != 1 or \
+            workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype \
             or workspace.values.dtype is not st.f32:
         raise ArgumentError(f"ops.argmax: the workspace holds {workspace.blocks} "
                          f"{workspace.indices.dtype!r} partials of {workspace.block}; "

@@ -130,9 +130,11 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
                          "workspace.indices": ws.indices})
     kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
     stage1 = kern(*host.inputs(xv, norm_weight, w),
-                  host.owned_view(y, (n,)).partition((cfg.bn,)),
-                  host.owned_view(ws.values, (blocks,)).partition((1,)),
-                  host.owned_view(ws.indices, (blocks,)).partition((1,)), eps,
+                  host.owned_view(y, (n,), f"{name}: logits").partition((cfg.bn,)),
+                  host.owned_view(ws.values, (blocks,), f"{name}: workspace.values")
+                  .partition((1,)),
+                  host.owned_view(ws.indices, (blocks,), f"{name}: workspace.indices")
+                  .partition((1,)), eps,
                   -(-k // cfg.bk), host.next_pow2(k))
     nb = host.next_pow2(blocks)
 

@@ -98,6 +98,8 @@ def prologue_attention_fits(head_dim: int, max_seq: int) -> bool:
     """Whether ``qk_norm_rope_append_attention`` takes caches of ``max_seq`` rows at
     ``head_dim``: one program must own a head's whole slab, and each half of a head must
     feed the tensor cores."""
+    head_dim = host.check_int("ops.prologue_attention_fits: head_dim", head_dim, 1)
+    max_seq = host.check_int("ops.prologue_attention_fits: max_seq", max_seq, 0)
     return head_dim >= MIN_HEAD_DIM and max_seq <= max_cache_positions(head_dim)
 
 
