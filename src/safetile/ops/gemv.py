@@ -171,7 +171,8 @@ def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) ->
     if tuple(x.shape) not in ((k,), (1, k)):
         raise ArgumentError(f"ops.gemv: x must have shape ({k},) or (1, {k}) for w {w.shape}, got "
                          f"{x.shape}")
-    host.same_dtype("ops.gemv", w, x)
+    host.check_out_dtype("ops.gemv: w and x's dtype", host.same_dtype("ops.gemv", w, x),
+                         IN_DTYPES)
     if row:
         if not hasattr(x, "view"):
             raise ArgumentError("ops.gemv: a Shared x must be 1-D (K,)")

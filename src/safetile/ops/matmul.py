@@ -302,7 +302,8 @@ def _dims(a, b, weight: bool) -> tuple[int, int, int]:
     if kb != k:
         what = f"weight {b.shape} (N, K)" if weight else f"b {b.shape} (K, N)"
         raise ArgumentError(f"ops.matmul: a {a.shape} (M, K) and {what} disagree on K")
-    host.same_dtype("ops.matmul", a, b)
+    host.check_out_dtype("ops.matmul: a and b's dtype", host.same_dtype("ops.matmul", a, b),
+                         IN_DTYPES)
     return m, n, k
 
 
