@@ -326,3 +326,12 @@ def test_prologue_attention_fits_takes_ints_only():
     assert ops.prologue_attention_fits(128, 10)
     with pytest.raises(st.ArgumentError, match="head_dim must be an int"):
         ops.prologue_attention_fits("128", 10)
+
+
+def test_a_cache_of_no_positions_is_an_argument_error():
+    hq, hkv, d = 4, 2, 32
+    args = (st.randn(((hq + 2 * hkv) * d,), device="cpu"), st.ones((d,), device="cpu"),
+            st.ones((d,), device="cpu"), st.from_torch(torch.tensor([0], dtype=torch.int32)),
+            ops.inv_freq_table(d, device="cpu"))
+    with pytest.raises(st.ArgumentError, match="with max_seq >= 1"):
+        ops.qk_norm_rope_kv_append(*args, st.zeros((hkv, 0, d)), st.zeros((hkv, 0, d)))

@@ -84,9 +84,9 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
     if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
         raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
                          f"{pos.dtype!r} {tuple(pos.shape)}")
-    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
-        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
-                         f"{k_cache.shape} and {v_cache.shape}")
+    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape) or not k_cache.shape[1]:
+        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D) with max_seq >= 1, "
+                            f"got {k_cache.shape} and {v_cache.shape}")
     hkv, _, d = k_cache.shape
     if k_new.ndim != rank or tuple(k_new.shape) != tuple(v_new.shape) or \
             k_new.shape[0] != hkv or k_new.shape[-1] != d:

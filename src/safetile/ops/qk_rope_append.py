@@ -134,9 +134,9 @@ def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, 
     Hkv, max_seq, D, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
     check_inputs(name, qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                  pos=pos, inv_freq=inv_freq, k_cache=k_cache, v_cache=v_cache)
-    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape):
-        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D), got "
-                            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape) or not k_cache.shape[1]:
+        raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D) with max_seq >= 1, "
+                            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     hkv, max_seq, d = k_cache.shape
     hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv, d,
                           also_same_dtype=(k_cache, v_cache))
