@@ -420,3 +420,10 @@ def test_a_callback_may_read_bytes_no_recorded_launch_writes():
     x = vec(1, 2, 3, 4)
     g = inc(st.zeros((4,)).partition((2,))).map(lambda p: (p, x.to_torch().tolist())).graph()
     assert g.output[1] == [1, 2, 3, 4]
+
+
+def test_a_callback_may_export_bytes_a_recorded_launch_only_reads():
+    x = vec(1, 2, 3, 4)
+    g = add(x, vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).map(
+        lambda x, y, z: (x.into_torch().tolist(), z)).graph()
+    assert g.output[0] == [1, 2, 3, 4]

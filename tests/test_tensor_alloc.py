@@ -78,6 +78,17 @@ def test_numpy_scalars_serve_as_counts_and_shapes():
     assert zeros(6, device="cpu").view(np.int64(6)).shape == (6,)
 
 
+def test_a_numpy_array_or_torch_tensor_of_ints_serves_as_a_shape():
+    assert zeros(np.array([2, 3]), device="cpu").shape == (2, 3)
+    assert zeros(torch.tensor([2, 3]), device="cpu").shape == (2, 3)
+    assert zeros((4, 4), device="cpu").partition(np.array([2, 2])).grid == (2, 2)
+
+
+def test_arange_of_an_integer_dtype_refuses_fractional_bounds():
+    with pytest.raises(ArgumentError, match="an integer dtype takes integer bounds and step"):
+        arange(0, 2.5, 0.5, dtype=dtypes.int32)
+
+
 def test_randn_with_a_seed_is_reproducible_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected_global = torch.rand(1)

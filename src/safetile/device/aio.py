@@ -61,7 +61,10 @@ def submit(op, stream=None) -> "asyncio.Future":
                                "coroutine (or run the op with op.sync()); the op did not "
                                "start")
         refused(error, op)
-        raise error from None
+        try:
+            raise error from None
+        finally:
+            del error           # no frame -> error -> traceback -> frame cycle keeps the op
     if stream is not None:
         try:
             streams.resolve(stream)              # ArgumentError here, not on the future

@@ -66,8 +66,8 @@ class KernelOp(DeviceOp):
                     values[i]._restore_locked()
             except MovedError:                    # a Shared clone collected with this op
                 restore_moved_locked([values[i] for i, _ in self.plan.moves])
-        if self._executed:
-            self._let_go()
+            if self._executed:
+                self._let_go_locked()
 
     def _release(self) -> None:
         """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
@@ -128,16 +128,14 @@ class KernelOp(DeviceOp):
         self._executed = True
         return self.values
 
-    def _let_go(self) -> None:
-        """After an executed op handed its values back: it lets go of them (an op kept by the
-        caller must not keep, say, a Shared clone alive), the hold taking over the tensors it
-        still borrows. A recorded op keeps them: its graph replays it."""
+    def _let_go_locked(self) -> None:
+        """After an executed op handed its values back (under ``LOCK``): it lets go of them (an
+        op kept by the caller must not keep, say, a Shared clone alive), the hold taking over
+        the tensors it still borrows. A recorded op keeps them: its graph replays it."""
         hold = self.hold
         if not hold._released:
-            with LOCK:
-                if not hold._released:
-                    values = self.values
-                    hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
+            values = self.values
+            hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
         self.values = ()
 
     def _borrow_again(self, ctx):

@@ -82,10 +82,10 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         t = v._torch
         dtype = from_torch(t.dtype)
         if dtype not in spec.dtypes:
-            want = sorted(spec.dtypes, key=lambda d: d.name)[0]
+            want = next(d for d in _ALL_DTYPES if d in spec.dtypes)
             raise _fail(kernel, name, f"{spec.describe()} got dtype {dtype!r}; convert it first "
                                       f"(nothing is converted implicitly), e.g. on the host: "
-                                      f"st.from_torch(t.to_torch().to(torch.{want.name}))")
+                                      f"st.from_torch(t.to_torch().to({want.torch}))")
         if spec.rank is not None and t.dim() != spec.rank:
             raise _fail(kernel, name, f"{spec.describe()} got rank {t.dim()} (shape "
                                       f"{tuple(t.shape)})")

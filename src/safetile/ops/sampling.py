@@ -338,8 +338,8 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits.view(-1)
     if logits.ndim != 1:
-        raise ArgumentError(f"ops.sample: logits must be (n,) or (1, n), got shape "
-                            f"{tuple(logits.shape)}")
+        raise ArgumentError(f"ops.sample: logits must be (n,) (or (1, n) for a Tensor), got "
+                            f"shape {tuple(logits.shape)}")
     n = logits.shape[-1]
     passes = host.check_int("ops.sample: passes", passes, lo=1)
     if n == 0:

@@ -198,6 +198,9 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
     with _typed("st.arange"):
         if tdt.is_floating_point or tdt == torch.bool:
             return Tensor._wrap(torch.arange(start, stop, step, dtype=tdt, device=_device(device)))
+        if not all(isinstance(v, int) for v in (start, stop, step)):
+            raise ArgumentError(f"st.arange({start}, {stop}, {step}): an integer dtype takes "
+                                f"integer bounds and step; use a float dtype")
         # built in int64, then checked to fit: torch would wrap an int8 range past 127
         values = torch.arange(start, stop, step, dtype=torch.int64, device=_device(device))
         info = torch.iinfo(tdt)

@@ -294,20 +294,20 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
                  touches_bytes: bool = True):
     """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``),
     ``exempt`` aside. The running execution's own holds are ordered before the host's
-    access, except while it records a graph and the host touches the bytes: its launches
-    have not run."""
+    access, except, while it records a graph and the host touches the bytes, the writes of
+    its launches: they happen only when the graph is replayed."""
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
     owner = getattr(_owner, "ctx", None)
-    if touches_bytes and _recording(owner):
-        owner = None
+    unwritten = touches_bytes and _recording(owner)
     with LOCK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
             for e, h in reg.near(x.lo, x.hi):
-                if (e.write or not writes_only) and (owner is None or h.owner is not owner) \
-                        and h is not exempt and _overlap(x, e):
+                if (e.write or not writes_only) and h is not exempt and \
+                        (owner is None or h.owner is not owner or (unwritten and e.write)) \
+                        and _overlap(x, e):
                     return e, h
     return None
 

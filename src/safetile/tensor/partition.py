@@ -148,9 +148,12 @@ class ProgramOrder:
 def _plain_int(v):
     """``v`` as a plain int if it is an integer (numpy's too, never a bool), else as it is
     (``ProgramOrder`` refuses it)."""
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
+    if isinstance(v, bool):
         return v
-    return operator.index(v)
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
 
 
 def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
@@ -159,8 +162,11 @@ def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
 
     Raises :class:`PartitionError` with what was wrong and what would be accepted.
     """
-    if not isinstance(tile_shape, bool) and hasattr(tile_shape, "__index__"):  # one int
-        tile_shape = (tile_shape,)
+    if not isinstance(tile_shape, bool):
+        try:
+            tile_shape = (operator.index(tile_shape),)  # one int (numpy's too)
+        except TypeError:
+            pass
     try:
         tiles = tuple(operator.index(d) for d in tile_shape)
         if any(isinstance(d, bool) for d in tile_shape):

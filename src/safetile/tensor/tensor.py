@@ -34,8 +34,11 @@ __all__ = ["Tensor"]
 
 def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     """Normalize an int or a sequence of ints to a tuple of ints (TypeError otherwise)."""
-    if not isinstance(shape, bool) and hasattr(shape, "__index__"):   # one int (numpy too)
-        shape = (shape,)
+    if not isinstance(shape, bool):
+        try:
+            shape = (operator.index(shape),)           # one int (numpy's too)
+        except TypeError:
+            pass
     try:
         dims = tuple(operator.index(d) for d in shape)
     except TypeError:
