@@ -77,3 +77,47 @@ def test_inverting_a_bool_holds_when_triton_makes_an_int_argument_a_constant(n, 
         assert f"arith.constant dense<{stored}> : tensor<16xi8>" in ttir
     (z, _) = not_below(z, n).sync()
     assert not z.unpartition().to_torch().any()
+
+
+@st.kernel
+def wraps_past_int32(z: st.Out[st.bool_], n: int):
+    z.store((n + 2147483647) < 0)
+
+
+@st.kernel
+def rounds_in_fp32(z: st.Out[st.f32], n: int):
+    z.store((n + 16777216.0) - 16777216.0)
+
+
+@st.kernel
+def root_of_a_length(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.full(z.shape, sl.sqrt(x.shape[0] * 4.0), st.f32))
+
+
+def folded(kernel, *args) -> str:
+    """The constant the compiled kernel stores (Triton folded the whole expression)."""
+    ttir = kernel.compile(*args).asm["ttir"]
+    return ttir[ttir.rfind("tt.func public"):].split("arith.constant dense<")[1].split(">")[0]
+
+
+def one_out(dtype):
+    return st.empty((16,), dtype=dtype, device="cpu").partition((16,))
+
+
+def test_an_int_argument_equal_to_one_keeps_int32_wrapping():
+    assert folded(wraps_past_int32, one_out(st.bool_), 1) == "1"          # True, as on the CPU
+    (z, _) = wraps_past_int32(one_out(st.bool_), 1).sync()
+    assert z.unpartition().to_torch().all()
+
+
+def test_an_int_argument_equal_to_one_keeps_fp32_rounding():
+    assert folded(rounds_in_fp32, one_out(st.f32), 1) == "0.000000e+00"
+    (z, _) = rounds_in_fp32(one_out(st.f32), 1).sync()
+    assert not z.unpartition().to_torch().any()
+
+
+def test_an_in_length_of_one_is_an_int32_value_the_math_helpers_take():
+    x = st.ones((1,), device="cpu")             # Triton's math on a Python 1 would not compile
+    assert folded(root_of_a_length, x, one_out(st.f32)) == "2.000000e+00"
+    _, z = root_of_a_length(x, one_out(st.f32)).sync()
+    assert z.unpartition().to_torch()[0].item() == 2.0

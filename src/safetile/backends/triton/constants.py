@@ -59,3 +59,10 @@ def extremum_type(name: str, acc, at):
         return S.binary(name, acc, b)[1]
     except S.SemanticsError:
         return None
+
+
+def kept_bf16(src: str, t) -> str:
+    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum of bf16 give fp32."""
+    if t is not None and t.runtime and t.dtype.name == "bfloat16":
+        return f"({src}).to(tl.bfloat16)"
+    return src

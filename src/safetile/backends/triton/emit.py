@@ -75,6 +75,7 @@ class Emitter(ViewEmitter):
         self.tmp = 0
         self.accesses: list = []               # (out name, "load"|"store") in the statement
         self.in_tile_loop = False
+        self.shape_reads: set = set()           # (In, dim) whose length the body reads
         self.tma_outs = self.tma_store_outs()
         self.program = program                 # the variant's types (kernel/types.py)
         self.typed = self.program.kernel
@@ -327,7 +328,13 @@ class Emitter(ViewEmitter):
         head, state = self.block(pre, {}, ind) if pre else ([], {})
         body, _ = self.block(rest, state, ind)
         body = head + body
-        prologue = []
+        # Triton passes an int argument equal to 1 as a Python constant, where arithmetic no
+        # longer wraps or rounds as int32 does: `int` parameters and the In lengths the body
+        # reads are bound once to int32 values (folded away when the argument is not 1).
+        prologue = [f"{ind}{a.name} = {a.name} + tl.zeros((), tl.int32)"
+                    for a in self.key.args if a.kind == "int"]
+        prologue += [f"{ind}_st_{n}_len{k} = _st_{n}_n{k} + tl.zeros((), tl.int32)"
+                     for n, k in sorted(self.shape_reads)]
         if self.key.pdl:
             # Programmatic dependent launch: this grid may start while the previous one runs.
             # The wait comes before every load and store but the early accesses (index

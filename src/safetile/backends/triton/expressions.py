@@ -13,7 +13,8 @@ from ...errors import KernelDefinitionError
 from ...lang.views import inline_partition, kind_of
 from ...lang import semantics as S
 from .folding import ConstantNames
-from .constants import extremum_type, float_literal, fp32_operand, needs_type, typed_constant
+from .constants import (extremum_type, float_literal, fp32_operand, kept_bf16, needs_type,
+                        typed_constant)
 from .prelude import DEPENDS, helper_source
 
 
@@ -27,13 +28,6 @@ def _kw(node, name):
         if k.arg == name:
             return k.value
     return None
-
-
-def _kept_bf16(src: str, t) -> str:
-    """An extremum typed bf16 (``t``) kept bf16: Triton's tl.maximum/minimum of bf16 give fp32."""
-    if t is not None and t.runtime and t.dtype.name == "bfloat16":
-        return f"({src}).to(tl.bfloat16)"
-    return src
 
 
 class ExpressionEmitter(ConstantNames):
@@ -69,6 +63,11 @@ class ExpressionEmitter(ConstantNames):
         if name in self.specs:
             return name
         return self.info.views[name][1]
+
+    def in_shape(self, name: str, k: int) -> str:
+        """``x.shape[k]`` of In ``name``, the int32 value the kernel binds at its entry."""
+        self.shape_reads.add((name, k))
+        return f"_st_{name}_len{k}"
 
     def view_kind(self, node):
         """'In'/'Out'/'Ptr'/'sub'/'tile' if ``node`` names a view, else None."""
@@ -185,8 +184,7 @@ class ExpressionEmitter(ConstantNames):
 
     def resolved_value(self, node, r):
         if r.kind == "const":
-            v = r.value
-            return float_literal(v) if isinstance(v, float) else repr(v)
+            return self.literal(r.value)
         if r.kind == "dtype":
             return f"tl.{r.value.triton_name}"
         raise self.fail(node, f"`{ast.unparse(node)}` is not a value in a kernel")
@@ -195,7 +193,7 @@ class ExpressionEmitter(ConstantNames):
         kind = self.view_kind(node.value)
         if kind == "In" and node.attr == "shape":
             s = self.specs[node.value.id]
-            return "(" + ", ".join(f"_st_{s.name}_n{k}" for k in range(s.rank)) + ",)"
+            return "(" + ", ".join(self.in_shape(s.name, k) for k in range(s.rank)) + ",)"
         if kind in ("Out", "tile"):
             return "(" + ", ".join(self.parts(node, len(self.specs[self.out_name(node.value)].tile))) + ",)"
         if kind == "sub":
@@ -219,7 +217,7 @@ class ExpressionEmitter(ConstantNames):
         if isinstance(v, ast.Attribute) and self.view_kind(v.value) == "In" and v.attr == "shape":
             if k is None:
                 raise self.fail(node, "index x.shape with a constant")
-            return f"_st_{v.value.id}_n{k % self.specs[v.value.id].rank}"
+            return self.in_shape(v.value.id, k % self.specs[v.value.id].rank)
         if isinstance(v, ast.Attribute) and self.view_kind(v.value) in ("Out", "tile"):
             if k is not None:
                 return self.parts(v, len(self.specs[self.out_name(v.value)].tile))[k]
@@ -378,7 +376,7 @@ class ExpressionEmitter(ConstantNames):
             acc_type = extremum_type(name, acc_const if acc_const is not None else acc_type, at)
             acc = x if acc is None else f"{fn}({acc}, {x})"
             acc_const = None
-        return _kept_bf16(acc, t)
+        return kept_bf16(acc, t)
 
     def constant_for(self, v, d, src: str) -> str:
         """Compile-time ``v`` meeting a runtime ``d`` in an extremum (see ``operands``)."""
@@ -443,7 +441,7 @@ class ExpressionEmitter(ConstantNames):
                                      node.args[first], node.args[first + 1])
                 head = [self.expr(node.args[0])] if first else []
                 call = f"{b.triton}({', '.join(head + [x, y])})"
-                return call if first else _kept_bf16(call, t)
+                return call if first else kept_bf16(call, t)
         target = b.triton
         if target.startswith("_st_"):
             self.use(target)
