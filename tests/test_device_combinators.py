@@ -326,3 +326,11 @@ def test_a_callback_without_a_readable_signature_raises_its_own_error_with_the_v
         getattr(op, kind)(_NoSignature()).sync()
     rx, _, rz = e.value.recovered
     assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_a_shared_op_consumed_by_its_own_callback_raises_instead_of_waiting_for_itself():
+    ref = []
+    so = scale(vec(1, 2, 3, 4), out(), 1.0).then(lambda x, z, k: ref[0]).shared()
+    ref.append(so)
+    with pytest.raises(ExecutionError, match="consumed by its own run"):
+        so.sync()

@@ -4,6 +4,7 @@ import asyncio
 import pytest
 
 import safetile as st
+import safetile.lang as sl
 from safetile.errors import AliasError, ExecutionError, GraphCaptureError
 
 import support
@@ -427,3 +428,73 @@ def test_a_callback_may_export_bytes_a_recorded_launch_only_reads():
     g = add(x, vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).map(
         lambda x, y, z: (x.into_torch().tolist(), z)).graph()
     assert g.output[0] == [1, 2, 3, 4]
+
+
+@st.kernel
+def copy(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z))
+
+
+def test_a_replay_borrows_every_byte_it_writes_when_one_memory_has_two_storages():
+    import torch
+    buf = torch.zeros(4096)
+    small = st.from_dlpack(torch.utils.dlpack.to_dlpack(buf[:16]))   # 64 bytes, same address
+    big = st.from_dlpack(torch.utils.dlpack.to_dlpack(buf))          # the whole buffer
+    q = st.zeros((16,))
+    with st.graph_scope() as s:
+        s.record(copy(small, q.partition((16,))))
+        s.record(inc(big.partition((16,))))
+    _, writes = s.graph._borrow_plan()
+    assert max(view.numel() for _, view in writes) == 4096 * 4     # all of buf, not 64 bytes
+
+
+def test_a_replay_borrows_only_the_bytes_its_launches_touch():
+    t = st.zeros((32,))
+    first, second = t.slice(0, 0, 16), t.slice(0, 16, 32).share()
+    g = inc(first.partition((16,))).graph()
+    g.launch().sync()                         # the shared second half is not written
+    (z,) = g.output
+    assert z.unpartition().to_torch().tolist() == [1.0] * 16
+    second.release()
+
+
+def test_records_from_two_threads_keep_each_others_launches():
+    import threading
+    import time
+    x, y = vec(1, 1, 1, 1), vec(2, 2, 2, 2)
+    pa, pb = st.zeros((4,)).partition((2,)), st.zeros((4,)).partition((2,))
+    done = {}
+
+    def fails_slowly(y, pb):
+        time.sleep(0.2)
+        raise ValueError("boom")
+    with st.graph_scope() as s:
+        def b():
+            try:
+                s.record(copy(y, pb).then(fails_slowly))
+            except ValueError as e:
+                done["b"] = e.recovered
+
+        def a():
+            time.sleep(0.05)
+            done["a"] = s.record(copy(x, pa))
+        threads = [threading.Thread(target=b), threading.Thread(target=a)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    s.launch().sync()
+    _, za = done["a"]
+    assert len(s.graph.records) == 1 and za.unpartition().to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_a_shared_op_whose_first_record_failed_is_not_consumed_later_without_its_launch():
+    so = copy(vec(1, 1, 1, 1), st.zeros((4,)).partition((2,))).shared()
+
+    def fails(x, p):
+        raise ValueError("first consumer fails")
+    with pytest.raises(ExecutionError, match="ran in a record that failed"):
+        with st.graph_scope() as s:
+            with pytest.raises(ValueError):
+                s.record(so.then(fails))
+            s.record(so.map(lambda x, p: p))

@@ -220,20 +220,31 @@ class SharedOp(DeviceOp):
         self._event = None
         self._stream = None
         self._recording = None
+        self._recorded = (0, None)                # (launch count, last launch) after its record
+        self._runner = None                       # the thread running the inner op
 
     def __repr__(self) -> str:
         return f"<SharedOp {self.inner!r}{' ran' if self._done else ''}>"
 
     def _run(self, ctx: RunContext):
+        if self._runner == threading.get_ident():
+            raise ExecutionError(f"the shared op {self.inner!r} is consumed by its own run (a "
+                                 f"callback of it returns or runs it again); it cannot wait "
+                                 f"for itself")
         with self._lock:
             if not self._done:
                 self._done = True
                 self._recording = ctx.recording
+                self._runner = threading.get_ident()
                 try:
                     self._out = self.inner._run(ctx)
                 except BaseException as e:
                     self._error = e
                     raise
+                finally:
+                    self._runner = None
+                if ctx.recording:
+                    self._recorded = (len(ctx.recording), ctx.recording[-1])
                 if ctx.stream is not None and ctx.recording is None:
                     import torch
                     self._event = torch.cuda.Event()
@@ -252,6 +263,11 @@ class SharedOp(DeviceOp):
         if ctx.recording is not self._recording:
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
+        n, last = self._recorded
+        if last is not None and (len(ctx.recording) < n or ctx.recording[n - 1] is not last):
+            raise ExecutionError(f"the shared op {self.inner!r} ran in a record that failed, "
+                                 f"so its launches were dropped from the graph; build the op "
+                                 f"again to record it")
         if self._event is not None and ctx.stream is not None and ctx.stream != self._stream:
             ctx.stream.wait_event(self._event)
         return self._out

@@ -56,6 +56,7 @@ class GraphScope:
         self.graph: Graph | None = None
         self._closed = None              # why records are refused now, once the scope closed
         self.shared_holds: list = []     # (read borrow, launches before it) per value shared
+        self._lock = threading.Lock()    # held by the record() in progress
 
     def count(self) -> int:
         """Launches recorded so far."""
@@ -77,7 +78,10 @@ class GraphScope:
             raise err
         # The scope's guards apply to the code a record runs (its callbacks), whichever
         # thread or task calls record(): they are entered for that caller too.
-        with executing(f"a record into {self.reason}"), forbid_allocation(self.reason), \
+        # One record at a time (threads may share a scope): a failed record drops the launches
+        # appended after its start, which must all be its own.
+        with executing(f"a record into {self.reason}"), self._lock, \
+                forbid_allocation(self.reason), \
                 borrows.collect_shared(self.shared_holds, self.count):
             ctx = RunContext(None, recording=self.records)
             before = len(self.records)
@@ -252,24 +256,37 @@ class Graph:
             self._capture()
 
     def _borrow_plan(self):
-        """Whole-storage (read, write) byte views of everything the launches touch."""
-        storages: dict = {}
+        """(read, write) byte views of what the launches touch: each tensor's span from its
+        first to its last byte, overlapping spans merged (a write if any launch writes one of
+        them), so a replay borrows a few views, none of the bytes around them, and no two that
+        overlap (one launch may read what another writes)."""
+        spans = []
         for r in self.records:
             for b in r.bound:
                 t = b.torch
-                if t is None:
+                if t is None or not t.numel():
                     continue
                 s = t.untyped_storage()
-                key = (t.device, s.data_ptr())
-                write = b.spec.kind != "In"
-                if key in storages:
-                    name, view, w = storages[key]
-                    storages[key] = (name, view, w or write)
-                else:
-                    view = torch.empty(0, dtype=torch.uint8, device=t.device).set_(s)
-                    storages[key] = (b.name, view, write)
-        reads = [(n, v) for n, v, w in storages.values() if not w]
-        writes = [(n, v) for n, v, w in storages.values() if w]
+                lo = s.data_ptr() + t.storage_offset() * t.element_size()
+                hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * \
+                    t.element_size()
+                spans.append((str(t.device), lo, hi, b.spec.kind != "In", b.name, s))
+        merged: list = []
+        for dev, lo, hi, w, name, s in sorted(spans, key=lambda x: x[:2]):
+            if merged and merged[-1][0] == dev and lo < merged[-1][2]:
+                m = merged[-1]
+                merged[-1] = (dev, m[1], max(hi, m[2]), m[3] or w, m[4], m[5] + [s])
+            else:
+                merged.append((dev, lo, hi, w, name, [s]))
+        reads, writes = [], []
+        for dev, lo, hi, w, name, storages in merged:
+            # a storage holding the whole span (DLPack may give one memory two storages)
+            s = max(storages, key=lambda x: (x.data_ptr() <= lo and
+                                             x.data_ptr() + x.nbytes() >= hi, x.nbytes()))
+            view = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
+            if s.data_ptr() <= lo and s.data_ptr() + s.nbytes() >= hi:
+                view = view.set_(s, lo - s.data_ptr(), (hi - lo,))
+            (writes if w else reads).append((name, view))
         return reads, writes
 
     def _capture(self) -> None:
