@@ -15,8 +15,9 @@ When the scope closes, the recording becomes a ``Graph``:
 * on the CPU executor the graph *is* the recorded list, re-executed in order on replay.
 
 ``g.launch()`` is a ``DeviceOp`` (sync, await, chain with ``then``). While a replay is in
-flight the graph borrows every storage it touches (whole storages: reads, and writes where
-any launch writes), so host access and other launches are checked as for any op. A value
+flight the graph borrows the bytes its launches touch (each tensor's span, overlapping spans
+merged: reads, and writes where any launch writes), so host access and other launches are
+checked as for any op. A value
 shared while the scope records (``x.share()`` of a recorded op's result, read by a later
 record) is the graph's own: each replay rewrites it, in recorded order, before the launches
 that read it; a value shared after recording still keeps every replay from writing it.
