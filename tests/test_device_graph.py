@@ -498,3 +498,14 @@ def test_a_shared_op_whose_first_record_failed_is_not_consumed_later_without_its
             with pytest.raises(ValueError):
                 s.record(so.then(fails))
             s.record(so.map(lambda x, p: p))
+
+
+def test_a_replay_borrows_all_it_writes_when_no_one_storage_holds_it():
+    import numpy as np
+    arr = np.zeros(16, np.float32)
+    a, b = st.from_dlpack(arr[0:10]), st.from_dlpack(arr[6:16])     # two storages, overlapping
+    with st.graph_scope() as s:
+        s.record(inc(a.partition((2,))))
+        s.record(inc(b.partition((2,))))
+    _, writes = s.graph._borrow_plan()
+    assert sum(view.numel() for _, view in writes) == 64             # bytes [0, 64), once

@@ -89,6 +89,23 @@ def test_arange_of_an_integer_dtype_refuses_fractional_bounds():
         arange(0, 2.5, 0.5, dtype=dtypes.int32)
 
 
+def test_from_dlpack_refuses_a_read_only_or_negatively_strided_array():
+    frozen = np.zeros(4, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ArgumentError, match="read-only"):
+        from_dlpack(frozen)
+    with pytest.raises(ArgumentError, match="negative strides"):
+        from_dlpack(np.zeros(4, np.float32)[::-1])
+
+
+def test_reading_a_tensor_whose_storage_shrank_through_torch_is_an_argument_error():
+    raw = torch.zeros(64)
+    t = from_torch(raw)
+    raw.untyped_storage().resize_(0)
+    with pytest.raises(ArgumentError, match="reaches past the end of its storage"):
+        t.to_torch()
+
+
 def test_randn_with_a_seed_is_reproducible_and_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected_global = torch.rand(1)

@@ -281,13 +281,16 @@ class Graph:
                 merged.append((dev, lo, hi, w, name, [s]))
         reads, writes = [], []
         for dev, lo, hi, w, name, storages in merged:
-            # a storage holding the whole span (DLPack may give one memory two storages)
-            s = max(storages, key=lambda x: (x.data_ptr() <= lo and
-                                             x.data_ptr() + x.nbytes() >= hi, x.nbytes()))
-            view = torch.empty(0, dtype=torch.uint8, device=s.device).set_(s)
-            if s.data_ptr() <= lo and s.data_ptr() + s.nbytes() >= hi:
-                view = view.set_(s, lo - s.data_ptr(), (hi - lo,))
-            (writes if w else reads).append((name, view))
+            # Consecutive pieces, each inside one storage (DLPack may give one memory several
+            # storages, none holding the whole span): the spans cover [lo, hi) without a gap.
+            while lo < hi:
+                s = max((x for x in storages if x.data_ptr() <= lo < x.data_ptr() + x.nbytes()),
+                        key=lambda x: x.data_ptr() + x.nbytes())
+                end = min(hi, s.data_ptr() + s.nbytes())
+                view = torch.empty(0, dtype=torch.uint8, device=s.device)
+                (writes if w else reads).append(
+                    (name, view.set_(s, lo - s.data_ptr(), (end - lo,))))
+                lo = end
         return reads, writes
 
     def _capture(self) -> None:

@@ -14,7 +14,7 @@ from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
 from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LIVE, LOCK
-from ..tensor.overlap import self_overlapping
+from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
 from .unsafe_block import in_unsafe_block
@@ -108,9 +108,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                       f"reaches element offsets past 2**31 - 1, which generated "
                                       f"kernels cannot address; split the tensor into views "
                                       f"of fewer elements")
-        if t.numel() and (t.storage_offset() + sum((n - 1) * s for n, s in
-                                                   zip(t.shape, t.stride())) + 1) * \
-                t.element_size() > t.untyped_storage().nbytes():
+        if past_storage(t):
             raise _fail(kernel, name, f"the tensor (shape {tuple(t.shape)}, strides "
                                       f"{t.stride()}) reaches past the end of its storage "
                                       f"({t.untyped_storage().nbytes()} bytes), which was "

@@ -23,6 +23,7 @@ import torch
 from ..errors import ArgumentError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows
+from .overlap import past_storage
 from .ownership import LOCK, Handle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -200,7 +201,7 @@ class Tensor(Handle):
         any of these bytes (e.g. through a partition of a tensor this one is a view of).
         """
         self._check("call .to_torch()")
-        borrows.check_host_read(self._torch, f"read {self._describe()} with to_torch()")
+        self._check_host_read("to_torch()")
         return self._torch.clone()
 
     def numpy(self):
@@ -209,8 +210,15 @@ class Tensor(Handle):
         numpy has no bfloat16: bfloat16 data is returned as float32 (exactly).
         """
         self._check("call .numpy()")
-        borrows.check_host_read(self._torch, f"read {self._describe()} with numpy()")
+        self._check_host_read("numpy()")
         return _to_numpy(self._torch)
+
+    def _check_host_read(self, how: str) -> None:
+        if past_storage(self._torch):
+            raise ArgumentError(f"cannot read {self._describe()} with {how}: it reaches past the "
+                                f"end of its storage, which was shrunk through a torch alias; "
+                                f"make the tensor again")
+        borrows.check_host_read(self._torch, f"read {self._describe()} with {how}")
 
     # -- moves -------------------------------------------------------------------------------
     def into_torch(self) -> torch.Tensor:
