@@ -289,6 +289,42 @@ def test_unsafe_kernel_runs_inside_unsafe_block():
     assert torch.equal(buf.to_torch(), torch.tensor([1.0] * 5 + [0.0] * 3))
 
 
+def test_a_generator_suspended_inside_an_unsafe_block_does_not_mark_its_caller():
+    def inside():
+        with st.unsafe():
+            yield
+    suspended = inside()
+    next(suspended)                            # suspended inside its block
+    buf = st.zeros((8,), device="cpu")
+    with st.backend("interpret"), pytest.raises(st.UnsafeError):
+        scatter_ones.options(grid=(1,))(buf, 5)
+    suspended.close()
+
+
+def test_a_graph_of_unsafe_kernels_is_replayed_only_inside_an_unsafe_block():
+    buf = st.zeros((8,), device="cpu")
+    with st.backend("interpret"), st.unsafe():
+        g = scatter_ones.options(grid=(1,))(buf, 5).graph()
+        g.launch().sync()
+    with st.backend("interpret"), pytest.raises(st.UnsafeError, match="replays unsafe=True"):
+        g.launch()
+
+
+@pytest.mark.parametrize("stages", [0, 65, 2**31])
+def test_num_stages_outside_one_to_64_is_an_argument_error(stages):
+    with pytest.raises(st.ArgumentError, match=r"num_stages must be an int in \[1, 64\]"):
+        scatter_ones.options(num_stages=stages)
+
+
+def test_compile_for_a_target_that_is_not_a_gpu_target_is_an_argument_error():
+    @st.kernel
+    def copy(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(sl.load_like(x, z))
+    args = (st.zeros((8,), device="cpu"), st.empty((8,), device="cpu").partition((8,)))
+    with pytest.raises(st.ArgumentError, match="target must be a triton GPUTarget"):
+        copy.compile(*args, target="sm_80")
+
+
 def test_slicing_a_tile_with_bounds_is_rejected():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel

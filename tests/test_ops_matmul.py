@@ -240,3 +240,12 @@ def test_unsafe_twin_needs_an_unsafe_block():
     a, w, _ = operands(16, 16, 16, st.bf16, weight=True)
     with pytest.raises(st.UnsafeError):
         matmul_unsafe(a, w, weight=True, config=SMALL)
+
+
+def test_the_unsafe_twin_built_in_a_block_runs_its_tail_launch_when_synced_outside():
+    a, b, want = operands(90, 45, 50, st.bf16, weight=True)
+    cfg = MatmulConfig(32, 32, 16, 4, 2, head_rows=64, tail=MatmulConfig(16, 16, 16, 4, 2))
+    with st.unsafe():
+        op = matmul_unsafe(a, b, weight=True, config=cfg)
+    c = op.sync()                                 # the tail launches now, outside the block
+    assert rel_err(c.to_torch(), want) < 1e-2

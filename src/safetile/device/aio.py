@@ -38,6 +38,7 @@ import weakref
 from ..errors import ExecutionError
 from . import streams
 from .op import _state, enqueue, executing, refuse_inside_recording, refused
+from .unsafe_block import in_unsafe_block, on_behalf
 
 
 def submit(op, stream=None) -> "asyncio.Future":
@@ -79,10 +80,12 @@ def submit(op, stream=None) -> "asyncio.Future":
             raise
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
         fut = loop.create_future()
+        marked = in_unsafe_block()
 
         def work():
             try:
-                out, error = op.sync(stream), None
+                with on_behalf(marked):
+                    out, error = op.sync(stream), None
             except BaseException as e:        # delivered to the awaiter
                 out, error = None, e
             try:

@@ -39,12 +39,13 @@ import threading
 
 import torch
 
-from ..errors import GraphCaptureError
+from ..errors import GraphCaptureError, UnsafeError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
 from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
                  fail_in_sequence)
 from .unrun import building_site, warn_unrun
+from .unsafe_block import in_unsafe_block
 
 
 class GraphScope:
@@ -234,6 +235,7 @@ class Graph:
             raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
                                     f"record ops of one backend")
         self.records = list(records)
+        self._unsafe = any(getattr(r, "needs_unsafe", False) for r in records)
         # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
         # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.
         # A value taken back while recording (try_unwrap) left no borrow to exempt.
@@ -339,7 +341,11 @@ class Graph:
                 r._execute(ctx.handle)
 
     def launch(self) -> DeviceOp:
-        """A ``DeviceOp`` that replays the graph; its output is ``self.output``."""
+        """A ``DeviceOp`` that replays the graph; its output is ``self.output``. A graph of
+        ``unsafe=True`` kernels is replayed only inside ``with st.unsafe():``, as they launch."""
+        if self._unsafe and not in_unsafe_block():
+            raise UnsafeError(f"{self!r} replays unsafe=True kernels: replay it inside "
+                              f"`with st.unsafe():` to mark the call site")
         op = GraphLaunchOp(self)
         op.site = building_site()        # named by the warning if the op is dropped unrun
         return op

@@ -18,7 +18,7 @@ from .launch import compile_for_target, launch, variant_for
 from .params import parse_annotation
 from .source import KernelSource
 from .static_shapes import check_static_shapes
-from .unsafe_block import unsafe  # noqa: F401  (st.unsafe)
+from ..device.unsafe_block import unsafe  # noqa: F401  (st.unsafe)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
                   "loop_stages", "tma_store", "pdl", "early", "trigger_early"}
@@ -62,8 +62,8 @@ def normalized_options(name: str, params: dict, opts) -> dict:
             v = n
         elif k in ("num_stages", "loop_stages") and v is not None:
             n = _as_int(v)
-            if n is None or n < 1:
-                raise ArgumentError(f"kernel '{name}': {k} must be a positive int, got {v!r}")
+            if n is None or not 1 <= n <= 64:       # pipeline depths; Triton takes an int32
+                raise ArgumentError(f"kernel '{name}': {k} must be an int in [1, 64], got {v!r}")
             v = n
         elif k in _FLAGS and type(v) is not bool:
             raise ArgumentError(f"kernel '{name}': {k} must be True or False, got {v!r}")

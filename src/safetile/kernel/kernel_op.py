@@ -41,6 +41,11 @@ class KernelOp(DeviceOp):
         return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
 
     @property
+    def needs_unsafe(self) -> bool:
+        """Whether a launch (a graph's replay of it too) needs ``with st.unsafe():``."""
+        return self.kernel.unsafe
+
+    @property
     def grid(self) -> tuple:
         return self.plan.grid
 

@@ -17,7 +17,7 @@ from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
-from .unsafe_block import in_unsafe_block
+from ..device.unsafe_block import in_unsafe_block
 
 # The largest element offset and dimension of an In/Out tensor (lang/semantics.py: generated
 # kernels compute element coordinates and offsets in int32).

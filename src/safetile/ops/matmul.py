@@ -31,6 +31,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 
+from ..device.unsafe_block import in_unsafe_block, on_behalf
 from ..errors import ArgumentError
 from . import host
 
@@ -393,10 +394,14 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
             raise ArgumentError(f"{name}: head_rows {head.head_rows} must be a multiple of "
                              f"both tile heights, and the tail unsplit: {cfg}")
 
+        marked = in_unsafe_block()      # the tail launches when the head has run, as the call
+                                        # site that built both could (the unsafe twin's too)
+
         def rest(a_, b_, *_):           # (the writers' launches differ past a and b)
-            return stores.tiles(tail, weight, sms, a_, b_,
-                                c.view(m, n).slice(0, head.head_rows, m),
-                                head.head_rows // tail.bm)
+            with on_behalf(marked):
+                return stores.tiles(tail, weight, sms, a_, b_,
+                                    c.view(m, n).slice(0, head.head_rows, m),
+                                    head.head_rows // tail.bm)
 
         first = stores.tiles(head, weight, sms, a, b, c.view(m, n).slice(0, 0, head.head_rows), 0)
         return host.returning(first.then(rest), c)

@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ...errors import ArgumentError
 from . import pack
 from .emit import generate
 from .spec import VariantKey
@@ -92,7 +93,11 @@ class Variant:
         """Compile without a GPU (default target: sm_90) and return Triton's CompiledKernel."""
         import triton
         from triton.backends.compiler import GPUTarget
-        target = target or GPUTarget("cuda", 90, 32)
+        if target is None:
+            target = GPUTarget("cuda", 90, 32)
+        elif not isinstance(target, GPUTarget):
+            raise ArgumentError(f"compile: target must be a triton GPUTarget (e.g. GPUTarget("
+                                f"'cuda', 90, 32), the default), got {target!r}")
         args, _ = pack.pack(self.packing, bound)
         names = self.jit.arg_names
         signature, constexprs, attrs = {}, {}, {}
