@@ -176,8 +176,8 @@ def add2(x: st.In[st.f32, 2], y: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
 @pytest.mark.parametrize("opts,message", [
     (dict(num_warps=3), "num_warps must be 1, 2, 4, 8, 16 or 32"),
     (dict(num_warps="4"), "num_warps must be"),
-    (dict(num_stages=0), "num_stages must be a positive int"),
-    (dict(loop_stages=2.0), "loop_stages must be a positive int"),
+    (dict(num_stages=0), r"num_stages must be an int in \[1, 64\]"),
+    (dict(loop_stages=2.0), r"loop_stages must be an int in \[1, 64\]"),
     (dict(pdl=1), "pdl must be True or False"),
     (dict(bogus=1), "unknown launch option"),
 ])
@@ -216,3 +216,21 @@ def test_int_subclass_options_are_kept_as_plain_ints():
     k = pair.options(num_warps=AlwaysEqual(4), num_stages=AlwaysAtLeast(2))
     assert [type(v) for v in k.opts.values()] == [int, int]
     assert dict(k.opts) == {"num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize("grid", [{4}, {4: "x"}, (n for n in (4,))])
+def test_a_grid_without_an_axis_order_is_refused(grid):
+    @st.kernel(unsafe=True)
+    def poke(p: st.Ptr[st.f32]):
+        sl.store_ptr(p, sl.arange(4), sl.full((4,), 1.0, st.f32))
+    with st.unsafe(), pytest.raises(st.LaunchError, match="grid must be 1 to 3 positive ints"):
+        poke.options(grid=grid)(st.zeros((4,), device="cpu"))
+
+
+def test_source_and_compile_check_the_grid_as_a_launch_does():
+    @st.kernel(unsafe=True)
+    def poke(p: st.Ptr[st.f32]):
+        sl.store_ptr(p, sl.arange(4), sl.full((4,), 1.0, st.f32))
+    for call in (poke.options(grid=(0,)).source, poke.options(grid=(2**31,)).compile):
+        with pytest.raises(st.LaunchError, match="grid"):
+            call(st.zeros((4,), device="cpu"))

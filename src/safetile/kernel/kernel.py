@@ -96,12 +96,9 @@ def _grid(grid):
     n = _as_int(grid)
     if n is not None:
         return n
-    if type(grid) is bool or _as_str(grid) is not None:
-        return grid
-    try:
-        return tuple(x if _as_int(x) is None else _as_int(x) for x in grid)
-    except TypeError:                             # not iterable: refused at launch
-        return grid
+    if not isinstance(grid, (tuple, list)):      # a set, dict or generator has no axis order:
+        return grid                               # refused at launch
+    return tuple(x if _as_int(x) is None else _as_int(x) for x in grid)
 
 
 def _plain(fn, what: str):

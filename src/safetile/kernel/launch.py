@@ -216,12 +216,14 @@ def variant_for(kernel, args, kwargs):
     """The compiled ``Variant`` for these arguments (checked, nothing moved or run)."""
     bound = bind(kernel, args, kwargs)
     check_launch(kernel, bound, None)
+    launch_grid(kernel, bound)
     return kernel._launches.variant(kernel, bound)
 
 
 def compile_for_target(kernel, args, kwargs, target):
     bound = bind(kernel, args, kwargs)
     check_launch(kernel, bound, None)
+    launch_grid(kernel, bound)
     return kernel._launches.variant(kernel, bound).compile_for(bound, target)
 
 
