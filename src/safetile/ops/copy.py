@@ -9,8 +9,9 @@ output.
 
 Both take float32, float16, bfloat16, int32 and int64 tensors; int8 and bool tensors are
 refused (convert them first). ``copy`` copies bit for bit (-0.0 and NaN payloads too). A
-float tensor's offset is added in fp32 and rounded once to its dtype, as torch adds a
-Python number; an int tensor's offset is an int32 scalar of the kernel.
+float tensor's offset is added in fp32 and rounded once to its dtype (``(x.float() +
+v).to(dtype)``; torch's own ``x + v`` on CPU halves may round differently); an int tensor's
+offset is an int32 scalar of the kernel.
 """
 from __future__ import annotations
 
