@@ -301,6 +301,39 @@ def test_a_generator_suspended_inside_an_unsafe_block_does_not_mark_its_caller()
     suspended.close()
 
 
+def test_blocks_closed_out_of_order_leave_nothing_marked():
+    def inside():
+        with st.unsafe():
+            yield
+    suspended = inside()
+    with st.unsafe():
+        next(suspended)                        # the generator's block opens inside ours
+    suspended.close()                          # and closes after it
+    with st.backend("interpret"), pytest.raises(st.UnsafeError):
+        scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5)
+
+
+def test_an_unsafe_block_may_be_entered_through_a_wrapper_or_as_a_decorator():
+    import contextlib
+
+    @contextlib.contextmanager
+    def allowed():
+        with st.unsafe():
+            yield
+
+    @st.unsafe()
+    def decorated(buf):
+        return scatter_ones.options(grid=(1,))(buf, 5)
+    with st.backend("interpret"):
+        with allowed():
+            scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5).sync()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(st.unsafe())
+            scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5).sync()
+        buf, _ = decorated(st.zeros((8,), device="cpu")).sync()
+    assert buf.to_torch().sum().item() == 5
+
+
 def test_a_graph_of_unsafe_kernels_is_replayed_only_inside_an_unsafe_block():
     buf = st.zeros((8,), device="cpu")
     with st.backend("interpret"), st.unsafe():

@@ -1,33 +1,57 @@
 """``st.unsafe()``: the marking of call sites where ``unsafe=True`` kernels may be launched."""
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import inspect
 import sys
 
-# The frames whose `with st.unsafe():` blocks are open in this context. A launch is marked when
-# one of them is on its call stack: the block's own code and what it calls, never code that
-# merely shares the context (a caller resuming a generator suspended inside a block, a task or
-# callback scheduled from one), so the marking ends where the block does.
+# The open `with st.unsafe():` blocks of this context, each naming the frame whose code runs
+# inside it (until the block ends: a context copied meanwhile keeps no frame alive). A launch is marked when one of those frames is on its call stack: the
+# block's own code and what it calls, never code that merely shares the context (a caller
+# resuming a generator suspended inside a block, a task, thread or callback started from one),
+# so the marking ends where the block does. Each block removes exactly its own entry, in
+# whatever order blocks close and in whichever context.
 _open: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", default=())
 
 
-class unsafe:
-    """Marks the call sites where ``unsafe=True`` kernels may be launched."""
+class _Block:
+    __slots__ = ("frame",)
+
+    def __init__(self, frame):
+        self.frame = frame
+
+
+def _body_frame(frame):
+    """The frame that runs a block entered from ``frame``: past contextlib's own frames, and
+    past a generator-based context manager whose ``with`` body is its caller's."""
+    if frame.f_code.co_flags & inspect.CO_GENERATOR and frame.f_back is not None and \
+            frame.f_back.f_code.co_filename == contextlib.__file__:
+        frame = frame.f_back
+    while frame.f_back is not None and frame.f_code.co_filename == contextlib.__file__:
+        frame = frame.f_back
+    return frame
+
+
+class unsafe(contextlib.ContextDecorator):
+    """Marks the call sites where ``unsafe=True`` kernels may be launched (a ``with`` block, or
+    a decorator marking a whole function)."""
+
+    def _recreate_cm(self):
+        return unsafe()                   # a decorated function's calls may nest
 
     def __enter__(self):
-        return self._open_at(sys._getframe(1))
+        return self._open_at(_body_frame(sys._getframe(1)))
 
     def _open_at(self, frame):
-        self._frame = frame
-        self._token = _open.set(_open.get() + (frame,))
+        self._block = _Block(frame)
+        _open.set(_open.get() + (self._block,))
         return self
 
     def __exit__(self, *exc):
-        try:
-            _open.reset(self._token)
-        except ValueError:                # exited in another context (a generator closed there)
-            _open.set(tuple(f for f in _open.get() if f is not self._frame))
-        self._frame = None
+        block, self._block = self._block, None
+        block.frame = None                # inert in every context that copied it
+        _open.set(tuple(b for b in _open.get() if b is not block))
         return False
 
 
@@ -50,9 +74,10 @@ class on_behalf:
 
 def in_unsafe_block() -> bool:
     """Whether the caller runs inside an open ``with st.unsafe():`` block."""
-    frames = _open.get()
-    if not frames:
+    blocks = _open.get()
+    if not blocks:
         return False
+    frames = [b.frame for b in blocks if b.frame is not None]
     f = sys._getframe(1)
     while f is not None:
         if any(f is g for g in frames):

@@ -279,15 +279,17 @@ def from_dlpack(x) -> Tensor:
     """Wrap any DLPack producer (numpy array, CuPy/JAX array, torch tensor) zero-copy.
 
     As with :func:`from_torch`, the producer's own references still alias the memory. A
-    read-only array (kernels would write memory its owner promised not to change) and one
-    with negative strides (torch cannot take it) are refused; copy them first.
+    numpy-style array marked read-only (``flags.writeable``: kernels would write memory its
+    owner promised not to change) and one with negative strides (torch cannot take it) are
+    refused; copy them first. Other producers' read-only memory is not detected.
     """
     flags = getattr(x, "flags", None)             # numpy's (and numpy-like) arrays
     if flags is not None and getattr(flags, "writeable", True) is False:
         raise ArgumentError("st.from_dlpack: the array is read-only (writeable=False); a kernel "
                             "could write it: pass a writable copy (st.from_numpy copies)")
-    if any(s < 0 for s in getattr(x, "strides", None) or ()):
-        raise ArgumentError(f"st.from_dlpack: the array has negative strides {x.strides}; "
+    strides = getattr(x, "strides", None)
+    if isinstance(strides, tuple) and any(type(s) is int and s < 0 for s in strides):
+        raise ArgumentError(f"st.from_dlpack: the array has negative strides {strides}; "
                             f"pass a copy (st.from_numpy copies)")
     with _typed("st.from_dlpack"):
         t = torch.from_dlpack(x)
