@@ -42,6 +42,7 @@ import torch
 from ..errors import GraphCaptureError, UnsafeError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
+from ..tensor.overlap import Extent
 from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
                  fail_in_sequence)
 from .unrun import building_site, warn_unrun
@@ -269,11 +270,9 @@ class Graph:
                 t = b.torch
                 if t is None or not t.numel():
                     continue
-                s = t.untyped_storage()
-                lo = s.data_ptr() + t.storage_offset() * t.element_size()
-                hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * \
-                    t.element_size()
-                spans.append((str(t.device), lo, hi, b.spec.kind != "In", b.name, s))
+                x = Extent(t)
+                spans.append((str(t.device), x.lo, x.hi, b.spec.kind != "In", b.name,
+                              t.untyped_storage()))
         merged: list = []
         for dev, lo, hi, w, name, s in sorted(spans, key=lambda x: x[:2]):
             if merged and merged[-1][0] == dev and lo < merged[-1][2]:

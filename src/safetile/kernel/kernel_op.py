@@ -134,9 +134,10 @@ class KernelOp(DeviceOp):
         return self.values
 
     def _let_go_locked(self) -> None:
-        """After an executed op handed its values back (under ``LOCK``): it lets go of them (an
-        op kept by the caller must not keep, say, a Shared clone alive), the hold taking over
-        the tensors it still borrows. A recorded op keeps them: its graph replays it."""
+        """Let go of the handed-back values (under ``LOCK``; after an executed op's hand-back, or
+        when an op is collected): an op kept by the caller must not keep, say, a Shared clone
+        alive, and the hold takes over the tensors it still borrows. A recorded op keeps them:
+        its graph replays it."""
         hold = self.hold
         if not hold._released:
             values = self.values
@@ -184,9 +185,7 @@ class KernelOp(DeviceOp):
         hold = getattr(self, "hold", None)
         if hold is not None and not hold._released and self.values:
             with LOCK:
-                if not hold._released:
-                    values = self.values
-                    hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
+                self._let_go_locked()
 
     def _host_bound(self) -> bool:
         return self.backend.host_bound

@@ -148,6 +148,5 @@ def self_overlapping(t: torch.Tensor) -> bool:
 def past_storage(t: torch.Tensor) -> bool:
     """Whether ``t`` reaches past the end of its storage (shrunk through a torch alias since
     the view was made): reading or writing it would touch freed memory."""
-    return bool(t.numel()) and (t.storage_offset() + sum(
-        (n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size() > \
-        t.untyped_storage().nbytes()
+    s = t.untyped_storage()
+    return bool(t.numel()) and Extent(t).hi > s.data_ptr() + s.nbytes()
