@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import operator
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from ..errors import ArgumentError
+from ..tensor.tensor import as_index
 from .interpret import executor as _interpret
 from .triton import launch as _triton
 
@@ -71,14 +71,8 @@ def choose(name: str, seed: int = 0) -> Backend:
     kind = _KINDS.get(name)
     if kind is None:
         raise ArgumentError(f"unknown backend {name!r}; choose one of {BACKENDS}")
-    try:
-        value = operator.index(seed)          # numpy ints too; never a bool
-    except TypeError:
-        value = None
-    if value is None or isinstance(seed, bool):
-        raise ArgumentError(f"the backend's seed must be an int (it fixes the CPU executor's "
-                            f"program order), got {type(seed).__name__} {seed!r}")
-    return kind(name, value)
+    seed = as_index(seed, "the backend's seed (the CPU executor's program order)")
+    return kind(name, seed)
 
 
 def _default() -> Backend:

@@ -49,7 +49,7 @@ def _shape_tuple(shape, what: str = "shape") -> tuple[int, ...]:
     return dims
 
 
-def _index(v, what: str) -> int:
+def as_index(v, what: str) -> int:
     """``v`` as an int (numpy and 0-d torch ints too, never a bool) for an error naming
     ``what``."""
     try:
@@ -62,9 +62,9 @@ def _index(v, what: str) -> int:
 
 def _checked_slice(s: slice, what: str) -> slice:
     """``s`` with int (or None) bounds and a positive int step (1 when None)."""
-    start = None if s.start is None else _index(s.start, f"{what}: a slice start")
-    stop = None if s.stop is None else _index(s.stop, f"{what}: a slice stop")
-    step = 1 if s.step is None else _index(s.step, f"{what}: a slice step")
+    start = None if s.start is None else as_index(s.start, f"{what}: a slice start")
+    stop = None if s.stop is None else as_index(s.stop, f"{what}: a slice stop")
+    step = 1 if s.step is None else as_index(s.step, f"{what}: a slice step")
     if step <= 0:
         raise ArgumentError(f"{what}: slice step must be a positive int, got {step}")
     return slice(start, stop, step)
@@ -297,7 +297,7 @@ class Tensor(Handle):
         """The elements ``start:stop:step`` along ``dim`` as a zero-copy view (step > 0)."""
         self._check("call .slice()")
         nd = self._torch.dim()
-        dim = _index(dim, "slice: dim")
+        dim = as_index(dim, "slice: dim")
         if not -nd <= dim < nd:
             raise IndexOutOfRangeError(f"slice: dim {dim} out of range for a rank-{nd} tensor "
                                        f"(dims {-nd} to {nd - 1})")
