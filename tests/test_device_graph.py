@@ -458,6 +458,23 @@ def test_a_replay_borrows_only_the_bytes_its_launches_touch():
     second.release()
 
 
+def test_a_replay_borrows_touching_spans_of_one_kind_as_one_view():
+    x, out = st.randn((64,)), st.zeros((64,))        # each read and written as 8 slices
+    with st.graph_scope() as s:
+        for i in range(0, 64, 8):
+            s.record(copy(x.slice(0, i, i + 8), out.slice(0, i, i + 8).partition((8,))))
+    reads, writes = s.graph._borrow_plan()
+    assert [v.numel() for _, v in reads] == [256] and [v.numel() for _, v in writes] == [256]
+
+
+def test_a_replay_keeps_a_read_span_apart_from_the_write_span_it_touches():
+    t = st.randn((32,))
+    with st.graph_scope() as s:
+        s.record(copy(t.slice(0, 16, 32), t.slice(0, 0, 16).partition((16,))))
+    reads, writes = s.graph._borrow_plan()
+    assert [v.numel() for _, v in reads] == [64] and [v.numel() for _, v in writes] == [64]
+
+
 def test_records_from_two_threads_keep_each_others_launches():
     import threading
     import time

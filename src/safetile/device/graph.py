@@ -248,7 +248,12 @@ class Graph:
         self.backend = names.pop() if names else "none"
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
         self.host_bound = not self.records or self.records[0]._host_bound()
-        self._borrows = self._borrow_plan()
+        # The plan's spans never overlap one another, so their extents are checked and
+        # made once here; each replay only registers them against the holds in force.
+        reads, writes = self._borrow_plan()
+        self._extents = borrows.prepare(repr(self), reads, writes)
+        self._extent_groups = borrows.by_device(self._extents)
+        self._borrowed = tuple(t for _, t in writes + reads)
         # A host replay runs the records on their handles' torch tensors as they are then,
         # where a CUDA graph replays the recorded addresses: so it first checks that each
         # tensor still has the recorded address, shape, strides and dtype.
@@ -262,8 +267,9 @@ class Graph:
     def _borrow_plan(self):
         """(read, write) byte views of what the launches touch: each tensor's span from its
         first to its last byte, overlapping spans merged (a write if any launch writes one of
-        them), so a replay borrows a few views, none of the bytes around them, and no two that
-        overlap (one launch may read what another writes)."""
+        them) and so are touching spans of one kind, so a replay borrows a few views (a
+        model's packed weights: one), none of the bytes around them, and no two that overlap
+        (one launch may read what another writes)."""
         spans = []
         for r in self.records:
             for b in r.bound:
@@ -275,7 +281,8 @@ class Graph:
                               t.untyped_storage()))
         merged: list = []
         for dev, lo, hi, w, name, s in sorted(spans, key=lambda x: x[:2]):
-            if merged and merged[-1][0] == dev and lo < merged[-1][2]:
+            if merged and merged[-1][0] == dev and (
+                    lo < merged[-1][2] or lo == merged[-1][2] and w == merged[-1][3]):
                 m = merged[-1]
                 merged[-1] = (dev, m[1], max(hi, m[2]), m[3] or w, m[4], m[5] + [s])
             else:
@@ -419,9 +426,9 @@ class GraphLaunchOp(DeviceOp):
             g._in_flight += 1                     # before reading any recorded state
         try:
             g.check_layouts()
-            reads, writes = g._borrows
-            hold = borrows.acquire(f"graph replay ({len(g.records)} launches)", reads,
-                                   writes, exempt=g._own_shared)
+            hold = borrows.register(f"graph replay ({len(g.records)} launches)", g._extents,
+                                    g._borrowed, groups=g._extent_groups,
+                                    exempt=g._own_shared)
         except BaseException:
             g._replay_done()
             raise
