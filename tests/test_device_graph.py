@@ -475,6 +475,20 @@ def test_a_replay_keeps_a_read_span_apart_from_the_write_span_it_touches():
     assert [v.numel() for _, v in reads] == [64] and [v.numel() for _, v in writes] == [64]
 
 
+def test_a_buffer_written_beside_shared_weights_leaves_them_read_in_a_replay():
+    t = st.randn((48,))
+    weights, table = t.slice(0, 0, 32).share(), t.slice(0, 32, 48)    # one storage
+    a, b = st.zeros((16,)), st.zeros((32,))
+    with st.graph_scope() as s:
+        table, _ = s.record(copy(table, a.partition((16,))))
+        s.record(inc(table.partition((16,))))
+        weights, _ = s.record(copy(weights, b.partition((32,))))
+    s.launch().sync()                       # the table's write leaves the weights read
+    reads, writes = s.graph._borrow_plan()
+    assert 128 in [v.numel() for _, v in reads] and 64 in [v.numel() for _, v in writes]
+    weights.release()
+
+
 def test_records_from_two_threads_keep_each_others_launches():
     import threading
     import time

@@ -15,8 +15,8 @@ When the scope closes, the recording becomes a ``Graph``:
 * on the CPU executor the graph *is* the recorded list, re-executed in order on replay.
 
 ``g.launch()`` is a ``DeviceOp`` (sync, await, chain with ``then``). While a replay is in
-flight the graph borrows the bytes its launches touch (each tensor's span, overlapping spans
-merged: reads, and writes where any launch writes), so host access and other launches are
+flight the graph borrows the bytes its launches touch (each tensor's span; a byte any
+launch writes as written, the others as read), so host access and other launches are
 checked as for any op. A value
 shared while the scope records (``x.share()`` of a recorded op's result, read by a later
 record) is the graph's own: each replay rewrites it, in recorded order, before the launches
@@ -42,7 +42,7 @@ import torch
 from ..errors import GraphCaptureError, UnsafeError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
-from ..tensor.overlap import Extent
+from ..tensor.spans import covering_views
 from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
                  fail_in_sequence)
 from .unrun import building_site, warn_unrun
@@ -265,41 +265,9 @@ class Graph:
             self._capture()
 
     def _borrow_plan(self):
-        """(read, write) byte views of what the launches touch: each tensor's span from its
-        first to its last byte, overlapping spans merged (a write if any launch writes one of
-        them) and so are touching spans of one kind, so a replay borrows a few views (a
-        model's packed weights: one), none of the bytes around them, and no two that overlap
-        (one launch may read what another writes)."""
-        spans = []
-        for r in self.records:
-            for b in r.bound:
-                t = b.torch
-                if t is None or not t.numel():
-                    continue
-                x = Extent(t)
-                spans.append((str(t.device), x.lo, x.hi, b.spec.kind != "In", b.name,
-                              t.untyped_storage()))
-        merged: list = []
-        for dev, lo, hi, w, name, s in sorted(spans, key=lambda x: x[:2]):
-            if merged and merged[-1][0] == dev and (
-                    lo < merged[-1][2] or lo == merged[-1][2] and w == merged[-1][3]):
-                m = merged[-1]
-                merged[-1] = (dev, m[1], max(hi, m[2]), m[3] or w, m[4], m[5] + [s])
-            else:
-                merged.append((dev, lo, hi, w, name, [s]))
-        reads, writes = [], []
-        for dev, lo, hi, w, name, storages in merged:
-            # Consecutive pieces, each inside one storage (DLPack may give one memory several
-            # storages, none holding the whole span): the spans cover [lo, hi) without a gap.
-            while lo < hi:
-                s = max((x for x in storages if x.data_ptr() <= lo < x.data_ptr() + x.nbytes()),
-                        key=lambda x: x.data_ptr() + x.nbytes())
-                end = min(hi, s.data_ptr() + s.nbytes())
-                view = torch.empty(0, dtype=torch.uint8, device=s.device)
-                (writes if w else reads).append(
-                    (name, view.set_(s, lo - s.data_ptr(), (end - lo,))))
-                lo = end
-        return reads, writes
+        """(read, write) byte views of what the launches touch (``spans.covering_views``)."""
+        return covering_views((b.name, b.torch, b.spec.kind != "In")
+                              for r in self.records for b in r.bound if b.torch is not None)
 
     def _capture(self) -> None:
         for r in self.records:
