@@ -334,6 +334,41 @@ def test_an_unsafe_block_may_be_entered_through_a_wrapper_or_as_a_decorator():
     assert buf.to_torch().sum().item() == 5
 
 
+def test_one_unsafe_object_entered_twice_marks_each_block_and_nothing_after():
+    allowed = st.unsafe()
+    with st.backend("interpret"):
+        with allowed:
+            with allowed:
+                scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5).sync()
+            scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5).sync()
+        with pytest.raises(st.UnsafeError):
+            scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5)
+
+
+def test_one_unsafe_object_shared_by_threads_marks_only_each_threads_block():
+    import threading
+    allowed, entered, leave, seen = st.unsafe(), threading.Event(), threading.Event(), []
+
+    def block_then_launch():
+        with st.backend("interpret"):
+            try:
+                with allowed:
+                    entered.set()
+                    leave.wait(5)
+                scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5)
+                seen.append("launched after its block")
+            except Exception as e:
+                seen.append(type(e).__name__)
+    other = threading.Thread(target=block_then_launch)
+    other.start()
+    entered.wait(5)
+    with allowed:
+        pass                                     # this thread's entry, closed first
+    leave.set()
+    other.join()
+    assert seen == ["UnsafeError"]
+
+
 def test_a_graph_of_unsafe_kernels_is_replayed_only_inside_an_unsafe_block():
     buf = st.zeros((8,), device="cpu")
     with st.backend("interpret"), st.unsafe():

@@ -16,10 +16,11 @@ _open: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", defaul
 
 
 class _Block:
-    __slots__ = ("frame",)
+    __slots__ = ("frame", "opener")
 
-    def __init__(self, frame):
+    def __init__(self, frame, opener):
         self.frame = frame
+        self.opener = opener              # the st.unsafe() object whose entry opened it
 
 
 def _body_frame(frame):
@@ -44,12 +45,18 @@ class unsafe(contextlib.ContextDecorator):
         return self._open_at(_body_frame(sys._getframe(1)))
 
     def _open_at(self, frame):
-        self._block = _Block(frame)
-        _open.set(_open.get() + (self._block,))
+        # One object may be entered again while open (nested, or by several threads): each
+        # entry is a block of its own, and each exit closes the newest one this object
+        # opened in the exiting context (else, closed from another context, its newest).
+        block = _Block(frame, self)
+        self.__dict__.setdefault("_blocks", []).append(block)
+        _open.set(_open.get() + (block,))
         return self
 
     def __exit__(self, *exc):
-        block, self._block = self._block, None
+        mine = [b for b in _open.get() if b.opener is self]
+        block = mine[-1] if mine else self._blocks[-1]
+        self._blocks.remove(block)
         block.frame = None                # inert in every context that copied it
         _open.set(tuple(b for b in _open.get() if b is not block))
         return False
