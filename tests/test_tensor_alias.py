@@ -232,3 +232,41 @@ def test_disjoint_extents_are_decided_quickly():
         for h in holds:
             h.release()
     assert per_call < 1e-3, per_call
+
+
+def test_a_launch_that_would_write_bytes_the_host_is_copying_is_refused(monkeypatch):
+    import threading
+    import safetile as st
+    import safetile.lang as sl
+
+    @st.kernel
+    def fill(z: st.Out[st.f32]):
+        z.store(sl.full(z.shape, 1.0, st.f32))
+    t = st.zeros((16,), device="cpu")
+    whole, part = t.view(-1), t.slice(0, 4, 12).partition((8,))
+    refused, clone = [], torch.Tensor.clone
+
+    def clone_while_another_thread_launches(self, *args, **kwargs):
+        def launch():
+            try:
+                fill(part).sync()
+            except AliasError as e:
+                refused.append(str(e))
+        worker = threading.Thread(target=launch)
+        worker.start()
+        worker.join()
+        return clone(self, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "clone", clone_while_another_thread_launches)
+    copy = whole.to_torch()
+    monkeypatch.undo()
+    assert copy.tolist() == [0.0] * 16
+    assert len(refused) == 1 and "a host copy" in refused[0]
+
+
+def test_a_host_copy_leaves_no_borrow_behind():
+    import safetile as st
+    t = st.zeros((4,), device="cpu")
+    t.to_torch()
+    t.numpy()
+    t.share().to_torch()
+    assert active_holds() == []

@@ -204,11 +204,18 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
                     reg.conflict(x, owner)
                 if found is not None:
                     _raise_external(holder, x, found[0], found[1])
-        for device, mine in groups:
-            reg = _REGISTRIES[device]
-            reg.add(hold, mine)
-            hold._regs.append(reg)
+        _file(hold, groups)
     return hold
+
+
+def _file(hold: Hold, groups: tuple) -> None:
+    """Add ``hold``'s extents (``by_device`` groups) to the registries (``LOCK`` held)."""
+    for device, mine in groups:
+        reg = _REGISTRIES.get(device)
+        if reg is None:
+            reg = _REGISTRIES[device] = Registry()
+        reg.add(hold, mine)
+        hold._regs.append(reg)
 
 
 def acquire(holder: str,
@@ -324,6 +331,24 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
         raise BorrowError(
             f"cannot {what}: {h.holder} is writing this memory through "
             f"{_label(e.name, True)}; {_remedy(h)}")
+
+
+@contextlib.contextmanager
+def host_read(t: torch.Tensor, what: str):
+    """:func:`check_host_read`, then a read borrow of ``t``'s bytes while the block copies
+    them: a launch that would write them meanwhile (from another thread) is refused with
+    ``AliasError`` instead of tearing the copy."""
+    with LOCK:
+        check_host_read(t, what)
+        hold = Hold(f"a host copy ({what})", (t,))
+        hold.remedy = "let the copy finish first"
+        _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
+    try:
+        yield
+        if t.is_cuda:                      # the copy is enqueued: it must end under the borrow
+            torch.cuda.current_stream(t.device).synchronize()
+    finally:
+        hold.release()
 
 
 def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,

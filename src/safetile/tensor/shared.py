@@ -148,15 +148,15 @@ class Shared(Handle):
         """A *copy* of the data as a torch tensor on the same device (for inspection)."""
         self._check("call .to_torch()")
         t = self._core.tensor._torch
-        borrows.check_host_read(t, f"read {self._describe()} with to_torch()")
-        return t.clone()
+        with borrows.host_read(t, f"read {self._describe()} with to_torch()"):
+            return t.clone()
 
     def numpy(self):
         """A *copy* of the data as a numpy array (bfloat16 comes back as float32)."""
         self._check("call .numpy()")
-        borrows.check_host_read(self._core.tensor._torch,
-                                f"read {self._describe()} with numpy()")
-        return _to_numpy(self._core.tensor._torch)
+        with borrows.host_read(self._core.tensor._torch,
+                               f"read {self._describe()} with numpy()"):
+            return _to_numpy(self._core.tensor._torch)
 
     # -- handles ---------------------------------------------------------------------------
     def clone(self) -> "Shared":

@@ -201,8 +201,8 @@ class Tensor(Handle):
         any of these bytes (e.g. through a partition of a tensor this one is a view of).
         """
         self._check("call .to_torch()")
-        self._check_host_read("to_torch()")
-        return self._torch.clone()
+        with self._host_read("to_torch()"):
+            return self._torch.clone()
 
     def numpy(self):
         """A *copy* of the data as a numpy array on the host.
@@ -210,15 +210,17 @@ class Tensor(Handle):
         numpy has no bfloat16: bfloat16 data is returned as float32 (exactly).
         """
         self._check("call .numpy()")
-        self._check_host_read("numpy()")
-        return _to_numpy(self._torch)
+        with self._host_read("numpy()"):
+            return _to_numpy(self._torch)
 
-    def _check_host_read(self, how: str) -> None:
+    def _host_read(self, how: str):
+        """The checks of a host copy, and its read borrow while it copies
+        (``borrows.host_read``)."""
         if past_storage(self._torch):
             raise ArgumentError(f"cannot read {self._describe()} with {how}: it reaches past the "
                                 f"end of its storage, which was shrunk through a torch alias; "
                                 f"make the tensor again")
-        borrows.check_host_read(self._torch, f"read {self._describe()} with {how}")
+        return borrows.host_read(self._torch, f"read {self._describe()} with {how}")
 
     # -- moves -------------------------------------------------------------------------------
     def into_torch(self) -> torch.Tensor:
