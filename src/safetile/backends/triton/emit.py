@@ -160,7 +160,7 @@ class Emitter(ViewEmitter):
         kind = self.view_kind(f.value)
         out = self.specs[self.out_name(f.value)]
         r = len(out.tile)
-        value = self.expr(call.args[0])
+        value = self.stored_value(call.args[0], out)
         value_accesses = list(self.accesses)
         need, state = self.barrier_check(state, value_accesses + [(out.name, "store")])
         lines = []

@@ -133,15 +133,6 @@ class ExpressionEmitter(ConstantNames):
                 return float(r.value)
         return None
 
-    def pad(self, node) -> str:
-        if node is None:
-            return "0"
-        t = self.tp(node)                      # the value the type check took, if typed
-        v = float(t.value) if t is not None and t.kind == "const" else self.static_float(node)
-        if v is None:
-            raise self.fail(node, "padding must be a compile-time constant (a literal or Const)")
-        return float_literal(v)
-
     def parts(self, node, rank: int) -> list[str]:
         """Split an index or shape argument into ``rank`` expressions."""
         if isinstance(node, (ast.Tuple, ast.List)):

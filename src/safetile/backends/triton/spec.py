@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
+
 from ...dtypes import DType
 
 
@@ -45,8 +47,10 @@ TMA_MAX_RANK = 5
 
 def tma_ok(t) -> bool:
     """Whether torch tensor ``t`` can be read or written through a tensor descriptor: rank 2
-    to 5, unit last stride, 16-byte aligned base and row strides."""
-    if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16:
+    to 5, unit last stride, 16-byte aligned base and row strides, and not bool (Triton's
+    descriptors have no 1-bit element type)."""
+    if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16 or \
+            t.dtype is torch.bool:
         return False
     size = t.element_size()
     return all((s * size) % 16 == 0 for s in t.stride()[:-1])

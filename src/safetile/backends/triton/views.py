@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from ...errors import LaunchError
+from .constants import float_literal
 from .expressions import ExpressionEmitter, _kw
 
 TMA_MIN_INNER_BYTES = 16
@@ -85,7 +86,7 @@ class ViewEmitter(ExpressionEmitter):
                 e = ", ".join(self.parts(offset, s.rank))
                 shp = ", ".join(self.parts(shape, s.rank))
                 helper = self.use(f"_st_loadat{s.rank}")
-                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad)})"
+                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {shp}, {self.pad(pad, s.dtype)})"
             if method == "prefetch":
                 return self.in_prefetch(node, f.value)
             if method == "load_scalar":
@@ -94,7 +95,7 @@ class ViewEmitter(ExpressionEmitter):
                 pad = node.args[1] if len(node.args) > 1 else _kw(node, "padding")
                 e = ", ".join(self.parts(index, s.rank))
                 helper = self.use(f"_st_scalar{s.rank}")
-                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {self.pad(pad)})"
+                return f"{helper}({self.tensor_args(name, s.rank)}, {e}, {self.pad(pad, s.dtype)})"
         out = self.specs[self.out_name(f.value)]
         r = len(out.tile)
         if kind in ("Out", "tile") and method == "load":
@@ -108,6 +109,29 @@ class ViewEmitter(ExpressionEmitter):
             sub = f.value if name is None else name
             return f"{helper}({self.sub_args(sub, out, r, node.args[0])}, 0)"
         raise self.fail(node, f"`{ast.unparse(node)}` must be a statement of its own")
+
+    def pad(self, node, dtype) -> str:
+        """A load's padding for a view of ``dtype`` (an int view's is an int literal: Triton
+        rounds a float literal through fp32)."""
+        if node is None:
+            return "0"
+        t = self.tp(node)                      # the value the type check took, if typed
+        v = t.value if t is not None and t.kind == "const" else self.static_float(node)
+        if v is None:
+            raise self.fail(node, "padding must be a compile-time constant (a literal or Const)")
+        is_int = not dtype.is_float and dtype.name != "bool_"
+        return repr(int(v)) if is_int else float_literal(float(v))
+
+    def stored_value(self, node, out) -> str:
+        """The value ``node`` stored into Out ``out``, converted as ``astype`` converts it:
+        into a bool Out, ``!= 0`` (Triton's own store to a bool pointer truncates the value
+        to a byte)."""
+        value = self.expr(node)
+        t = self.tp(node)
+        if out.dtype.name == "bool_" and not (t is not None and t.runtime and
+                                              t.dtype.name == "bool_"):
+            return f"(({value}) != 0)"
+        return value
 
     def tensor_args(self, name: str, r: int) -> str:
         return (f"_st_{name}_ptr, " + ", ".join(f"_st_{name}_n{k}" for k in range(r)) + ", " +
@@ -133,7 +157,7 @@ class ViewEmitter(ExpressionEmitter):
         block = self.static(shape)
         if isinstance(block, int):
             block = (block,)
-        pad_s = self.pad(pad)
+        pad_s = self.pad(pad, s.dtype)
         idx = self.parts(index, s.rank)
         if nonneg:
             owned = isinstance(index, ast.Attribute) and \
