@@ -332,3 +332,13 @@ def test_wrapping_existing_memory_is_allowed_inside_a_graph_scope():
     buf = torch.zeros(4)
     with forbid_allocation("st.graph_scope()"):
         assert from_torch(buf).shape == (4,)
+
+
+@pytest.mark.parametrize("value", [1.9, -0.5, float("nan"), float("inf")])
+def test_full_refuses_a_value_an_integer_dtype_cannot_hold_exactly(value):
+    with pytest.raises(ArgumentError, match="not a value of the integer dtype"):
+        full((3,), value, dtype=dtypes.int32)
+
+
+def test_full_takes_an_integral_float_for_an_integer_dtype():
+    assert full((2,), 3.0, dtype=dtypes.int8).to_torch().tolist() == [3, 3]

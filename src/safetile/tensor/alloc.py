@@ -167,8 +167,13 @@ def ones(shape, dtype=_dtypes.float32, device=None) -> Tensor:
 def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor filled with ``value`` (``dtype`` defaults to ``st.float32``)."""
     _guard("full")
+    tdt = _torch_dtype(dtype)
+    if not tdt.is_floating_point and tdt is not torch.bool and isinstance(value, float) and \
+            not value.is_integer():
+        raise ArgumentError(f"st.full: {value!r} is not a value of the integer dtype "
+                            f"{dtype}; round it first, or use a float dtype")
     with _typed("st.full"):
-        return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=_torch_dtype(dtype),
+        return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=tdt,
                                        device=_device(device)))
 
 
