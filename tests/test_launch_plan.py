@@ -227,3 +227,26 @@ def test_a_tensor_past_the_end_of_its_shrunk_storage_is_refused():
     t.untyped_storage().resize_(16)
     with pytest.raises(st.LaunchError, match="past the end of its storage"):
         axpy(st.ones((1024,)), z, 2.0)
+
+
+@st.kernel
+def scaled_shift(x: st.In[st.f32], z: st.Out[st.f32], a: float, n: int, k: st.Const[int]):
+    z.store(sl.load_like(x, z) * a + n + k)
+
+
+@pytest.mark.parametrize("launches", [1, 2])       # the second through the cached plan
+def test_numpy_scalars_pass_as_the_numbers_they_hold(launches):
+    import numpy as np
+    for _ in range(launches):
+        x, z, a, n, k = scaled_shift(st.ones((4,), device="cpu"),
+                                     st.zeros((4,), device="cpu").partition((4,)),
+                                     np.float32(2.0), np.int64(3), np.int32(1)).sync()
+    assert z.unpartition().to_torch().tolist() == [6.0] * 4
+    assert (type(a), type(n), type(k)) == (float, int, int)
+
+
+def test_a_numpy_bool_is_not_an_int_argument():
+    import numpy as np
+    with pytest.raises(st.LaunchError, match="expects an int"):
+        scaled_shift(st.ones((4,), device="cpu"), st.zeros((4,), device="cpu").partition((4,)),
+                     2.0, np.bool_(True), 1)

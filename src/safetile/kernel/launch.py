@@ -121,6 +121,9 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                           f"with grid {v._order.grid}; partition it again")
             return BoundArg(name, spec, v, t, v._tile_shape, v._order)
         return BoundArg(name, spec, v, t)
+    if kind in ("Const", "int", "float") and type(v).__module__ == "numpy" and \
+            hasattr(v, "item"):
+        v = v.item()                  # a numpy scalar: the Python number it holds
     if kind == "Const":
         ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
               float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
