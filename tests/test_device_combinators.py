@@ -334,3 +334,28 @@ def test_a_shared_op_consumed_by_its_own_callback_raises_instead_of_waiting_for_
     ref.append(so)
     with pytest.raises(ExecutionError, match="consumed by its own run"):
         so.sync()
+
+
+def test_a_shared_op_is_refused_to_another_execution_until_the_one_that_ran_it_finishes():
+    import threading
+    inside, release, errors = threading.Event(), threading.Event(), []
+    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).shared()
+
+    class Pausing(st.DeviceOp):                  # work after the shared op, same execution
+        def _run(self, ctx):
+            self._take()
+            inside.set()
+            release.wait(5)
+            return ()
+    worker = threading.Thread(target=lambda: st.zip(s, Pausing()).sync())
+    worker.start()
+    inside.wait(5)
+    try:
+        s.last().sync()
+    except ExecutionError as e:
+        errors.append(str(e))
+    release.set()
+    worker.join()
+    assert len(errors) == 1 and "has not finished" in errors[0]
+    z = s.last().sync()                          # once it finished, its values are back
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]

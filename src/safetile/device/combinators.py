@@ -222,6 +222,7 @@ class SharedOp(DeviceOp):
         self._recording = None
         self._recorded = (0, None)                # (launch count, last launch) after its record
         self._runner = None                       # the thread running the inner op
+        self._ran_in = None                       # the execution that ran it, until it settles
 
     def __repr__(self) -> str:
         return f"<SharedOp {self.inner!r}{' ran' if self._done else ''}>"
@@ -243,6 +244,10 @@ class SharedOp(DeviceOp):
                     raise
                 finally:
                     self._runner = None
+                # Its values are that execution's until it hands them back (the release
+                # deferred here runs after the inner op's own hand-back).
+                self._ran_in = ctx
+                ctx.defer(self._settled)
                 if ctx.recording:
                     self._recorded = (len(ctx.recording), ctx.recording[-1])
                 if ctx.stream is not None and ctx.recording is None:
@@ -260,6 +265,12 @@ class SharedOp(DeviceOp):
         if self._error is not None:
             raise ExecutionError(f"the shared op {self.inner!r} failed when its first consumer "
                                  f"ran it: {self._error!r}") from self._error
+        ran_in = self._ran_in
+        if ran_in is not None and ran_in is not ctx:
+            raise ExecutionError(
+                f"the shared op {self.inner!r} ran in another execution that has not finished "
+                f"(another thread's or task's): its values are still in flight there; consume "
+                f"it within that execution (st.zip, then) or after it finishes")
         if ctx.recording is not self._recording:
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
@@ -271,6 +282,9 @@ class SharedOp(DeviceOp):
         if self._event is not None and ctx.stream is not None and ctx.stream != self._stream:
             ctx.stream.wait_event(self._event)
         return self._out
+
+    def _settled(self) -> None:
+        self._ran_in = None
 
     def _abandon(self) -> None:
         # An execution that consumed this op failed before running it. Its values come back
