@@ -266,6 +266,24 @@ def test_a_kernel_defined_in_a_nested_function_reports_its_own_line():
     assert_definition_error(ei, "call", "nested-def")
 
 
+def test_a_store_used_as_a_value_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            stored = z.store(sl.load_like(x, z))  # <- store-as-value
+    assert_definition_error(ei, "statement", "store-as-value")
+    assert "a store is a statement of its own" in str(ei.value)
+
+
+def test_a_sub_partition_that_is_neither_bound_nor_stored_through_is_rejected():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.partition((4,))  # <- bare-partition
+            z.store(sl.load_like(x, z))
+    assert_definition_error(ei, "statement", "bare-partition")
+
+
 @st.kernel(unsafe=True)
 def scatter_ones(p: st.Ptr[st.f32], n: int):
     offs = sl.arange(8)

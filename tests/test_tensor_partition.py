@@ -200,3 +200,12 @@ def test_numpy_integers_serve_as_tile_shape_persistent_and_group_size():
     assert p.tile_shape == (4,) and p.grid == (2,)
     q = zeros((8, 8), device="cpu").partition((2, 2), order="grouped", group_size=np.int32(2))
     assert type(q._order.group_size) is int
+
+
+@pytest.mark.parametrize("position", ["a", 1.5, None, True])
+def test_a_program_order_takes_only_int_positions(position):
+    order = zeros((8,), device="cpu").partition((2,)).order
+    with pytest.raises(ArgumentError, match="must be an int"):
+        order.tile_coords(position)
+    with pytest.raises(ArgumentError, match="must be an int"):
+        order.tiles_of_program(position)

@@ -16,12 +16,12 @@ Rules (the ``rule`` tag each error carries):
 - ``expression`` / ``tile-slice``: no lambdas, comprehensions, ``:=``, f-strings, dicts, sets,
   chained comparisons, ``is`` or ``in``; tiles are indexed only with ``:`` and ``None``.
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
-  ``pass`` (and, in functions, one ``return`` as the last statement); parameters take no
+  ``pass`` (and, in functions, one ``return`` as the last statement); a store is a statement
+  of its own, a sub-partition is bound to a name or stored through inline; parameters take no
   defaults; every name must resolve; names generated code uses (``tl``, ``triton``,
   ``libdevice``, ``float``, ``range``, anything starting with ``_st_`` or ``_stf_``) cannot
   be bound.
-- ``internal``: a rule failed on code it did not foresee; still a definition error with
-  file:line (please report it).
+- ``internal``: a rule failed on unforeseen code (still an error naming file:line; report it).
 
 What depends on the argument types (promotion, shapes, control flow of runtime values) is
 checked per variant, at launch, by ``kernel/types.py`` (rule ``type``).
@@ -74,13 +74,11 @@ class BodyChecker(ast.NodeVisitor):
         self.fail(node, "name", f"name '{name}' is not defined")
 
     def kind_of(self, node):
-        """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for view locals and for an
-        inline ``z.partition(shape)``, else None."""
+        """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for views, else None."""
         return kind_of(node, self.params, self.info.views)
 
     def check(self) -> BodyInfo:
-        """Check the body; any refusal, even an unforeseen failure of a rule, is a
-        ``KernelDefinitionError`` naming file:line."""
+        """Check the body; any refusal, even an unforeseen rule failure, names file:line."""
         self.current = self.src.tree
         try:
             return self._check()
@@ -105,9 +103,8 @@ class BodyChecker(ast.NodeVisitor):
         return self.info
 
     def allowed_view_uses(self, tree) -> set:
-        """ids of the Name nodes where a view may appear: as the receiver of its methods and
-        attributes, as the arguments of ``sl.load_like``, as the pointer of an unsafe op.
-        Anywhere else (a tuple, an assignment, a helper's argument) a view is not a value."""
+        """ids of the Name nodes where a view may appear: receiving its methods and attributes,
+        as ``sl.load_like``'s arguments or an unsafe op's pointer; nowhere else is it a value."""
         ok = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
@@ -421,6 +418,10 @@ class BodyChecker(ast.NodeVisitor):
             if method == "store" and (len(node.args) != 2 or node.keywords):
                 self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
                                                     f"sub-index is within the owned slab")
+        if method in ("store", "partition") and (method == "store") != (node is self.statement_call):
+            why = "a store is a statement of its own" if method == "store" else \
+                "bind a sub-partition to a name, or store through it inline"
+            self.fail(node, "statement", f"`{ast.unparse(node)}`: {why}")
         for a in node.args:
             self.visit(a)
         for k in node.keywords:
@@ -430,8 +431,7 @@ class BodyChecker(ast.NodeVisitor):
 def check_kernel(src: KernelSource, params: dict, unsafe: bool) -> BodyInfo:
     """Enforce the body rules of a kernel; returns what codegen needs."""
     info = BodyChecker(src, params, unsafe, is_function=False).check()
-    outs = [n for n, p in params.items() if p.kind == "Out"]
-    if not unsafe and not outs:
+    if not unsafe and not any(p.kind == "Out" for p in params.values()):
         raise src.error(src.tree, "no-out",
                         f"kernel '{src.fn.__name__}' has no st.Out parameter: a safe kernel writes "
                         f"only its owned tile of an Out partition, and that partition sets the "

@@ -114,7 +114,7 @@ class ProgramOrder:
 
     def tile_coords(self, s: int) -> tuple[int, ...]:
         """Tile coordinates at sequence position ``s`` (``0 <= s < num_tiles``)."""
-        n = self.num_tiles
+        n, s = self.num_tiles, _position(s, "a sequence position")
         if not 0 <= s < n:
             raise IndexOutOfRangeError(f"sequence position {s} out of range for {n} tiles")
         if self.kind == "grouped":
@@ -133,7 +133,7 @@ class ProgramOrder:
 
     def tiles_of_program(self, p: int) -> list[tuple[int, ...]]:
         """The tiles program ``p`` owns, in the order it visits them."""
-        np_ = self.num_programs
+        np_, p = self.num_programs, _position(p, "a program")
         if not 0 <= p < np_:
             raise IndexOutOfRangeError(f"program {p} out of range for {np_} programs")
         if self.persistent is None:
@@ -143,6 +143,14 @@ class ProgramOrder:
     def mapping(self) -> list[list[tuple[int, ...]]]:
         """The whole table: ``mapping()[p]`` is ``tiles_of_program(p)``."""
         return [self.tiles_of_program(p) for p in range(self.num_programs)]
+
+
+def _position(v, what: str) -> int:
+    """``v`` as an int (numpy's too, never a bool), else an ``ArgumentError`` naming it."""
+    i = _plain_int(v)
+    if type(i) is not int:
+        raise ArgumentError(f"{what} must be an int, got {type(v).__name__} {v!r}")
+    return i
 
 
 def _plain_int(v):
