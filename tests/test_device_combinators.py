@@ -336,10 +336,15 @@ def test_a_shared_op_consumed_by_its_own_callback_raises_instead_of_waiting_for_
         so.sync()
 
 
-def test_a_shared_op_is_refused_to_another_execution_until_the_one_that_ran_it_finishes():
+@pytest.mark.parametrize("consumer", ["itself", "then"])
+def test_a_shared_op_is_refused_to_another_thread_until_the_execution_that_ran_it_finishes(
+        consumer):
     import threading
     inside, release, errors = threading.Event(), threading.Event(), []
     s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).shared()
+    # `then` hands the values on to a later launch of the same, unfinished execution
+    first = s if consumer == "itself" else s.then(
+        lambda x, y, z: add(x, y, out()).map(lambda *v: (x, y, z)))
 
     class Pausing(st.DeviceOp):                  # work after the shared op, same execution
         def _run(self, ctx):
@@ -347,7 +352,7 @@ def test_a_shared_op_is_refused_to_another_execution_until_the_one_that_ran_it_f
             inside.set()
             release.wait(5)
             return ()
-    worker = threading.Thread(target=lambda: st.zip(s, Pausing()).sync())
+    worker = threading.Thread(target=lambda: st.zip(first, Pausing()).sync())
     worker.start()
     inside.wait(5)
     try:

@@ -244,10 +244,11 @@ class SharedOp(DeviceOp):
                     raise
                 finally:
                     self._runner = None
-                # Its values are that execution's until it hands them back (the release
-                # deferred here runs after the inner op's own hand-back).
-                self._ran_in = ctx
-                ctx.defer(self._settled)
+                # Its values are that execution's until it finishes: a `then` callback may
+                # move them on into later launches of it (the release deferred at its finish
+                # runs after every hand-back deferred before).
+                self._ran_in = (ctx, threading.get_ident())
+                ctx.at_finish(lambda: ctx.defer(self._settled))
                 if ctx.recording:
                     self._recorded = (len(ctx.recording), ctx.recording[-1])
                 if ctx.stream is not None and ctx.recording is None:
@@ -266,11 +267,12 @@ class SharedOp(DeviceOp):
             raise ExecutionError(f"the shared op {self.inner!r} failed when its first consumer "
                                  f"ran it: {self._error!r}") from self._error
         ran_in = self._ran_in
-        if ran_in is not None and ran_in is not ctx:
+        if ran_in is not None and ran_in[0] is not ctx and ran_in[1] != threading.get_ident():
+            # (Executions of one thread finish, and hand back, in the order they started.)
             raise ExecutionError(
-                f"the shared op {self.inner!r} ran in another execution that has not finished "
-                f"(another thread's or task's): its values are still in flight there; consume "
-                f"it within that execution (st.zip, then) or after it finishes")
+                f"the shared op {self.inner!r} ran in an execution of another thread that has "
+                f"not finished: its values are still in flight there; consume it within that "
+                f"execution (st.zip, then) or after it finishes")
         if ctx.recording is not self._recording:
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
