@@ -363,6 +363,22 @@ def test_one_unsafe_object_entered_twice_marks_each_block_and_nothing_after():
             scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5)
 
 
+def test_one_unsafe_object_closed_out_of_order_closes_each_entrys_own_block():
+    allowed = st.unsafe()
+
+    def inside():
+        with allowed:
+            yield
+            yield scatter_ones.options(grid=(1,))(st.zeros((8,), device="cpu"), 5).sync()
+    first, second = inside(), inside()
+    next(first), next(second)
+    first.close()                                # the first entry ends before the second's
+    with st.backend("interpret"):
+        buf, _ = next(second)                    # still inside its own block
+    second.close()
+    assert buf.to_torch().sum().item() == 5
+
+
 def test_one_unsafe_object_shared_by_threads_marks_only_each_threads_block():
     import threading
     allowed, entered, leave, seen = st.unsafe(), threading.Event(), threading.Event(), []

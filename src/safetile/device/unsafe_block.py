@@ -16,11 +16,10 @@ _open: contextvars.ContextVar = contextvars.ContextVar("safetile_unsafe", defaul
 
 
 class _Block:
-    __slots__ = ("frame", "opener")
+    __slots__ = ("frame",)
 
-    def __init__(self, frame, opener):
+    def __init__(self, frame):
         self.frame = frame
-        self.opener = opener              # the st.unsafe() object whose entry opened it
 
 
 def _body_frame(frame):
@@ -47,16 +46,16 @@ class unsafe(contextlib.ContextDecorator):
     def _open_at(self, frame):
         # One object may be entered again while open (nested, or by several threads): each
         # entry is a block of its own, and each exit closes the newest one this object
-        # opened in the exiting context (else, closed from another context, its newest).
-        block = _Block(frame, self)
+        # opened for the code that exits it (the frame its body runs in).
+        block = _Block(frame)
         self.__dict__.setdefault("_blocks", []).append(block)
         _open.set(_open.get() + (block,))
         return self
 
     def __exit__(self, *exc):
-        mine = [b for b in _open.get() if b.opener is self]
-        block = mine[-1] if mine else self._blocks[-1]
-        self._blocks.remove(block)
+        blocks, frame = self._blocks, _body_frame(sys._getframe(1))
+        block = next((b for b in reversed(blocks) if b.frame is frame), blocks[-1])
+        blocks.remove(block)
         block.frame = None                # inert in every context that copied it
         _open.set(tuple(b for b in _open.get() if b is not block))
         return False
