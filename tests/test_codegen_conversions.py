@@ -67,3 +67,18 @@ def test_a_bool_input_is_loaded_without_a_tensor_descriptor():
     assert "_st_x_d0" not in source                     # no descriptor argument
     x = st.from_torch(torch.rand(64, 64) > 0.5)
     assert ttir(bool_rows, x, out((64, 64), st.i32, (32, 32)))
+
+
+@st.kernel(unsafe=True, grid=(1,))
+def ptr_to_bool(p: st.Ptr[st.bool_], x: st.In[st.i32]):
+    sl.store_ptr(p, sl.arange(4), x.load((0,), (4,)))
+
+
+def test_an_int_tile_stored_through_a_bool_pointer_is_true_where_it_is_not_zero():
+    values = [0, 1, 256, -1]
+    with st.unsafe():
+        code = ttir(ptr_to_bool, st.zeros((4,), dtype=st.bool_, device="cpu"), ints(values))
+        with st.backend("interpret", seed=0):
+            p, _ = ptr_to_bool(st.zeros((4,), dtype=st.bool_, device="cpu"), ints(values)).sync()
+    assert "arith.cmpi ne" in code and "arith.trunci" not in code
+    assert p.to_torch().tolist() == [v != 0 for v in values]

@@ -66,3 +66,12 @@ def kept_bf16(src: str, t) -> str:
     if t is not None and t.runtime and t.dtype.name == "bfloat16":
         return f"({src}).to(tl.bfloat16)"
     return src
+
+
+def stored_as(src: str, t, dtype) -> str:
+    """Value ``src`` (typed ``t``) converted as a store into memory of ``dtype`` converts it,
+    as ``astype`` does: into bool, ``!= 0`` (Triton's store to a bool pointer truncates the
+    value to a byte)."""
+    if dtype.name == "bool_" and not (t is not None and t.runtime and t.dtype.name == "bool_"):
+        return f"(({src}) != 0)"
+    return src

@@ -15,6 +15,7 @@ import ast
 from dataclasses import dataclass
 
 from ...lang.views import IN_METHODS
+from .constants import stored_as
 from .expressions import BINOP_SPELLING
 from .helper_names import name_helpers
 from .prelude import HEADER
@@ -160,7 +161,7 @@ class Emitter(ViewEmitter):
         kind = self.view_kind(f.value)
         out = self.specs[self.out_name(f.value)]
         r = len(out.tile)
-        value = self.stored_value(call.args[0], out)
+        value = stored_as(self.expr(call.args[0]), self.tp(call.args[0]), out.dtype)
         value_accesses = list(self.accesses)
         need, state = self.barrier_check(state, value_accesses + [(out.name, "store")])
         lines = []

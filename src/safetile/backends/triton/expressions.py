@@ -14,7 +14,7 @@ from ...lang.views import inline_partition, kind_of
 from ...lang import semantics as S
 from .folding import ConstantNames
 from .constants import (extremum_type, float_literal, fp32_operand, kept_bf16, needs_type,
-                        typed_constant)
+                        stored_as, typed_constant)
 from .prelude import DEPENDS, helper_source
 
 
@@ -397,6 +397,8 @@ class ExpressionEmitter(ConstantNames):
                 other = kw.get("other", rest[2] if len(rest) > 2 else "0")
                 return f"tl.load({ptr}, mask={mask}, other={other})"
             value = rest[1]
+            if name == "store_ptr":
+                value = stored_as(value, self.tp(node.args[2]), self.specs[p].dtype)
             mask = kw.get("mask", rest[2] if len(rest) > 2 else "None")
             fn = "tl.store" if name == "store_ptr" else "tl.atomic_add"
             return f"{fn}({ptr}, {value}, mask={mask})"

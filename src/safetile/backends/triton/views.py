@@ -122,17 +122,6 @@ class ViewEmitter(ExpressionEmitter):
         is_int = not dtype.is_float and dtype.name != "bool_"
         return repr(int(v)) if is_int else float_literal(float(v))
 
-    def stored_value(self, node, out) -> str:
-        """The value ``node`` stored into Out ``out``, converted as ``astype`` converts it:
-        into a bool Out, ``!= 0`` (Triton's own store to a bool pointer truncates the value
-        to a byte)."""
-        value = self.expr(node)
-        t = self.tp(node)
-        if out.dtype.name == "bool_" and not (t is not None and t.runtime and
-                                              t.dtype.name == "bool_"):
-            return f"(({value}) != 0)"
-        return value
-
     def tensor_args(self, name: str, r: int) -> str:
         return (f"_st_{name}_ptr, " + ", ".join(f"_st_{name}_n{k}" for k in range(r)) + ", " +
                 ", ".join(f"_st_{name}_s{k}" for k in range(r)))
