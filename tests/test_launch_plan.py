@@ -245,6 +245,13 @@ def test_numpy_scalars_pass_as_the_numbers_they_hold(launches):
     assert (type(a), type(n), type(k)) == (float, int, int)
 
 
+def test_a_numpy_array_of_one_element_is_not_a_scalar_argument():
+    import numpy as np
+    with pytest.raises(st.LaunchError, match="expects an int"):
+        scaled_shift(st.ones((4,), device="cpu"), st.zeros((4,), device="cpu").partition((4,)),
+                     2.0, np.array([3]), 1)
+
+
 def test_a_numpy_bool_is_not_an_int_argument():
     import numpy as np
     with pytest.raises(st.LaunchError, match="expects an int"):

@@ -334,7 +334,8 @@ def test_wrapping_existing_memory_is_allowed_inside_a_graph_scope():
         assert from_torch(buf).shape == (4,)
 
 
-@pytest.mark.parametrize("value", [1.9, -0.5, float("nan"), float("inf")])
+@pytest.mark.parametrize("value", [1.9, -0.5, float("nan"), float("inf"), np.float32(1.9),
+                                   torch.tensor(2.5)])
 def test_full_refuses_a_value_an_integer_dtype_cannot_hold_exactly(value):
     with pytest.raises(ArgumentError, match="not a value of the integer dtype"):
         full((3,), value, dtype=dtypes.int32)

@@ -122,7 +122,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             return BoundArg(name, spec, v, t, v._tile_shape, v._order)
         return BoundArg(name, spec, v, t)
     if kind in ("Const", "int", "float") and type(v).__module__ == "numpy" and \
-            hasattr(v, "item"):
+            getattr(v, "ndim", None) == 0:
         v = v.item()                  # a numpy scalar: the Python number it holds
     if kind == "Const":
         ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),

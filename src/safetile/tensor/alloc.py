@@ -168,13 +168,22 @@ def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor filled with ``value`` (``dtype`` defaults to ``st.float32``)."""
     _guard("full")
     tdt = _torch_dtype(dtype)
-    if not tdt.is_floating_point and tdt is not torch.bool and isinstance(value, float) and \
-            not value.is_integer():
+    if not tdt.is_floating_point and tdt is not torch.bool and \
+            not isinstance(value, (bool, int)) and not _integral(value):
         raise ArgumentError(f"st.full: {value!r} is not a value of the integer dtype "
                             f"{dtype}; round it first, or use a float dtype")
     with _typed("st.full"):
         return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=tdt,
                                        device=_device(device)))
+
+
+def _integral(value) -> bool:
+    """Whether a number of another type (numpy's or torch's float) holds an integer; what is
+    not a number at all is left to torch's own message."""
+    try:
+        return float(value).is_integer()
+    except (TypeError, ValueError, RuntimeError):
+        return True
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
