@@ -18,9 +18,14 @@ import torch
 
 import safetile as st
 
+from .errors import RequestError
 from .sampler import SamplingParams
 
 H200_BANDWIDTH = 4.26e12        # bytes/s, measured copy bandwidth (FACTS.md)
+# Prompt ids are drawn from [FIRST_ID, LAST_ID), cut at the model's vocabulary: Qwen3's
+# ordinary tokens, past the single bytes and short of the special tokens (from 151643).
+FIRST_ID, LAST_ID = 100, 151_000
+QWEN3_VOCAB = 151_936
 
 
 def _sync(device: torch.device) -> None:
@@ -28,10 +33,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prompt_ids(length: int, seed: int = 0) -> list:
-    """A reproducible prompt of ordinary (non-special) Qwen3 token ids."""
+def prompt_ids(length: int, seed: int = 0, vocab_size: int = QWEN3_VOCAB) -> list:
+    """A reproducible prompt of ``length`` random token ids, each an ordinary (non-special)
+    Qwen3 token inside a vocabulary of ``vocab_size``: from [100, min(151000, vocab_size)).
+    ``RequestError`` for a vocabulary of 100 ids or fewer, which holds none of them."""
+    last = min(LAST_ID, vocab_size)
+    if last <= FIRST_ID:
+        raise RequestError(f"bench draws its prompt from the token ids [{FIRST_ID}, "
+                           f"{LAST_ID}) that lie inside the model's vocabulary, and a "
+                           f"vocabulary of {vocab_size} ids has none: bench a model whose "
+                           f"vocab_size is above {FIRST_ID}")
     rng = random.Random(seed)
-    return [rng.randrange(100, 151_000) for _ in range(length)]
+    return [rng.randrange(FIRST_ID, last) for _ in range(length)]
 
 
 def bytes_per_token(engine, context: float) -> float:
@@ -44,13 +57,14 @@ def bytes_per_token(engine, context: float) -> float:
 
 def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:
     """TTFT and decode figures (medians over ``repeats`` after one warm-up) for greedy
-    decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt."""
+    decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt of random ids
+    (:func:`prompt_ids` of ``seed``; greedy decoding draws nothing else)."""
     if prompt_len < 1 or gen_len < 2:
         raise ValueError("bench needs prompt_len >= 1 and gen_len >= 2")
     if prompt_len + gen_len > engine.max_seq_len:
         raise ValueError(f"prompt_len + gen_len = {prompt_len + gen_len} exceeds max_seq_len "
                          f"{engine.max_seq_len}")
-    ids = prompt_ids(prompt_len, seed)
+    ids = prompt_ids(prompt_len, seed, engine.config.vocab_size)
     runner, dev = engine.runner, engine.device
     params, key = SamplingParams(0.0, seed=0).tensors(dev)
     ttft, decode, tokens = [], [], None
@@ -76,7 +90,7 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
     return {
         "model": engine.config.name, "dtype": engine.dtype, "gemm": engine.gemm,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "prompt_len": prompt_len, "gen_len": gen_len, "repeats": repeats,
+        "prompt_len": prompt_len, "gen_len": gen_len, "repeats": repeats, "seed": seed,
         "ttft_ms": statistics.median(ttft) * 1e3, "ttft_ms_all": [t * 1e3 for t in ttft],
         "ms_per_token": step * 1e3, "decode_tok_s": 1.0 / step,
         "ms_per_token_all": [t * 1e3 for t in decode],

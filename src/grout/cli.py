@@ -42,7 +42,6 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="KV cache positions (default 4096; at most the model's context)")
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--weights-seed", type=int, default=0,
                    help="seed of a named shape's random weights")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -62,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="0 is off")
     g.add_argument("--top-p", type=float, default=1.0, help="1 is off")
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="sampling seed: the same seed gives the same tokens (default: a fresh "
+                        "one each run)")
     b = sub.add_parser("bench", help="time to first token, decode tok/s, %% of roofline")
     _common(b)
     b.add_argument("--prompt-len", type=int, required=True, help="prompt tokens (random ids)")
@@ -69,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3,
                    help="timed requests; the figures are their medians (default 3)")
     b.add_argument("--json", default=None, help="also write the figures to this file")
+    b.add_argument("--seed", type=int, default=0,
+                   help="seed of the random prompt ids (default 0); bench decodes greedily, "
+                        "so nothing else is drawn")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
     _common(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -79,6 +84,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
                    default=None, help="largest request body accepted (default 4 MiB); larger "
                                       "ones get HTTP 413")
+    s.add_argument("--seed", type=int, default=None,
+                   help="the sampling seed of every request that sends no \"seed\" of its own, "
+                        "so such requests repeat their samples (default: a fresh seed per "
+                        "request); a request's \"seed\" wins")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     # testing aid, not listed: a request's X-Grout-Fault: N header fails it after N tokens
@@ -141,7 +150,8 @@ def bench(args) -> int:
     if args.json:
         _check_writable(args.json)
     eng = _load(args)
-    result = measure.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats)
+    result = measure.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats,
+                         seed=args.seed)
     print(measure.report(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -156,7 +166,8 @@ def serve(args) -> int:
     return run_server(lambda: _load(args), args.served_model_name or args.model, host=args.host,
                       port=args.port, log_level=args.log_level,
                       fault_injection=args.fault_injection,
-                      max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES)
+                      max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES,
+                      default_seed=args.seed)
 
 
 def main(argv=None) -> int:

@@ -24,10 +24,11 @@ import safetile as st
 
 from . import config as config_mod
 from .config import Qwen3Config
-from .errors import CheckpointError, RequestError
+from .errors import CheckpointError, RequestError, drop_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
 from .sampler import SamplingParams
+from .stops import StopTail, stop_strings
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
 from .weights import from_tensors as weights_from_tensors
@@ -142,21 +143,6 @@ def check_options(gemm, max_seq_len, decode_chunk) -> None:
         raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
 
 
-def _stop_strings(stop) -> tuple:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
-        raise RequestError(f"stop must be a non-empty string or a list of them, got {stop!r}")
-    return tuple(stops)
-
-
-def _held_back(text: str, stops: tuple) -> int:
-    """Characters at the end of ``text`` that could begin a stop string."""
-    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1)
-                if text.endswith(s[:k])), default=0)
-
-
 class Engine:
     """A loaded model: ``generate``, ``stream``, ``chat``, ``logits``, ``tokenizer``,
     ``config``."""
@@ -224,7 +210,7 @@ class Engine:
                 max_new_tokens < 0:
             raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         sampling = SamplingParams(temperature, top_k, top_p, seed)
-        stops = _stop_strings(stop)
+        stops = stop_strings(stop)
         check_top_logprobs(logprobs)
         ids = self._ids(prompt)
         stream = Stream(len(ids))
@@ -245,6 +231,7 @@ class Engine:
                 lp = step_logprobs(self.runner, token, logprobs)
             stream.decoded = 1
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
+        tail = StopTail(stops)
         position = len(ids)                      # where the token just sampled goes
         # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
         # runs past max_new_tokens or the cache; tokens after a stop are dropped, and what
@@ -255,7 +242,9 @@ class Engine:
             if token in self.eos_ids and not ignore_eos:
                 finish = "stop"
             else:
-                text += decoder.push(token)
+                more = decoder.push(token)
+                text += more
+                tail.feed(more)
             hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
                        if i >= 0), default=-1)
             if hit >= 0:
@@ -266,7 +255,7 @@ class Engine:
                 text += decoder.flush()
                 end = len(text)
             elif finish is None:
-                end = len(text) - _held_back(text, stops)
+                end = len(text) - tail.held
             piece, emitted = text[emitted:end], max(emitted, end)
             yield Piece(piece, token, finish, lp)
             if finish is not None:
@@ -379,8 +368,12 @@ def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fuse
     try:
         return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress, fused,
                       decode_chunk)
-    except BaseException:
+    except BaseException as e:
+        # Nothing stays allocated: the frames the error passed through would keep the
+        # weights (and the engine's buffers) alive for as long as the error is kept.
         weights.release()
+        drop_locals(e)
+        del weights
         raise
 
 

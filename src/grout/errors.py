@@ -1,5 +1,7 @@
 """grout's typed errors: every failure a user can cause is one of these (all ValueErrors)."""
 
+import traceback
+
 
 class GroutError(ValueError):
     """Base class of grout's errors."""
@@ -19,3 +21,22 @@ class RequestError(GroutError):
 class ShardingError(GroutError):
     """A model cannot be split over the requested number of ranks (tensor parallelism): a
     head count, the MLP width or the vocabulary that the rank count does not divide."""
+
+
+def drop_locals(error: BaseException) -> None:
+    """Clear the local variables of every finished frame ``error`` (and the errors it
+    chains) passed through.
+
+    A traceback keeps each frame it passed through alive, and each frame its locals, for as
+    long as the error is kept (``sys.last_value`` in a REPL, an ``except ... as`` in a
+    caller): a failure while building something large (the weights) would keep it
+    allocated. The frames still running, the caller's, keep theirs; the printed traceback is
+    unchanged."""
+    pending, seen = [error], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        pending += [e.__cause__, e.__context__]

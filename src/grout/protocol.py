@@ -14,6 +14,9 @@ from typing import Any
 
 MAX_TOP_LOGPROBS = 5        # what a request may ask for (the engine computes up to 20)
 MAX_STOP_STRINGS = 16
+# Characters in one stop string: far more than any real one, and the bound keeps a request's
+# stop handling (its setup and each token's search are linear in the stops' length) small.
+MAX_STOP_LENGTH = 4096
 
 
 def encodable(text: str) -> str:
@@ -250,6 +253,10 @@ def _stop(fields: dict[str, Any]) -> list[str]:
         raise APIError("'stop' must be a string or a list of strings", param="stop")
     if len(stop) > MAX_STOP_STRINGS:
         raise APIError(f"'stop' takes at most {MAX_STOP_STRINGS} strings", param="stop")
+    for i, s in enumerate(stop):
+        if len(s) > MAX_STOP_LENGTH:
+            raise APIError(f"'stop' strings may be at most {MAX_STOP_LENGTH} characters long; "
+                           f"stop[{i}] has {len(s)}", param="stop")
     return [s for s in stop if s]
 
 

@@ -54,6 +54,7 @@ class ServerState:
     model_name: str
     fault_injection: bool
     max_request_bytes: int = MAX_REQUEST_BYTES
+    default_seed: int | None = None     # the seed of requests that send none (None: fresh)
     load_error: BaseException | None = None
 
 
@@ -63,14 +64,17 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> JSON
 
 def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
                on_load_failure: Callable[[BaseException], None] | None = None,
-               max_request_bytes: int = MAX_REQUEST_BYTES) -> Starlette:
+               max_request_bytes: int = MAX_REQUEST_BYTES,
+               default_seed: int | None = None) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
+    ``default_seed``: the sampling seed of a request that sends no ``seed`` (None: a fresh
+    one each request), so that a server started with one repeats such requests' samples.
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
     state = ServerState(Scheduler(load, generate), model_name, fault_injection,
-                        max_request_bytes)
+                        max_request_bytes, default_seed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -195,6 +199,8 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
     try:
         req = parse(await _read_json(request, state.max_request_bytes), state.model_name)
         fault_after = _fault_after(state, request)
+        if req.seed is None:
+            req.seed = state.default_seed
     except APIError as err:
         return error_response(err)
     except ClientDisconnect:
@@ -329,10 +335,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False,
-          max_request_bytes: int = MAX_REQUEST_BYTES) -> int:
+          max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
-    checked before loading starts, or when loading fails)."""
+    checked before loading starts, or when loading fails). ``default_seed``: as
+    :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
@@ -349,7 +356,8 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
             server.should_exit = True
 
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
-                     on_load_failure=on_load_failure, max_request_bytes=max_request_bytes)
+                     on_load_failure=on_load_failure, max_request_bytes=max_request_bytes,
+                     default_seed=default_seed)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)

@@ -8,8 +8,9 @@ so merging the lowest-ranked pair first (tiktoken's rule) and applying the merge
 order (Hugging Face's) give the same tokens. Qwen3's special tokens follow at 151643. The
 build takes a few seconds and is cached in ``$XDG_CACHE_HOME/grout``.
 
-The chat template is the checkpoint's (tokenizer_config.json / chat_template.jinja) when it
-has one; otherwise :func:`qwen3_chat` renders Qwen3's conversation format.
+The chat template is the checkpoint's (chat_template.jinja, else tokenizer_config.json's
+``chat_template``) whenever it has one, with or without a tokenizer.json; otherwise
+:func:`qwen3_chat` renders Qwen3's conversation format.
 """
 from __future__ import annotations
 
@@ -275,6 +276,10 @@ class Tokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             enable_thinking: bool = True) -> str:
         """The prompt text of a conversation (see :func:`qwen3_chat`)."""
+        for name, value in (("add_generation_prompt", add_generation_prompt),
+                            ("enable_thinking", enable_thinking)):
+            if not isinstance(value, bool):    # a template would read "no" as true
+                raise RequestError(f"{name} must be True or False, got {value!r:.60}")
         if self._template is None:
             return qwen3_chat(messages, add_generation_prompt, enable_thinking)
         for i, m in enumerate(messages):
@@ -338,19 +343,26 @@ def qwen_tokenizer() -> Tokenizer:
 
 
 def load_tokenizer(directory: Path | None) -> Tokenizer:
-    """The checkpoint's tokenizer.json (and chat template) when ``directory`` has one, else
-    :func:`qwen_tokenizer`."""
-    if directory is not None and (directory / "tokenizer.json").is_file():
+    """The tokenizer of a checkpoint ``directory``: its tokenizer.json, else Qwen's BPE
+    (:func:`qwen_tokenizer`), with the checkpoint's chat template whenever it has one
+    (either way); ``directory`` None: :func:`qwen_tokenizer`."""
+    if directory is None:
+        return qwen_tokenizer()
+    template, where = _checkpoint_template(directory) or (None, None)
+    path = directory / "tokenizer.json"
+    if path.is_file():
         from tokenizers import Tokenizer as Backend
-        path = directory / "tokenizer.json"
         try:
             backend = Backend.from_file(str(path))
         except Exception as e:
             raise CheckpointError(f"{path}: cannot be read as a tokenizer ({e})") from None
-        template, where = _checkpoint_template(directory) or (None, None)
-        return Tokenizer(backend, template, source=str(path),
-                         template_source=str(where or "the chat template"))
-    return qwen_tokenizer()
+        source = str(path)
+    elif template is None:
+        return qwen_tokenizer()
+    else:
+        backend, source = qwen_tokenizer()._tok, qwen_tokenizer().source
+    return Tokenizer(backend, template, source=source,
+                     template_source=str(where or "the chat template"))
 
 
 class StreamDecoder:

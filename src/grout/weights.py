@@ -4,9 +4,10 @@ Every weight becomes a read-only ``st.Shared`` value once, on the device. The de
 projections are fused at load time into one matrix each (q|k|v rows, gate|up rows), so a
 layer streams three weights instead of five per token; the separate q, k and v matrices
 that prefill multiplies by are row ranges of the fused one, shared again (read-only views of
-one storage may overlap). A checkpoint is checked completely (headers, names, shapes,
-sizes) before anything is allocated, so a bad one raises ``CheckpointError`` with nothing
-left behind.
+one storage may overlap). A checkpoint is checked completely (grout.checkpoint: headers,
+names, shapes, sizes, each file's layout) before anything is allocated, so a bad one raises
+``CheckpointError`` with nothing left behind; an error after the allocation (a file that
+fails while it is read) leaves nothing allocated either (see :func:`_build`).
 
 ``Linear.t`` keeps a torch alias of a projection's storage only for ``gemm="cublas"``, the
 torch.matmul comparison path: a Shared value is never written while shared, so torch may
@@ -14,9 +15,7 @@ read it at any time.
 """
 from __future__ import annotations
 
-import json
 import math
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +24,9 @@ import torch
 
 import safetile as st
 
+from .checkpoint import open_files, plan, tensor_names
 from .config import Qwen3Config
-from .errors import CheckpointError
-
-SAFETENSORS_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
-                      "F32": (torch.float32, 4)}
-MAX_HEADER = 100 << 20
+from .errors import CheckpointError, drop_locals
 
 
 @dataclass
@@ -72,117 +68,6 @@ class Weights:
                 for f in ("qkv", "q", "k", "v", "o", "gate_up", "down")]:
             v.release()
         self.layers = []
-
-
-def tensor_names(cfg: Qwen3Config) -> dict:
-    """Hugging Face's tensor name -> expected shape, for every weight grout reads."""
-    h, i, q, kv, d = (cfg.hidden_size, cfg.intermediate_size, cfg.q_size, cfg.kv_size,
-                      cfg.head_dim)
-    names = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
-    if not cfg.tie_word_embeddings:
-        names["lm_head.weight"] = (cfg.vocab_size, h)
-    for n in range(cfg.num_hidden_layers):
-        p = f"model.layers.{n}."
-        names.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i)})
-    return names
-
-
-def read_header(path: Path) -> dict:
-    """The tensor table of a safetensors file, checked against the file's size: name ->
-    (dtype, shape, (begin, end)) with offsets into the file. ``CheckpointError`` names the
-    file (and the tensor) for a truncated or corrupt file."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated ({size} bytes; not a safetensors file)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(MAX_HEADER, size - 8):
-                raise CheckpointError(f"{path}: corrupt or truncated (header of {n} bytes in a "
-                                      f"file of {size})")
-            raw = f.read(n)
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e})") from None
-    try:
-        table = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:     # ValueError: decoding, digits
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e!s:.200})") from None
-    if not isinstance(table, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-    table.pop("__metadata__", None)
-    out = {}
-    for name, info in table.items():
-        try:
-            dtype, shape, (b, e) = info["dtype"], info["shape"], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry") from None
-        if not isinstance(dtype, str) or not isinstance(shape, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry (dtype "
-                                  f"{dtype!r:.40}, shape {shape!r:.60})")
-        shape = tuple(shape)
-        if dtype not in SAFETENSORS_DTYPES:
-            out[name] = (dtype, shape, (8 + n + b, 8 + n + e))
-            continue
-        want = math.prod(shape) * SAFETENSORS_DTYPES[dtype][1]
-        if not (isinstance(b, int) and isinstance(e, int) and 0 <= b <= e and e - b == want):
-            raise CheckpointError(f"{path}: tensor {name!r}: data offsets {[b, e]} do not hold "
-                                  f"{dtype} {list(shape)}")
-        if 8 + n + e > size:
-            raise CheckpointError(f"{path}: truncated: tensor {name!r} ends at byte {8 + n + e}, "
-                                  f"the file has {size}")
-        out[name] = (dtype, shape, (8 + n + b, 8 + n + e))
-    return out
-
-
-def checkpoint_files(directory: Path) -> dict:
-    """Tensor name -> safetensors file, from model.safetensors.index.json or the one file."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            return {name: directory / file for name, file in weight_map.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-            raise CheckpointError(f"{index}: corrupt index ({e!r})") from None
-    single = directory / "model.safetensors"
-    if single.is_file():
-        return {name: single for name in read_header(single)}
-    raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-
-
-def plan(directory: Path, cfg: Qwen3Config) -> dict:
-    """Check the checkpoint against the config: name -> (file, header entry) for each tensor
-    grout needs, every header and shape verified. Allocates nothing."""
-    where = checkpoint_files(directory)
-    headers: dict = {}
-    found = {}
-    for name, shape in tensor_names(cfg).items():
-        path = where.get(name)
-        if path is None:
-            raise CheckpointError(f"{directory}: tensor {name!r} is missing from the checkpoint")
-        if path not in headers:
-            if not path.is_file():
-                raise CheckpointError(f"{path}: missing (listed for {name!r})")
-            headers[path] = read_header(path)
-        entry = headers[path].get(name)
-        if entry is None:
-            raise CheckpointError(f"{path}: tensor {name!r} is missing (the index lists it "
-                                  f"there)")
-        if entry[0] not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {entry[0]}; grout reads "
-                                  f"{', '.join(SAFETENSORS_DTYPES)}")
-        if tuple(entry[1]) != tuple(shape):
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(entry[1])}, "
-                                  f"config.json implies {list(shape)}")
-        found[name] = (path, entry)
-    return found
 
 
 def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
@@ -277,29 +162,25 @@ def load_checkpoint(directory: Path, cfg: Qwen3Config, device: torch.device,
                     dtype: torch.dtype, keep_torch: bool = False,
                     progress: bool = True) -> Weights:
     """The checkpoint's weights on ``device`` in ``dtype`` (converted there if need be)."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
 
     found = plan(directory, cfg)
+    handles = open_files(found)
     total = sum(e[2][1] - e[2][0] for _, e in found.values())
-    handles: dict = {}
     bar = _progress(total, f"loading {directory.name or directory}", progress)
 
     def read(name: str, out: torch.Tensor) -> torch.Tensor:
         path, entry = found[name]
         try:
-            if path not in handles:
-                handles[path] = safe_open(str(path), framework="pt", device="cpu")
             out.copy_(handles[path].get_tensor(name))
         except (SafetensorError, OSError, RuntimeError) as e:
-            e.__traceback__ = None
             raise CheckpointError(f"{path}: reading tensor '{name}' failed ({e})") from None
         bar.update(entry[2][1] - entry[2][0])
         return out
 
     try:
         return _build(cfg, device, dtype, keep_torch, read)
-    except (SafetensorError, OSError, RuntimeError) as e:
-        e.__traceback__ = None
+    except (SafetensorError, OSError, RuntimeError) as e:    # the device's memory, ...
         raise CheckpointError(f"{directory}: reading the weights failed ({e})") from None
     finally:
         handles.clear()
@@ -307,16 +188,33 @@ def load_checkpoint(directory: Path, cfg: Qwen3Config, device: torch.device,
 
 
 def _build(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, keep_torch: bool,
-           read) -> Weights:
-    """Weights whose every tensor ``read(hf_name, buffer)`` copies into its device buffer."""
-    b = _Builder(cfg, device, dtype, keep_torch)
+           read, layer_done=None) -> Weights:
+    """Weights whose every tensor ``read(hf_name, buffer)`` writes into its device buffer,
+    in a fixed order (``layer_done()`` after each layer).
+
+    A failure leaves nothing allocated behind: the arena is referenced only from the frames
+    of this call, and an error keeps the frames it passed through (and their locals) alive
+    for as long as the error itself is kept (a REPL keeps the last one), so their locals
+    are dropped before the error leaves."""
+    builder = _Builder(cfg, device, dtype, keep_torch)
+    try:
+        return _fill(builder, cfg, read, layer_done or (lambda: None))
+    except BaseException as e:
+        drop_locals(e)
+        del builder
+        raise
+
+
+def _fill(b: _Builder, cfg: Qwen3Config, read, layer_done) -> Weights:
     h = cfg.hidden_size
     embed = read("model.embed_tokens.weight", b.empty(cfg.vocab_size, h))
     norm = read("model.norm.weight", b.empty(h))
     head = None if cfg.tie_word_embeddings else read("lm_head.weight",
                                                      b.empty(cfg.vocab_size, h))
-    layers = [b.layer(lambda part, buf, n=n: read(f"model.layers.{n}.{part}.weight", buf))
-              for n in range(cfg.num_hidden_layers)]
+    layers = []
+    for n in range(cfg.num_hidden_layers):
+        layers.append(b.layer(lambda part, buf: read(f"model.layers.{n}.{part}.weight", buf)))
+        layer_done()
     return b.weights(embed, head, norm, layers)
 
 
@@ -338,7 +236,11 @@ def from_tensors(cfg: Qwen3Config, tensors, device: torch.device, dtype: torch.d
                                   f"weights are floating point")
 
     def read(name: str, out: torch.Tensor) -> torch.Tensor:
-        return out.copy_(tensors[name])
+        try:
+            return out.copy_(tensors[name])
+        except RuntimeError as e:       # a tensor without data (on the meta device), ...
+            raise CheckpointError(f"from_tensors: copying tensor {name!r} failed ({e}); pass "
+                                  f"tensors that hold their values") from None
     return _build(cfg, device, dtype, keep_torch, read)
 
 
@@ -354,31 +256,21 @@ def random_weights(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, s
     that greedy decoding follows the context, spread enough that sampling varies. Norm
     weights are 1 plus a little noise."""
     gen = torch.Generator(device=device).manual_seed(seed)
-
-    def normal(t: torch.Tensor, std: float, mean: float = 0.0) -> torch.Tensor:
-        return t.normal_(mean, std, generator=gen)
-
-    b = _Builder(cfg, device, dtype, keep_torch)
     h = cfg.hidden_size
     fan_in = {"self_attn.o_proj": cfg.q_size, "mlp.down_proj": cfg.intermediate_size}
 
-    def fill(part: str, buf: torch.Tensor) -> None:
+    def draw(name: str, buf: torch.Tensor) -> torch.Tensor:
         if buf.dim() == 1:
-            normal(buf, 0.05, 1.0)
-        else:
-            normal(buf, (2.0 if part in fan_in else 1.0) * fan_in.get(part, h) ** -0.5)
+            return buf.normal_(1.0, 0.05, generator=gen)
+        if not name.startswith("model.layers."):             # the embedding, the lm_head
+            return buf.normal_(0.0, 2.5 / h ** 0.5, generator=gen)
+        part = name.split(".", 3)[3].removesuffix(".weight")   # model.layers.N.PART.weight
+        scale = 2.0 if part in fan_in else 1.0
+        return buf.normal_(0.0, scale * fan_in.get(part, h) ** -0.5, generator=gen)
 
     bar = _progress(cfg.num_hidden_layers, f"random {cfg.name or 'weights'}", progress,
                     unit="layer")
     try:
-        embed = normal(b.empty(cfg.vocab_size, h), 2.5 / h ** 0.5)
-        norm = normal(b.empty(h), 0.05, 1.0)
-        head = None if cfg.tie_word_embeddings else normal(b.empty(cfg.vocab_size, h),
-                                                           2.5 / h ** 0.5)
-        layers = []
-        for _ in range(cfg.num_hidden_layers):
-            layers.append(b.layer(fill))
-            bar.update(1)
-        return b.weights(embed, head, norm, layers)
+        return _build(cfg, device, dtype, keep_torch, draw, lambda: bar.update(1))
     finally:
         bar.close()

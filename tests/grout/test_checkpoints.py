@@ -1,5 +1,6 @@
 """Loading Hugging Face checkpoints: sharded and single files, and every way a checkpoint can
 be broken (each a CheckpointError naming the file and the tensor, with nothing left behind)."""
+import gc
 import json
 import struct
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import grout
+from grout import weights
 
 from conftest import SPECS
 
@@ -151,8 +153,12 @@ def test_a_shape_that_disagrees_with_config_json(checkpoint_copy, no_new_holds):
 
 
 def test_a_missing_tensor_is_named(checkpoint_copy, no_new_holds):
+    from safetensors.torch import load_file, save_file
     name = "model.layers.1.self_attn.k_norm.weight"
-    _rewrite_header(checkpoint_copy / "model.safetensors", lambda h: h.pop(name))
+    f = checkpoint_copy / "model.safetensors"
+    tensors = load_file(f)
+    del tensors[name]
+    save_file(tensors, f, metadata={"format": "pt"})
     with pytest.raises(grout.CheckpointError, match=rf"tensor '{name}' is missing"):
         load(checkpoint_copy)
 
@@ -183,21 +189,138 @@ def test_a_bad_tensor_offset_is_caught_before_reading(checkpoint_copy, no_new_ho
         load(checkpoint_copy)
 
 
-def test_a_file_the_safetensors_reader_refuses_names_the_file_and_tensor(checkpoint_copy,
-                                                                         no_new_holds):
-    # two tensors of one size over the same bytes: each entry is in bounds, but safetensors
-    # refuses the file (overlapping data) when the first tensor of it is read
-    def overlap(h):
-        sizes = {}
-        for name, e in h.items():
-            if name != "__metadata__":
-                sizes.setdefault(e["data_offsets"][1] - e["data_offsets"][0], []).append(name)
-        a, b = next(names for names in sizes.values() if len(names) >= 2)[:2]
-        h[b]["data_offsets"] = list(h[a]["data_offsets"])
+@pytest.fixture
+def arenas(monkeypatch):
+    """A weak reference to the storage of every weight arena allocated meanwhile."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    made = []
+    init = weights.Arena.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(StorageWeakRef(self.buf.untyped_storage()))
+    monkeypatch.setattr(weights.Arena, "__init__", spy)
+    return made
+
+
+def _by_offset(header):
+    return sorted((n for n in header if n != "__metadata__"),
+                  key=lambda n: header[n]["data_offsets"])
+
+
+def test_stray_bytes_after_the_last_tensor_are_refused_before_anything_is_allocated(
+        checkpoint_copy, no_new_holds, arenas):
+    with open(checkpoint_copy / "model.safetensors", "ab") as f:
+        f.write(b"XXXXXXXX")
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: corrupt: 8 stray "
+                                                    r"bytes \[\d+, \d+\) follow the last "
+                                                    r"tensor, '[\w.]+'"):
+        load(checkpoint_copy)
+    assert arenas == []
+
+
+def test_a_gap_between_tensors_is_refused_naming_the_tensor_after_it(checkpoint_copy,
+                                                                     no_new_holds, arenas):
+    f = checkpoint_copy / "model.safetensors"
+    data = f.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    before, after = _by_offset(header)[-2:]
+    begin = header[after]["data_offsets"][0]
+    header[after]["data_offsets"] = [o + 64 for o in header[after]["data_offsets"]]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    body = data[8 + n:]
+    f.write_bytes(struct.pack("<Q", len(raw)) + raw + body[:begin] + bytes(64) + body[begin:])
+    start = 8 + len(raw) + begin
+    with pytest.raises(grout.CheckpointError) as info:
+        load(checkpoint_copy)
+    assert str(info.value).startswith(
+        f"{f}: corrupt: bytes [{start}, {start + 64}) lie between tensor '{before}' and tensor "
+        f"'{after}' and belong to no tensor")
+    assert arenas == []
+
+
+def test_overlapping_tensors_are_refused_naming_both_before_anything_is_allocated(
+        checkpoint_copy, no_new_holds, arenas):
+    names = []
+
+    def overlap(h):             # the second tensor begins 4 bytes inside the first
+        names.extend(_by_offset(h)[:2])
+        h[names[1]]["data_offsets"] = [o - 4 for o in h[names[1]]["data_offsets"]]
     _rewrite_header(checkpoint_copy / "model.safetensors", overlap)
     with pytest.raises(grout.CheckpointError,
-                       match=r"model\.safetensors: reading tensor '[\w.]+' failed"):
+                       match=rf"model\.safetensors: corrupt: tensor '{names[1]}' \(bytes "
+                             rf"\[\d+, \d+\)\) overlaps tensor '{names[0]}' \(bytes"):
         load(checkpoint_copy)
+    assert arenas == []
+
+
+def test_a_file_the_safetensors_reader_refuses_is_refused_before_anything_is_allocated(
+        checkpoint_copy, no_new_holds, arenas):
+    # a tensor grout does not read, of a dtype safetensors does not know (and of no bytes,
+    # so the data section is still covered exactly)
+    def extra(h):
+        end = h[_by_offset(h)[-1]]["data_offsets"][1]
+        h["extra"] = {"dtype": "NOPE", "shape": [0], "data_offsets": [end, end]}
+    _rewrite_header(checkpoint_copy / "model.safetensors", extra)
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: the safetensors "
+                                                    r"reader refuses the file \(.*NOPE"):
+        load(checkpoint_copy)
+    assert arenas == []
+
+
+def test_an_error_reading_the_weights_keeps_nothing_allocated_through_its_traceback(
+        checkpoint_copy, no_new_holds, arenas, monkeypatch):
+    class Failing:                     # a file that fails partway through (a disk error)
+        def __init__(self, handle):
+            self.handle = handle
+
+        def get_tensor(self, name):
+            if name.startswith("model.layers.1."):
+                raise OSError(5, "Input/output error")
+            return self.handle.get_tensor(name)
+    import safetensors
+    safe_open = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda *a, **k: Failing(safe_open(*a, **k)))
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: reading tensor "
+                                                    r"'model\.layers\.1\.[\w.]+' failed") as info:
+        load(checkpoint_copy)
+    gc.collect()
+    assert info.value.__traceback__ is not None         # the error is still held, and yet
+    assert len(arenas) == 1 and arenas[0].expired()
+
+
+def test_copying_a_tensor_without_data_is_a_checkpoint_error_that_keeps_nothing_allocated(
+        checkpoints, no_new_holds, arenas):
+    from grout.engine import from_tensors
+    _, model = checkpoints["tied"]
+    cfg = grout.config.from_dict(model.config.to_dict(), "config", name="tied")
+    tensors = dict(model.state_dict())
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = torch.empty(tensors[name].shape, device="meta")
+    with pytest.raises(grout.CheckpointError, match=rf"from_tensors: copying tensor '{name}' "
+                                                    r"failed") as info:
+        from_tensors(cfg, tensors, device="cpu", dtype="float32")
+    gc.collect()
+    assert info.value.__traceback__ is not None         # the error is still held, and yet
+    assert len(arenas) == 1 and arenas[0].expired()
+
+
+def test_an_engine_that_fails_to_start_keeps_no_weights_alive_through_its_traceback(
+        checkpoints, no_new_holds, arenas, monkeypatch):
+    import grout.engine
+
+    class Failing(grout.engine.Runner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            raise RuntimeError("out of memory")
+    monkeypatch.setattr(grout.engine, "Runner", Failing)
+    with pytest.raises(RuntimeError, match="out of memory") as info:
+        load(checkpoints["tied"][0])
+    gc.collect()
+    assert info.value.__traceback__ is not None         # the error is still held, and yet
+    assert len(arenas) == 2 and all(a.expired() for a in arenas)   # the weights, the buffers
 
 
 def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
@@ -219,12 +342,15 @@ def test_errors_are_value_errors():
     assert issubclass(grout.GroutError, ValueError)
 
 
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
 def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
     from grout.tokenizer import qwen_tokenizer
     qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
     (checkpoint_copy / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
-                          "{% if add_generation_prompt %}[assistant]{% endif %}"}))
+        {"chat_template": TEMPLATE}))
     eng = load(checkpoint_copy)
     assert eng.tokenizer.source.endswith("tokenizer.json")
     assert eng.tokenizer.encode("Hello, world!") == [9707, 11, 1879, 0]
@@ -232,15 +358,30 @@ def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
         "[user]hi[assistant]"
 
 
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_the_checkpoint_chat_template_is_used_without_a_tokenizer_json(checkpoint_copy, where):
+    text = TEMPLATE if where.endswith(".jinja") else json.dumps({"chat_template": TEMPLATE})
+    (checkpoint_copy / where).write_text(text)
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.source == "qwen-tokenizer ranks"       # Qwen's BPE, built offline
+    assert eng.tokenizer.template_source.endswith(where)
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
 @pytest.mark.parametrize("template, what", [
     ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
+    ("{% if %}", "TemplateSyntaxError"),
     ("{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", "nosuchfilter"),
-], ids=["syntax error", "unknown filter"])
+], ids=["syntax error", "empty if", "unknown filter"])
 @pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+@pytest.mark.parametrize("tokenizer_json", [True, False], ids=["tokenizer.json",
+                                                               "no tokenizer.json"])
 def test_a_chat_template_that_does_not_compile_fails_the_load_naming_its_file(
-        checkpoint_copy, no_new_holds, template, what, where):
+        checkpoint_copy, no_new_holds, template, what, where, tokenizer_json):
     from grout.tokenizer import qwen_tokenizer
-    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    if tokenizer_json:
+        qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
     text = template if where.endswith(".jinja") else json.dumps({"chat_template": template})
     (checkpoint_copy / where).write_text(text)
     with pytest.raises(grout.CheckpointError, match=rf"{where}: .*{what}"):

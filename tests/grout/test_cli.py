@@ -90,6 +90,56 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
     assert r["graph"] and r["model"] == "tiny"
 
 
+def _bench_checkpoint(path, tmp_path, *args):
+    """``grout bench`` of the checkpoint at ``path`` in-process; its JSON results."""
+    out = tmp_path / "b.json"
+    assert cli.main(["bench", "--model", str(path), "--prompt-len", "4", "--gen-len", "3",
+                     "--repeats", "1", "--device", "cpu", "--dtype", "float32",
+                     "--no-progress", "--json", str(out), *args]) == 0
+    return json.loads(out.read_text())["results"][0]
+
+
+def test_bench_seed_is_the_seed_of_its_prompt_ids(checkpoints, tmp_path):
+    import grout
+    from grout import bench
+    path, _ = checkpoints["tied"]
+    r = _bench_checkpoint(path, tmp_path, "--seed", "5")
+    eng = grout.load(path, device="cpu", dtype="float32", progress=False)
+    ids = bench.prompt_ids(4, seed=5, vocab_size=eng.config.vocab_size)
+    assert r["seed"] == 5
+    assert r["tokens"] == eng.generate(ids, max_new_tokens=3, ignore_eos=True).token_ids
+
+
+def test_bench_draws_its_prompt_ids_inside_the_models_vocabulary(checkpoints, monkeypatch):
+    import grout
+    from grout import bench
+    eng = grout.load(checkpoints["tied"][0], device="cpu", dtype="float32", progress=False)
+    prompts, begin = [], eng.runner.begin
+
+    def spy(ids, *args, **kwargs):
+        prompts.append(list(ids))
+        return begin(ids, *args, **kwargs)
+    monkeypatch.setattr(eng.runner, "begin", spy)
+    bench.run(eng, 32, 2, repeats=1)
+    assert prompts and all(100 <= i < eng.config.vocab_size for ids in prompts for i in ids)
+
+
+def test_bench_refuses_a_vocabulary_too_small_for_its_prompt_ids():
+    import grout
+    from grout import bench
+    with pytest.raises(grout.RequestError, match=r"vocabulary of 100 ids has none"):
+        bench.prompt_ids(4, vocab_size=100)
+
+
+@pytest.mark.parametrize("command, meaning", [
+    ("generate", "sampling seed"), ("bench", "seed of the random prompt ids"),
+    ("serve", "every request that sends no")])
+def test_help_says_what_the_seed_of_each_subcommand_means(capsys, command, meaning):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    assert meaning in " ".join(capsys.readouterr().out.split())
+
+
 @pytest.mark.parametrize("where", ["missing-dir/b.json", "."], ids=["no such directory",
                                                                  "a directory"])
 def test_bench_json_that_cannot_be_written_exits_1_before_running(tmp_path, capsys, where):

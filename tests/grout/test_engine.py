@@ -228,6 +228,12 @@ def test_chat_applies_the_template():
         eng.chat([{"role": "robot", "content": "x"}])
 
 
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_enable_thinking_must_be_a_bool(eng, value):
+    with pytest.raises(grout.RequestError, match="enable_thinking must be True or False"):
+        eng.chat([{"role": "user", "content": "Hi"}], enable_thinking=value, max_new_tokens=1)
+
+
 def test_named_shape_weights_are_random_varied_and_bf16():
     eng = grout.load("tiny", device="cpu", max_seq_len=32, progress=False)
     assert eng.dtype == "bfloat16" and eng.config.vocab_size == 151936

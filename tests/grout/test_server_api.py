@@ -227,3 +227,14 @@ def test_max_tokens_zero_generates_nothing(client):
     r = complete(client, max_tokens=0)
     assert r.choices[0].text == "" and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens > 0
+
+
+def test_serve_seed_is_the_seed_of_requests_that_send_none(tmp_path_factory, client):
+    def sample(c, **kw):
+        r = complete(c, temperature=1.0, max_tokens=4, logprobs=0, **kw)
+        return r.choices[0].logprobs.tokens, r.choices[0].text
+    with cpu_server(tmp_path_factory, "server_seed", MAX_SEQ_LEN, "--seed", "7") as seeded:
+        c = seeded.client()
+        first, again, own = sample(c), sample(c), sample(c, seed=8)
+    assert first == again == sample(client, seed=7)
+    assert own == sample(client, seed=8) != first       # a request's own seed wins

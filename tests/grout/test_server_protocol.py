@@ -44,6 +44,13 @@ def test_a_stop_string_becomes_a_list():
     assert completion(stop=["a", "", "b"]).stop == ["a", "b"]
 
 
+def test_a_stop_string_longer_than_the_limit_is_refused_naming_it():
+    from grout.protocol import MAX_STOP_LENGTH
+    assert completion(stop=["a" * MAX_STOP_LENGTH]).stop == ["a" * MAX_STOP_LENGTH]
+    err = refused(completion, stop=["ok", "a" * 16000])
+    assert err.param == "stop" and "stop[1] has 16000" in err.message
+
+
 def test_top_k_minus_one_means_no_cut():
     assert completion(top_k=-1).top_k == 0
 
