@@ -222,7 +222,7 @@ class SharedOp(DeviceOp):
         self._recording = None
         self._recorded = (0, None)                # (launch count, last launch) after its record
         self._runner = None                       # the thread running the inner op
-        self._ran_in = None                       # the execution that ran it, until it settles
+        self._ran_in = None                       # (execution, thread) that ran it, until it ends
 
     def __repr__(self) -> str:
         return f"<SharedOp {self.inner!r}{' ran' if self._done else ''}>"
