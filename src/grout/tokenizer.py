@@ -360,7 +360,8 @@ def load_tokenizer(directory: Path | None) -> Tokenizer:
     elif template is None:
         return qwen_tokenizer()
     else:
-        backend, source = qwen_tokenizer()._tok, qwen_tokenizer().source
+        qwen = qwen_tokenizer()
+        backend, source = qwen._tok, qwen.source
     return Tokenizer(backend, template, source=source,
                      template_source=str(where or "the chat template"))
 
