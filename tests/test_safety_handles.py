@@ -150,6 +150,96 @@ def test_a_cancelled_submit_future_gives_its_output_through_recovered():
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
 
 
+def test_a_task_cancelled_after_its_op_completed_still_gets_the_values():
+    seen, task = {}, []
+
+    class CancelsOnCompletion(asyncio.SelectorEventLoop):
+        # the timing a timeout can hit: the task is cancelled in the loop iteration where
+        # its op's work completes, before the task resumes
+        def call_soon_threadsafe(self, callback, *args, **kwargs):
+            if getattr(callback, "__name__", "") == "_settle" and task:
+                def settle_then_cancel():
+                    callback(*args)
+                    task[0].cancel()
+                return super().call_soon_threadsafe(settle_then_cancel, **kwargs)
+            return super().call_soon_threadsafe(callback, *args, **kwargs)
+
+    async def waiter():
+        try:
+            await _op()
+        except asyncio.CancelledError as e:
+            seen["recovered"] = e.recovered
+            raise
+
+    async def main():
+        task.append(asyncio.ensure_future(waiter()))
+        with pytest.raises(asyncio.CancelledError):
+            await task[0]
+    loop = CancelsOnCompletion()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    x, y, z = seen["recovered"]
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+@st.kernel
+def stores_outside(x: st.In[st.f32], z: st.Out[st.f32], at: int):
+    z.partition(z.shape).store(sl.load_like(x, z), (at,))  # (at,) past the slab: refused
+
+
+def test_a_cancelled_await_of_a_failing_op_names_its_error_as_the_cause():
+    seen = {}
+
+    async def waiter():
+        try:
+            await _op().then(lambda x, y, z: stores_outside(x, z, 5))
+        except asyncio.CancelledError as e:
+            seen["cause"], seen["recovered"] = e.__cause__, e.recovered
+            raise
+
+    async def main():
+        task = asyncio.ensure_future(waiter())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(main())
+    assert isinstance(seen["cause"], st.OutOfBoundsError)
+    assert seen["recovered"] is not None
+
+
+def test_recovered_may_be_awaited_twice_and_for_a_future_cancelled_too_late():
+    async def main():
+        fut = st.submit(_op())
+        fut.cancel()
+        first, second = await aio.recovered(fut), await aio.recovered(fut)
+        late = st.submit(_op())
+        await asyncio.wait([late])
+        assert not late.cancel()                    # it completed: nothing to cancel
+        return first, second, await asyncio.wait_for(aio.recovered(late), 5)
+
+    first, second, late = asyncio.run(main())
+    assert first is second and late[2].unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+def test_submit_refuses_what_is_not_an_op_at_the_call():
+    async def main():
+        st.submit("not an op")
+    with pytest.raises(st.ExecutionError, match="takes a DeviceOp"):
+        asyncio.run(main())
+
+
+def test_a_then_callback_returning_an_op_that_already_ran_hands_back_its_values():
+    done = _op()
+    done.sync()
+    with pytest.raises(st.ExecutionError, match="already run") as e:
+        _op().then(lambda x, y, z: done).sync()
+    x, y, z = e.value.recovered
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
 @pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")   # dropped unrun on purpose
 @pytest.mark.parametrize("clones", [1, 2])
 def test_an_unrun_op_collected_in_a_cycle_with_its_shared_clones_hands_back_the_rest(clones):

@@ -37,7 +37,7 @@ import weakref
 
 from ..errors import ExecutionError
 from . import streams
-from .op import _state, enqueue, executing, refuse_inside_recording, refused
+from .op import DeviceOp, _state, enqueue, executing, refuse_inside_recording, refused
 from .unsafe_block import in_unsafe_block, on_behalf
 
 
@@ -55,6 +55,9 @@ def submit(op, stream=None) -> "asyncio.Future":
     if getattr(_state, "busy", None) is not None:     # inside a callback: re-entrant
         with executing("st.submit(op)"):              # raises ExecutionError
             pass
+    if not isinstance(op, DeviceOp):
+        raise ExecutionError(f"st.submit(op) takes a DeviceOp, got {type(op).__name__} "
+                             f"{op!r:.80} (a graph runs as g.launch())")
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -164,14 +167,14 @@ def _complete(entries, error) -> None:
         _settle(fut, out, error)
 
 
-# Cancelled futures whose work completed (fut -> ("done", out, error)) or whose awaiter
-# waits for that (fut -> ("wait", future)); weak, so a future nobody holds leaves nothing.
+# Cancelled futures whose work completed (fut -> ("done", out, error)) or whose awaiters
+# wait for that (fut -> ("wait", [futures])); weak, so a future nobody holds leaves nothing.
 _late: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _settle(fut, out, error) -> None:
     """The work of ``fut`` is complete and its values are handed back: resolve ``fut``, or,
-    if it was cancelled, keep the output for ``recovered``."""
+    if it was cancelled, keep the output for ``recovered`` (and wake its waiters)."""
     if not fut.done():
         if error is not None:
             fut.set_exception(error)
@@ -182,48 +185,63 @@ def _settle(fut, out, error) -> None:
         return
     rec = _late.get(fut)
     if rec is not None and rec[0] == "wait":
-        if not rec[1].done():
-            rec[1].set_result((out, error))
-    else:
-        _late[fut] = ("done", out, error)
+        for late in rec[1]:
+            if not late.done():
+                late.set_result((out, error))
+    _late[fut] = ("done", out, error)
 
 
 async def recovered(fut):
-    """The output of the op of a cancelled ``st.submit`` future, once its work completed
-    (further cancellations of the waiting task are held off until then)."""
-    out, error = await _late_result(fut)
+    """The output of the op of an ``st.submit`` future once its work has completed, also
+    when the future was cancelled (further cancellations of the waiting task are held off
+    until then); for a failed op, the values its error recovered."""
+    out, error = await _outcome(fut)
     if error is not None and getattr(error, "recovered", None) is not None:
         return error.recovered
     return out
 
 
-async def _late_result(fut):
+async def _outcome(fut):
+    """``(out, error)`` of ``fut``'s op once its work has completed, cancelled or not."""
+    while not fut.done():
+        try:
+            await asyncio.wait([fut])
+        except asyncio.CancelledError:
+            continue
+    if not fut.cancelled():
+        error = fut.exception()
+        return (None, error) if error is not None else (fut.result(), None)
     rec = _late.get(fut)
-    if rec is None or rec[0] != "done":
-        late = asyncio.get_running_loop().create_future()
-        _late[fut] = ("wait", late)
-        while not late.done():
-            try:
-                await asyncio.shield(late)
-            except asyncio.CancelledError:
-                continue
-        rec = ("done",) + late.result()
-    _late.pop(fut, None)
-    return rec[1], rec[2]
+    if rec is not None and rec[0] == "done":
+        return rec[1], rec[2]
+    late = asyncio.get_running_loop().create_future()
+    if rec is None:
+        _late[fut] = ("wait", [late])
+    else:
+        rec[1].append(late)
+    while not late.done():
+        try:
+            await asyncio.shield(late)
+        except asyncio.CancelledError:
+            continue
+    return late.result()
 
 
 def await_op(op):
     """``await op`` (``DeviceOp.__await__``): the output; if the awaiting task is cancelled,
-    ``CancelledError`` once the work has completed, with ``e.recovered``."""
+    ``CancelledError`` once the work has completed, with ``e.recovered`` (and the op's own
+    error, if it failed, as its ``__cause__``)."""
     fut = submit(op)
     try:
         return (yield from fut.__await__())
     except asyncio.CancelledError as e:
-        if not fut.cancelled():
-            raise
-        out, error = yield from _late_result(fut).__await__()
+        # The task may be cancelled after the work completed, before it resumed: the
+        # future then holds the outcome.
+        out, error = yield from _outcome(fut).__await__()
         rec = getattr(error, "recovered", None) if error is not None else None
         e.recovered = rec if rec is not None else out
+        if error is not None:
+            e.__cause__ = error
         raise
 
 

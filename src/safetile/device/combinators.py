@@ -98,7 +98,11 @@ class ThenOp(DeviceOp):
                 state.busy = outer
                 state.built = outer_built
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
-            out = nxt._run(ctx)
+            try:
+                out = nxt._run(ctx)
+            except BaseException as e:    # (an op that already ran took none of them)
+                attach_recovered(e, out)
+                raise
             source = nxt
         return out
 
