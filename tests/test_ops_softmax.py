@@ -54,3 +54,11 @@ def test_rows_sum_to_one_and_minus_infinity_gets_zero_probability():
     z = ops.softmax(wrap(x), one_pass_max=8, chunk=8).sync().to_torch()
     assert z[0, 5] == 0
     torch.testing.assert_close(z.sum(-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("one_pass_max", [8, 64])          # the chunked kernel, the one-pass
+def test_a_row_whose_first_chunks_are_all_minus_infinity_matches_torch(one_pass_max):
+    x = rand((2, 27), st.f32, 4)
+    x[0, :16] = float("-inf")                              # two whole chunks of 8
+    z = ops.softmax(wrap(x), one_pass_max=one_pass_max, chunk=8).sync().to_torch()
+    torch.testing.assert_close(z, torch.softmax(x, -1))

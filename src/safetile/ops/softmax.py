@@ -46,7 +46,10 @@ def softmax_online_kernel(x: st.In[st.floats, 2], z: st.Out[st.floats, 2], C: st
     for c in range(steps):
         t = x.load((i, c), (rows, C), padding=float("-inf")).astype(st.f32)
         m_new = sl.maximum(m, sl.max(t, 1))
-        total = total * sl.exp(m - m_new) + sl.sum(sl.exp(t - m_new[:, None]), 1)
+        # While a row has seen only -inf, m and m_new are -inf: exp(m - m_new) would be NaN;
+        # subtracting 0 instead keeps its total 0.
+        shift = sl.where(m_new > float("-inf"), m_new, 0.0)
+        total = total * sl.exp(m - shift) + sl.sum(sl.exp(t - shift[:, None]), 1)
         m = m_new
     chunks = z.partition((rows, C))
     for c in range(steps):
