@@ -195,3 +195,21 @@ def test_kv_append_refuses_a_truthy_non_bool_option(name):
     with pytest.raises(st.ArgumentError, match=f"ops.kv_append: {name} must be True"):
         ops.kv_append(new, new, i32(1), st.zeros((2, 20, 16)), st.zeros((2, 20, 16)),
                       **{name: "no"})
+
+
+@pytest.mark.parametrize("op", ["qk_norm_rope_kv_append", "qk_norm_rope_append_attention"])
+@pytest.mark.parametrize("cache", ["k_cache", "v_cache"])
+def test_decode_prologues_that_append_refuse_a_shared_cache(op, cache):
+    args = prologue_args()
+    at = 5 if cache == "k_cache" else 6
+    args[at] = args[at].share()
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: {cache}: expected an st.Tensor"):
+        PROLOGUES[op](args)
+    args[at].release()
+
+
+def test_the_prologue_that_only_reads_the_caches_takes_them_shared():
+    args = prologue_args()
+    args[5], args[6] = args[5].share(), args[6].share()
+    q, k_new = PROLOGUES["qk_norm_rope_attention"](args).sync()
+    assert q.shape[1] == 32

@@ -227,7 +227,7 @@ def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     docstring for the CPU executor's checks)."""
     name = "ops.qk_norm_rope_attention"
     hq, hkv, max_seq, d, rows = check_prologue(name, qkv, q_norm_weight, k_norm_weight, pos,
-                                               inv_freq, k_cache, v_cache)
+                                               inv_freq, k_cache, v_cache, writes_caches=False)
     if not early_attention_fits(d):
         raise ArgumentError(f"{name}: head_dim {d} is below {MIN_HEAD_DIM} (each half of a "
                             f"head feeds the tensor cores); use ops.qk_norm_rope_kv_append, "

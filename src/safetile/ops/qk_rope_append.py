@@ -129,11 +129,15 @@ def _kernel(kernel, num_warps: int, pdl: bool, trigger_early: bool = False):
 
 
 def check_prologue(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
-                   v_cache) -> tuple:
-    """Check the decode prologue's arguments (``qk_norm_rope_kv_append``); returns ``(Hq,
-    Hkv, max_seq, D, rows)``, ``rows`` the qkv projection as an (Hq + 2 Hkv, D) view."""
+                   v_cache, writes_caches: bool = True) -> tuple:
+    """Check the decode prologue's arguments (``qk_norm_rope_kv_append``; the caches are
+    Tensors where the op writes them); returns ``(Hq, Hkv, max_seq, D, rows)``, ``rows`` the
+    qkv projection as an (Hq + 2 Hkv, D) view."""
     check_inputs(name, qkv=qkv, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
                  pos=pos, inv_freq=inv_freq, k_cache=k_cache, v_cache=v_cache)
+    if writes_caches:
+        host.check_target(f"{name}: k_cache", k_cache)
+        host.check_target(f"{name}: v_cache", v_cache)
     if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape) or not k_cache.shape[1]:
         raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D) with max_seq >= 1, "
                             f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
