@@ -266,6 +266,15 @@ def test_a_kernel_defined_in_a_nested_function_reports_its_own_line():
     assert_definition_error(ei, "call", "nested-def")
 
 
+def test_arange_written_as_tritons_start_and_end_is_rejected_naming_the_difference():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.i32]):
+            z.store(sl.arange(0, 4))  # <- arange-start-end
+    assert_definition_error(ei, "call", "arange-start-end")
+    assert "unlike tl.arange(start, end)" in str(ei.value)
+
+
 def test_a_store_used_as_a_value_is_rejected():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel

@@ -96,7 +96,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    from .engine import load
+    from .config import SHAPES
+    from .engine import load, resolve_device
+    if args.model in SHAPES and args.model != "tiny" and \
+            resolve_device(args.device).type == "cpu":
+        print(f"grout: note: {args.model} runs on the CPU executor here (no GPU): building "
+              f"its weights takes a minute and each token many seconds; --model tiny is "
+              f"CPU-sized", file=sys.stderr)
     return load(args.model, device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
                 gemm=args.gemm, seed=args.weights_seed, progress=not args.no_progress)
 
@@ -171,7 +177,10 @@ def serve(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if getattr(args, "enable_thinking", False) and not args.chat:
+        p.error("--enable-thinking applies to a --chat prompt (the chat template's thinking)")
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write

@@ -83,7 +83,8 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
                      "--repeats", "1", "--device", "cpu", "--no-progress", "--json",
                      str(out)]) == 0
     text = capsys.readouterr().out
-    assert "time to first token" in text and "% of roofline" in text
+    assert "time to first token" in text and "decode" in text
+    assert "roofline" not in text                  # the H200's roofline says nothing of a CPU
     r = json.loads(out.read_text())["results"][0]
     for key in ("ttft_ms", "decode_tok_s", "ms_per_token", "pct_of_roofline", "roofline_tok_s"):
         assert r[key] > 0
@@ -181,3 +182,41 @@ def test_serve_on_a_port_in_use_exits_1_before_loading():
                                str(port), timeout=120)
     assert code == 1 and "address already in use" in err.lower()
     assert "random tiny" not in err
+
+
+def test_generate_shows_no_progress_bar_after_the_first_token(monkeypatch):
+    import io
+    import sys
+    events = []
+
+    class Recorded(io.StringIO):            # one terminal: the order of every write
+        def __init__(self, name):
+            super().__init__()
+            self.stream_name = name
+
+        def write(self, s):
+            events.append((self.stream_name, s))
+            return len(s)
+    monkeypatch.setattr(sys, "stdout", Recorded("out"))
+    monkeypatch.setattr(sys, "stderr", Recorded("err"))
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "4",
+                     "--device", "cpu"]) == 0
+    first = next(i for i, (name, s) in enumerate(events) if name == "out" and s)
+    assert any("recording the greedy decode step" in s for _, s in events[:first])
+    assert not any("recording" in s for name, s in events[first:] if name == "err")
+
+
+def test_a_gpu_sized_shape_on_the_cpu_says_so_before_it_loads(capsys, monkeypatch):
+    import grout.engine
+    monkeypatch.setattr(grout.engine, "load", lambda *a, **k: (_ for _ in ()).throw(
+        SystemExit(0)))                        # stop before building 36 layers
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--model", "qwen3-4b", "--prompt", "Hi", "--device", "cpu"])
+    assert "qwen3-4b runs on the CPU executor" in capsys.readouterr().err
+
+
+def test_enable_thinking_without_chat_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--enable-thinking"])
+    assert e.value.code == 2 and "--enable-thinking applies to a --chat prompt" in \
+        capsys.readouterr().err

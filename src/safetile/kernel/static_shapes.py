@@ -91,6 +91,10 @@ def check_static_shapes(src: KernelSource, params: dict, info: BodyInfo) -> None
             r = info.scope.resolve(f)
             if r is not None and r.kind == "builtin" and r.value.name in OP_SHAPES:
                 declared, what = r.value.__wrapped__, f"the sl.{r.value.name} size"
+                if r.value.name == "arange" and len(node.args) + len(node.keywords) != 1:
+                    raise src.error(node, "call", f"`{ast.unparse(node)}`: sl.arange(n) takes "
+                                    f"one size, unlike tl.arange(start, end): write "
+                                    f"sl.arange(end - start) + start")
         if declared is None:
             continue
         shape = _shape_arg(node, declared)
