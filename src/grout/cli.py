@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     g.add_argument("--enable-thinking", action="store_true",
                    help="with --chat: let the model think first (<think> ... </think>)")
+    g.set_defaults(usage_error=g.error)
     g.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 is off")
@@ -177,10 +178,10 @@ def serve(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = parser()
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     if getattr(args, "enable_thinking", False) and not args.chat:
-        p.error("--enable-thinking applies to a --chat prompt (the chat template's thinking)")
+        args.usage_error("--enable-thinking applies to a --chat prompt (the chat template's "
+                         "thinking)")
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write

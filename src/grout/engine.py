@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,6 +369,7 @@ def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fuse
     name = resolve_dtype(dtype, cfg.dtype)
     cfg = cfg.with_dtype(name)
     seq = min(max_seq_len, cfg.max_position_embeddings)
+    handled = sys.exc_info()[1]           # the caller's own, if it is handling one
     weights = build(cfg, dev, getattr(torch, name), gemm == "cublas", progress)
     try:
         return Engine(cfg, weights, tokenizer, dev, name, seq, gemm, progress, fused,
@@ -376,7 +378,7 @@ def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fuse
         # Nothing stays allocated: the frames the error passed through would keep the
         # weights (and the engine's buffers) alive for as long as the error is kept.
         weights.release()
-        drop_locals(e)
+        drop_locals(e, handled)
         del weights
         raise
 

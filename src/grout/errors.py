@@ -23,16 +23,17 @@ class ShardingError(GroutError):
     head count, the MLP width or the vocabulary that the rank count does not divide."""
 
 
-def drop_locals(error: BaseException) -> None:
+def drop_locals(error: BaseException, handled: BaseException | None = None) -> None:
     """Clear the local variables of every finished frame ``error`` (and the errors it
-    chains) passed through.
+    chains) passed through, up to ``handled``: the error the caller was handling when the
+    failing call began (``sys.exc_info()[1]`` then), whose frames are the caller's own.
 
     A traceback keeps each frame it passed through alive, and each frame its locals, for as
     long as the error is kept (``sys.last_value`` in a REPL, an ``except ... as`` in a
     caller): a failure while building something large (the weights) would keep it
     allocated. The frames still running, the caller's, keep theirs; the printed traceback is
     unchanged."""
-    pending, seen = [error], set()
+    pending, seen = [error], {id(handled)}
     while pending:
         e = pending.pop()
         if e is None or id(e) in seen:

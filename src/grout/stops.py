@@ -46,7 +46,7 @@ class StopTail:
     ``str.find``'s job); the ends of it that begin it again do."""
 
     def __init__(self, stops):
-        self._stops = tuple(stops)
+        self._stops = tuple(s for s in stops if s)     # "" begins nothing it could hold back
         self._borders = [_borders(s) for s in self._stops]
         self._matched = [0] * len(self._stops)    # per stop: the prefix the text ends with
         self.held = 0

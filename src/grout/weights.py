@@ -196,11 +196,12 @@ def _build(cfg: Qwen3Config, device: torch.device, dtype: torch.dtype, keep_torc
     of this call, and an error keeps the frames it passed through (and their locals) alive
     for as long as the error itself is kept (a REPL keeps the last one), so their locals
     are dropped before the error leaves."""
+    handled = sys.exc_info()[1]           # the caller's own, if it is handling one
     builder = _Builder(cfg, device, dtype, keep_torch)
     try:
         return _fill(builder, cfg, read, layer_done or (lambda: None))
     except BaseException as e:
-        drop_locals(e)
+        drop_locals(e, handled)
         del builder
         raise
 

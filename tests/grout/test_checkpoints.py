@@ -307,6 +307,30 @@ def test_copying_a_tensor_without_data_is_a_checkpoint_error_that_keeps_nothing_
     assert len(arenas) == 1 and arenas[0].expired()
 
 
+def test_a_failed_load_leaves_the_callers_own_error_and_its_locals_alone(checkpoints,
+                                                                            no_new_holds):
+    from grout.engine import from_tensors
+    _, model = checkpoints["tied"]
+    cfg = grout.config.from_dict(model.config.to_dict(), "config", name="tied")
+    tensors = dict(model.state_dict())
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = torch.empty(tensors[name].shape, device="meta")
+
+    def callers_step():
+        state = {"the caller's": "locals"}
+        raise KeyError(state)
+    try:
+        callers_step()
+    except KeyError as own:
+        callers = own
+        with pytest.raises(grout.CheckpointError):
+            from_tensors(cfg, tensors, device="cpu", dtype="float32")
+    tb = callers.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_locals == {"state": {"the caller's": "locals"}}
+
+
 def test_an_engine_that_fails_to_start_keeps_no_weights_alive_through_its_traceback(
         checkpoints, no_new_holds, arenas, monkeypatch):
     import grout.engine

@@ -218,5 +218,6 @@ def test_a_gpu_sized_shape_on_the_cpu_says_so_before_it_loads(capsys, monkeypatc
 def test_enable_thinking_without_chat_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--enable-thinking"])
-    assert e.value.code == 2 and "--enable-thinking applies to a --chat prompt" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--enable-thinking applies to a --chat prompt" in err
+    assert "usage: grout generate" in err

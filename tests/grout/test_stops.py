@@ -57,3 +57,7 @@ def test_a_stop_that_is_not_non_empty_strings_is_a_request_error(stop):
     import grout
     with pytest.raises(grout.RequestError, match="stop must be a non-empty string"):
         stop_strings(stop)
+
+
+def test_an_empty_stop_holds_nothing_back():
+    assert held_back("abc", ["", "cd"]) == 1
