@@ -24,7 +24,7 @@ from .errors import CheckpointError
 
 SAFETENSORS_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
                       "F32": (torch.float32, 4)}
-MAX_HEADER = 100 << 20
+MAX_HEADER = 100_000_000
 REPAIR = "re-download the checkpoint or save it again with safetensors"
 
 

@@ -323,6 +323,9 @@ def _checkpoint_template(directory: Path) -> tuple[str, Path] | None:
         except (OSError, ValueError, RecursionError) as e:
             raise CheckpointError(f"{cfg}: not valid JSON ({e!s:.200})") from None
         template = template.get("chat_template") if isinstance(template, dict) else None
+        if isinstance(template, list):       # Hugging Face's named templates: the default
+            template = next((t.get("template") for t in template if isinstance(t, dict)
+                             and t.get("name") == "default"), None)
         if not isinstance(template, str):
             return None
     else:

@@ -393,6 +393,14 @@ def test_the_checkpoint_chat_template_is_used_without_a_tokenizer_json(checkpoin
         "[user]hi[assistant]"
 
 
+def test_the_default_of_hugging_faces_named_chat_templates_is_used(checkpoint_copy):
+    named = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": TEMPLATE}]
+    (checkpoint_copy / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
 @pytest.mark.parametrize("template, what", [
     ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
     ("{% if %}", "TemplateSyntaxError"),
