@@ -31,6 +31,33 @@ def test_a_conditional_value_is_bounded_only_if_both_branches_are():
 
 
 @st.kernel
+def ceiling_then_wrap(z: st.Out[st.i32]):
+    v = sl.cdiv(sl.arange(2), 2)                    # [0, 1]: one past 1 // 2
+    big = v * 2147483647 + v * 2147483647          # [0, -2] after the wrap
+    z.store(big // 3)
+
+
+def test_a_ceiling_division_is_bounded_by_its_ceiling():
+    def z2():
+        return st.zeros((2,), dtype=st.i32).partition((2,))
+    with st.backend("interpret"):
+        (z,) = ceiling_then_wrap(z2()).sync()
+    assert z.unpartition().to_torch().tolist() == [0, -1]
+    assert "_st_floordiv(big, 3)" in ceiling_then_wrap.source(z2())
+
+
+@st.kernel
+def shifted_past_width(x: st.In[st.i32], z: st.Out[st.i32], k: st.Const[int]):
+    z.store(sl.load_like(x, z) << k)
+
+
+@pytest.mark.parametrize("k", [32, -1])
+def test_a_constant_shift_outside_the_width_uses_the_guarded_shift(k):
+    x = st.from_torch(__import__("torch").tensor([1, 2, 3, 4], dtype=__import__("torch").int32))
+    assert "_st_shl(" in shifted_past_width.source(x, z4(), k)
+
+
+@st.kernel
 def counts_past_int32(z: st.Out[st.i32], n: int):
     a = z.index[0] * 0 + 2147483640
     for i in range(n):

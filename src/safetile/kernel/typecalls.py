@@ -14,7 +14,7 @@ from .. import dtypes as _d
 from ..dtypes import DType
 from ..lang import semantics as S
 from ..lang.views import InView, OutView, SubTiles
-from .typevalues import V, const, operand, runtime, scalar, tile
+from .typevalues import V, bounded, const, operand, runtime, scalar, tile
 
 _MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
 _FLOAT_NAMES = {"inf": math.inf, "-inf": -math.inf, "+inf": math.inf, "nan": math.nan,
@@ -366,7 +366,10 @@ class CallTyper:
             if b.value == 0:
                 raise self.fail(node, "compile-time sl.cdiv by zero")
             return const(-(-a.value // b.value))
-        return self.binop(node, "//", a, b)
+        q = self.binop(node, "//", a, b)
+        if q.bound is not None:                    # the ceiling may be one above the floor
+            q.bound = bounded(q.bound + 1)
+        return q
 
     def ptr_view(self, node):
         v = self.expr(node.args[0])

@@ -69,7 +69,8 @@ Operators
   divisor's sign (``-7 // 2 == -4``, ``-7 % 2 == 1``), for runtime and compile-time values
   alike; ``INT_MIN // -1`` wraps to ``INT_MIN``. Division by zero is an error: the CPU
   executor raises ``DivisionByZeroError``; on the GPU, where it cannot be reported,
-  ``x // 0`` is 0 and ``x % 0`` is ``x``. ``sl.cdiv(a, b)`` is ``-(-a // b)`` (the ceiling).
+  ``x // 0`` is 0 and ``x % 0`` is ``x``. ``sl.cdiv(a, b)`` is ``-(-a // b)`` (the ceiling;
+  on the GPU ``sl.cdiv(a, 0)`` is 1 for a nonzero ``a``, 0 for 0).
 - ``//`` and ``%`` on floats are refused: Triton has no float floor division, and its float
   remainder is exact ``fmod`` in its interpreter but derived from a rounded quotient on the
   GPU, so no one result could be promised. Write the quotient (``a / b``, ``.astype(st.i32)``
@@ -88,7 +89,9 @@ Operations (``safetile.lang``; see each op's docstring for its signature)
   rounded back; ints give fp32. The GPU uses fast approximations (a few ulp): results are
   specified to that accuracy, not bit for bit. ``sqrt`` and ``rsqrt`` take a subnormal
   fp32 argument as a zero of its sign (their GPU instructions flush it: ``rsqrt(1e-39)`` is
-  inf). ``abs`` keeps the dtype (ints wrap).
+  inf). A result below the smallest normal fp32 (2**-126) may be 0 on the GPU where the CPU
+  executor gives the subnormal: ``exp2`` of -126 to -150, ``sigmoid`` below about -87.3.
+  ``abs`` keeps the dtype (ints wrap).
 - ``maximum``/``minimum``/``min``/``max`` of runtime values: where one operand is NaN the other
   wins. When both are zeros of different signs, the sign of the result is unspecified.
 - ``sl.sum``: fp16/bf16 accumulate in fp32 and round back to their type, int8 sums are int32;

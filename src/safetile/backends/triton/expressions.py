@@ -247,7 +247,8 @@ class ExpressionEmitter(ConstantNames):
                 if not (a.bound is not None and b.kind == "const" and b.value > 0):
                     helper = "_st_floordiv" if op == "//" else "_st_floormod"
                     return f"{self.use(helper)}({lt}, {rt})"
-            elif op in ("<<", ">>") and b.runtime:
+            elif op in ("<<", ">>") and (b.runtime or not 0 <= b.value < 8 * a.dtype.itemsize):
+                # (a constant amount outside [0, bits) is undefined in Triton, as at runtime)
                 return f"{self.use('_st_shl' if op == '<<' else '_st_shr')}({lt}, {rt})"
         return f"({lt} {op} {rt})"
 
