@@ -82,3 +82,23 @@ def test_an_int_tile_stored_through_a_bool_pointer_is_true_where_it_is_not_zero(
             p, _ = ptr_to_bool(st.zeros((4,), dtype=st.bool_, device="cpu"), ints(values)).sync()
     assert "arith.cmpi ne" in code and "arith.trunci" not in code
     assert p.to_torch().tolist() == [v != 0 for v in values]
+
+
+@st.kernel
+def int_to_bf16(x: st.In[st.i32], z: st.Out[st.bf16], w: st.Out[st.bf16]):
+    v = sl.load_like(x, z)
+    z.store(v.astype(st.bf16))
+    w.store(v)
+
+
+def test_an_int_becomes_bf16_by_one_rounding_on_both_backends():
+    values = [16842753, 16908287, 33685505, -16842753]      # next to bf16 midpoints
+    ptx = int_to_bf16.compile(ints(values), out((4,), st.bf16, (4,)),
+                              out((4,), st.bf16, (4,))).asm["ptx"]
+    assert "cvt.rn.bf16.s32" in ptx
+    with st.backend("interpret", seed=0):
+        _, z, w = int_to_bf16(ints(values), out((4,), st.bf16, (4,)),
+                              out((4,), st.bf16, (4,))).sync()
+    once = [16908288.0, 16908288.0, 33816576.0, -16908288.0]   # rounded from the exact int
+    assert z.unpartition().to_torch().float().tolist() == once
+    assert w.unpartition().to_torch().float().tolist() == once

@@ -34,11 +34,22 @@ def rule(fn, *args):
 def to(x, d: DType) -> torch.Tensor:
     """Operand ``x`` (a tensor, or a compile-time number) as a tensor of dtype ``d``."""
     if isinstance(x, torch.Tensor):
-        return x if x.dtype == d.torch else x.to(d.torch)
+        if x.dtype == d.torch:
+            return x
+        if d.torch is torch.bfloat16 and x.dtype in (torch.int32, torch.int64):
+            return _int_to_bf16(x)
+        return x.to(d.torch)
     if d.is_float:
         # Compile-time numbers become fp32 first, then the tile's type; zeros are +0.0.
         return torch.tensor(S.compile_time_float(x), dtype=torch.float32).to(d.torch)
     return torch.tensor(int(x), dtype=d.torch)
+
+
+def _int_to_bf16(t: torch.Tensor) -> torch.Tensor:
+    """Ints rounded once to bf16 (to nearest, ties to even), as the GPU converts them: torch
+    goes through fp32 and rounds twice above 2**24 (exact below 2**53, as fp64 holds them)."""
+    m, e = torch.frexp(t.to(torch.float64))          # t = m * 2**e, 0.5 <= |m| < 1
+    return torch.ldexp(torch.round(m * 256), e - 8).to(torch.bfloat16)
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -154,7 +165,7 @@ def cast(t: torch.Tensor, d: DType) -> torch.Tensor:
         return r.to(d.torch)
     if d is _d.bool_:
         return t != 0
-    return t.to(d.torch)
+    return to(t, d)
 
 
 def where(c, a, b) -> torch.Tensor:
