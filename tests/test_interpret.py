@@ -222,3 +222,34 @@ def test_example_kernels_give_identical_results_under_any_program_order(seed):
     torch.testing.assert_close(s.unpartition().to_torch(), torch.softmax(m.to_torch(), 1))
     torch.testing.assert_close(c.unpartition().to_torch(), a.to_torch() @ b.to_torch(),
                                rtol=1e-5, atol=1e-5)
+
+
+@st.kernel(unsafe=True)
+def reserve_slots(counter: st.Ptr[st.i32], out: st.Ptr[st.i32]):
+    if sl.bid(0) == 0:
+        slots = sl.atomic_add(counter, sl.zeros((4,), st.i32), 1)    # one ticket per lane
+        sl.store_ptr(out, slots, sl.arange(4) + 100)
+    else:
+        sl.store_ptr(out, sl.zeros((1,), st.i32) + 2, sl.full((1,), 7, st.i32))
+
+
+@st.kernel(unsafe=True)
+def take_tickets(counter: st.Ptr[st.i32], out: st.Ptr[st.i32]):
+    sl.store_ptr(out, sl.arange(4), sl.atomic_add(counter, sl.zeros((4,), st.i32), 1))
+
+
+def test_lanes_of_one_atomic_add_on_one_element_each_get_their_own_old_value():
+    with st.unsafe(), st.backend("interpret", seed=0):
+        counter, out = take_tickets.options(grid=(1,))(
+            st.zeros((1,), dtype=st.i32, device="cpu"),
+            st.zeros((4,), dtype=st.i32, device="cpu")).sync()
+    assert counter.to_torch().tolist() == [4]
+    assert sorted(out.to_torch().tolist()) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_race_on_slots_reserved_by_one_atomic_add_is_reported(seed):
+    with st.unsafe(), st.backend("interpret", seed=seed), pytest.raises(st.RaceError,
+                                                                       match="element \\(2,\\)"):
+        reserve_slots.options(grid=(2,))(st.zeros((1,), dtype=st.i32, device="cpu"),
+                                         st.zeros((8,), dtype=st.i32, device="cpu")).sync()

@@ -248,6 +248,7 @@ class SubView:
 
 
 _VERBS = {"writer": "writes", "reader": "reads", "atomic": "atomically updates"}
+_PLURAL = {"writer": "write", "reader": "read", "atomic": "atomically update"}
 
 
 def _mark(table: torch.Tensor, active: torch.Tensor, program: int) -> None:
@@ -300,10 +301,10 @@ class PtrView:
             if c:
                 off, other = c
                 el = _coord(off, self._shape)
-                other_s = "several programs" if other == MANY else self.launch.describe(other)
+                others = f"several other programs also {_PLURAL[name]} it" if other == MANY \
+                    else f"{self.launch.describe(other)} also {_VERBS[name]} it"
                 raise RaceError(f"kernel '{self.launch.kernel}': {self.launch.describe(program)} "
-                                f"{verb} element {el} of '{self.name}' (offset {off}); {other_s} "
-                                f"also {_VERBS[name]} it")
+                                f"{verb} element {el} of '{self.name}' (offset {off}); {others}")
 
     def load(self, program, offsets, mask, other):
         off, m, active = self._lanes(program, offsets, mask, "load_ptr")
@@ -323,10 +324,30 @@ class PtrView:
     def atomic_add(self, program, offsets, value, mask):
         off, m, active = self._lanes(program, offsets, mask, "atomic_add")
         self._check(program, active, "atomically updates", ("writer", "reader"))
-        old = self._flat[active].clone()
         v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
-        self._flat.index_add_(0, active, v.to(self._flat.dtype))
+        v = v.to(self._flat.dtype)
+        old = self._flat[active] + _earlier_adds(active, v)
+        self._flat.index_add_(0, active, v)
         _mark(self.atomic, active, program)
         out = torch.zeros(off.shape, dtype=self._flat.dtype)
         out[m] = old
         return Tile(out.reshape(as_tensor(offsets).shape))
+
+
+def _earlier_adds(offsets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """For each lane of one atomic_add, what the lanes before it add to the same element: as
+    on the GPU, each lane is an atomic of its own, so lanes that share an element see each
+    other's additions (applied here in lane order, one order the GPU may take)."""
+    if offsets.numel() < 2:
+        return torch.zeros_like(values)
+    order = torch.argsort(offsets, stable=True)
+    o = offsets[order]
+    wide = torch.float32 if values.is_floating_point() else torch.int64
+    v = values[order].to(wide)
+    before = torch.cumsum(v, 0) - v                    # exclusive sum over all lanes
+    starts = torch.ones_like(o, dtype=torch.bool)
+    starts[1:] = o[1:] != o[:-1]
+    first = torch.cummax(torch.where(starts, torch.arange(len(o)), 0), 0).values
+    out = torch.empty_like(v)
+    out[order] = before - before[first]                # exclusive sum within the element
+    return out.to(values.dtype)
