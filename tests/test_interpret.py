@@ -253,3 +253,26 @@ def test_a_race_on_slots_reserved_by_one_atomic_add_is_reported(seed):
                                                                        match="element \\(2,\\)"):
         reserve_slots.options(grid=(2,))(st.zeros((1,), dtype=st.i32, device="cpu"),
                                          st.zeros((8,), dtype=st.i32, device="cpu")).sync()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("sl.store_ptr(p, sl.arange(4).astype(st.f32) * 1.5, sl.full((4,), 1.0, st.f32))",
+     "pointer offsets are ints"),
+    ("sl.store_ptr(p, sl.arange(4), sl.full((4,), 1.0, st.f32), mask=sl.arange(4) % 2)",
+     "mask is bool"),
+    ("sl.store_ptr(p, sl.arange(1), sl.full((1,), 1.0, st.f32), mask=sl.arange(4) < 2)",
+     "broadcasts to the offsets' shape"),
+    ("sl.store_ptr(p, sl.arange(4), sl.load_ptr(p, sl.arange(4), sl.arange(4) < 2, "
+     "sl.full((4,), 9.0, st.f32)))", "compile-time number"),
+], ids=["float offsets", "int mask", "wider mask", "tile other"])
+def test_pointer_ops_take_only_what_both_backends_compute_alike(tmp_path, body, message):
+    path = tmp_path / "pointer_kernel.py"
+    path.write_text("import safetile as st\nimport safetile.lang as sl\n\n\n"
+                    "@st.kernel(unsafe=True, grid=(1,))\n"
+                    f"def k(p: st.Ptr[st.f32]):\n    {body}\n")
+    spec = importlib.util.spec_from_file_location("pointer_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with st.unsafe(), st.backend("interpret"), pytest.raises(st.KernelDefinitionError,
+                                                             match=message):
+        module.k(st.zeros((8,), device="cpu")).sync()

@@ -371,28 +371,6 @@ class CallTyper:
             q.bound = bounded(q.bound + 1)
         return q
 
-    def ptr_view(self, node):
-        v = self.expr(node.args[0])
-        return self.view_spec(v.value[1])
-
-    def op_load_ptr(self, node) -> V:
-        p = self.ptr_view(node)
-        off = self.number(node.args[1], "the offsets")
-        return runtime(p.dtype, off.shape)
-
-    def op_store_ptr(self, node) -> V:
-        p = self.ptr_view(node)
-        self.number(node.args[1], "the offsets")
-        v = self.number(node.args[2], "the stored value")
-        self.rule(node, S.store_check, operand(v), p.dtype)
-        return V("none")
-
-    def op_atomic_add(self, node) -> V:
-        p = self.ptr_view(node)
-        off = self.number(node.args[1], "the offsets")
-        self.number(node.args[2], "the added value")
-        return runtime(p.dtype, off.shape)
-
     # -- Python builtins -------------------------------------------------------------------------
     def py_float(self, node) -> V:
         if len(node.args) != 1 or node.keywords:

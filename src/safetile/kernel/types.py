@@ -22,6 +22,7 @@ from ..lang import semantics as S
 from ..lang.diagnostics import TILE_AS_VALUE_HINT
 from .typecalls import CallTyper
 from .typeexprs import BINOPS, ExprTyper
+from .typeptrs import PointerTyper
 from .typevalues import V, bounds, const, leaves, merged, scalar, specials, unbounded
 
 _MAX_DIM_BOUND = S.MAX_DIM
@@ -63,7 +64,7 @@ class _Spec:
         self.tile, self.value, self.persistent = a.tile, a.value, a.persistent
 
 
-class BodyTyper(ExprTyper, CallTyper):
+class BodyTyper(ExprTyper, CallTyper, PointerTyper):
     """Types one body (a kernel, or a helper for one signature)."""
 
     def __init__(self, src, scope, typed: Typed, program: Program, specs: dict, env: dict,
