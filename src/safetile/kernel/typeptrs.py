@@ -32,9 +32,11 @@ class PointerTyper:
 
     def ptr_offsets(self, node) -> V:
         off = self.number(node.args[1], "the offsets")
-        not_int = off.dtype.is_float or off.dtype is _d.bool_ if off.runtime else \
-            not isinstance(off.value, int) or isinstance(off.value, bool)
-        if not_int:
+        if off.runtime:
+            is_int = not off.dtype.is_float and off.dtype is not _d.bool_
+        else:
+            is_int = isinstance(off.value, int) and not isinstance(off.value, bool)
+        if not is_int:
             raise self.fail(node.args[1], f"`{ast.unparse(node.args[1])}`: pointer offsets are "
                                           f"ints, got {off.describe()}")
         return off
