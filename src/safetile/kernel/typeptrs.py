@@ -12,14 +12,8 @@ import ast
 
 from .. import dtypes as _d
 from ..lang import semantics as S
+from .typecalls import _arg
 from .typevalues import V, operand, runtime
-
-
-def _arg(node, i: int, name: str):
-    """Argument ``i`` (or keyword ``name``) of a call, or None."""
-    if len(node.args) > i:
-        return node.args[i]
-    return next((k.value for k in node.keywords if k.arg == name), None)
 
 
 class PointerTyper:
