@@ -246,6 +246,30 @@ def test_a_float_launch_axis_is_refused():
     refused(float_axis, lambda: (z64(st.i32),), "the launch axis must be 0, 1 or 2")
 
 
+@st.kernel
+def second_axis_of_an_out_grid(z: st.Out[st.i32, 2]):
+    z.store(sl.zeros(z.shape, st.i32) + sl.bid(1))
+
+
+def test_a_second_launch_axis_is_refused_in_a_kernel_over_an_out_grid():
+    # A 2-D partition still launches one program per tile on axis 0: bid(1) would be 0.
+    refused(second_axis_of_an_out_grid,
+            lambda: (st.zeros((4, 4), dtype=st.i32).partition((2, 2)),),
+            "use z.index")
+
+
+@st.kernel(unsafe=True)
+def second_axis_of_a_grid(p: st.Ptr[st.i32]):
+    sl.store_ptr(p, sl.zeros((1,), st.i32) + sl.bid(1) * sl.num_blocks(0) + sl.bid(0),
+                 sl.zeros((1,), st.i32) + sl.num_blocks(1))
+
+
+def test_a_second_launch_axis_counts_programs_of_a_grid_option():
+    with st.backend("interpret"), st.unsafe():
+        (p,) = second_axis_of_a_grid.options(grid=(2, 3))(st.zeros((6,), dtype=st.i32)).sync()
+    assert p.to_torch().tolist() == [3] * 6
+
+
 # ---- persistent loops --------------------------------------------------------------------------
 
 @st.kernel

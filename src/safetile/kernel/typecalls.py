@@ -346,6 +346,10 @@ class CallTyper:
         if v is None or v.kind != "const" or v.value not in (0, 1, 2) or \
                 type(v.value) is not int:
             raise self.fail(node, "the launch axis must be 0, 1 or 2")
+        if v.value and self.program.one_axis:
+            raise self.fail(node, f"a kernel with Out parameters launches its programs on one "
+                                  f"axis (one per tile, in program order), so axis {v.value} "
+                                  f"has one program: use z.index[k] for the tile's coordinates")
 
     def op_bid(self, node) -> V:
         self.program_axis(node)

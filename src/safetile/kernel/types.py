@@ -49,9 +49,10 @@ class HelperInstance:
 class Program:
     """A variant's typing: the kernel body and every helper instance it reaches."""
 
-    def __init__(self):
+    def __init__(self, one_axis: bool = False):
         self.kernel = Typed()
         self.helpers: dict = {}            # (id(fn), signature) -> HelperInstance
+        self.one_axis = one_axis           # a launch over an Out grid: one program per tile
 
 
 class _Spec:
@@ -416,7 +417,7 @@ def check(kernel, key) -> Program:
     tkey = type_key(key)
     program = cache.get(tkey)
     if program is None:
-        program = Program()
+        program = Program(one_axis=any(a.kind == "Out" for a in key.args))
         specs, env = {}, {}
         for a in key.args:
             specs[a.name] = _Spec(a)

@@ -243,7 +243,9 @@ def zeros(shape, dtype):
 
 @_builtin("tl.program_id")
 def bid(axis):
-    """This program's index along launch axis ``axis`` (safe launches are 1-D: use 0)."""
+    """This program's index along launch axis ``axis``. A kernel with ``Out`` parameters
+    launches one program per tile on axis 0 only (``z.index`` is the tile's coordinates);
+    axes 1 and 2 belong to ``options(grid=...)`` launches."""
 
 @_builtin("tl.num_programs")
 def num_blocks(axis):
