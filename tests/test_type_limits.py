@@ -364,3 +364,14 @@ def padding_in_a_name(x: st.In[st.f32], z: st.Out[st.f32]):
 def test_a_padding_held_in_a_name_compiles():
     assert cpu(padding_in_a_name, x64(), z64()) == [2.0] * 128
     padding_in_a_name.compile(x64(), z64())
+
+
+@st.kernel
+def narrow_matmul(a: st.In[st.f16, 2], z: st.Out[st.f32, 2]):
+    z.store(sl.matmul(a.load((0, 0), (16, 8)), a.load((0, 0), (8, 16))))
+
+
+def test_a_narrow_matmul_is_refused_under_its_own_name():
+    refused(narrow_matmul, lambda: (st.randn((16, 16), dtype=st.f16),
+                                    st.empty((16, 16)).partition((16, 16))),
+            "sl.matmul needs K >= 16")

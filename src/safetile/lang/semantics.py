@@ -358,19 +358,21 @@ def reduction_dtype(name: str, a: DType) -> DType:
 
 
 def mma_check(a: DType, b: DType, acc: DType | None, k: int) -> DType:
-    """Check the operands of ``sl.mma`` / ``sl.matmul``; returns the result dtype."""
+    """Check the operands of ``sl.mma`` / ``sl.matmul`` (``sl.matmul`` when ``acc`` is None);
+    returns the result dtype."""
+    op = "sl.mma" if acc is not None else "sl.matmul"
     if a is not b:
-        raise SemanticsError(f"sl.mma operands must have one dtype, got st.{a.name} and "
+        raise SemanticsError(f"{op} operands must have one dtype, got st.{a.name} and "
                              f"st.{b.name}")
     if a not in (_d.float16, _d.bfloat16, _d.float32, _d.int8):
-        raise SemanticsError(f"sl.mma takes fp16, bf16, fp32 or int8 operands, got st.{a.name}")
+        raise SemanticsError(f"{op} takes fp16, bf16, fp32 or int8 operands, got st.{a.name}")
     out = _d.int32 if a is _d.int8 else _d.float32
     if acc is not None and acc is not out:
-        raise SemanticsError(f"sl.mma of st.{a.name} operands accumulates in st.{out.name}, "
+        raise SemanticsError(f"{op} of st.{a.name} operands accumulates in st.{out.name}, "
                              f"got an st.{acc.name} accumulator")
     least = 32 if a is _d.int8 else 16
     if k < least:
-        raise SemanticsError(f"sl.mma needs K >= {least} for st.{a.name} operands, got K = {k}")
+        raise SemanticsError(f"{op} needs K >= {least} for st.{a.name} operands, got K = {k}")
     return out
 
 
