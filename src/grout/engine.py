@@ -67,6 +67,7 @@ class Piece:
     token_id: int
     finish_reason: str | None = None
     logprobs: TokenLogprobs | None = None      # with stream(..., logprobs=k)
+    offset: int = 0                            # where this token's text starts in the output
 
 
 class Stream:
@@ -243,7 +244,7 @@ class Engine:
         # they wrote (cache rows, the cursor) the next request's prefill starts over.
         ahead: list = []
         for n in range(1, max_new_tokens + 1):
-            finish = None
+            finish, start = None, len(text)
             if token in self.eos_ids and not ignore_eos:
                 finish = "stop"
             else:
@@ -262,7 +263,7 @@ class Engine:
             elif finish is None:
                 end = len(text) - tail.held
             piece, emitted = text[emitted:end], max(emitted, end)
-            yield Piece(piece, token, finish, lp)
+            yield Piece(piece, token, finish, lp, start)
             if finish is not None:
                 return
             with self._lock:

@@ -12,7 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_TOP_LOGPROBS = 5        # what a request may ask for (the engine computes up to 20)
+MAX_TOP_LOGPROBS = 5        # completions' ``logprobs``, as the OpenAI API bounds it
+MAX_TOP_LOGPROBS_CHAT = 20  # chat's ``top_logprobs``, as the OpenAI API bounds it
+SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)    # a signed 64-bit seed, as vLLM takes it
 MAX_STOP_STRINGS = 16
 # Characters in one stop string: far more than any real one, and the bound keeps a request's
 # stop handling (its setup and each token's search are linear in the stops' length) small.
@@ -94,6 +96,10 @@ _DEFAULTS_ONLY: dict[str, tuple[Any, ...]] = {
     "prediction": (None,), "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]), "reasoning_effort": (None,), "web_search_options": (None,),
     "moderation": (None,), "prompt_cache_options": (None,), "verbosity": (None,),
+    # vLLM's sampling extensions, which its clients (`vllm bench serve`) send at these values
+    "repetition_penalty": (None, 1), "min_p": (None, 0), "min_tokens": (None, 0),
+    "stop_token_ids": (None, []), "include_stop_str_in_output": (None, False),
+    "add_generation_prompt": (None, True), "continue_final_message": (None, False),
 }
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
            "seed", "stop", "ignore_eos"}
@@ -122,7 +128,7 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
     if req.max_tokens is None:
         req.max_tokens = _int(fields, "max_tokens", default=None, low=0)
     want = _bool(fields, "logprobs", default=False)
-    top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS)
+    top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS_CHAT)
     if top is not None and not want:
         raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     req.logprobs = (top or 0) if want else None
@@ -146,7 +152,7 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
         if name in allowed or name in _IGNORED:
             continue
         if name in _DEFAULTS_ONLY:
-            if not any(type(value) is type(d) and value == d for d in _DEFAULTS_ONLY[name]):
+            if not any(_same(value, d) for d in _DEFAULTS_ONLY[name]):
                 raise APIError(f"'{name}' = {shown(value)} is not supported by this server "
                                f"(batch-1 engine)", param=name, code="unsupported_parameter")
             continue
@@ -155,20 +161,35 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
     return body
 
 
+def _same(value: Any, default: Any) -> bool:
+    """``value`` is ``default``: numbers by value (1 and 1.0 alike, never a bool), anything
+    else by type and value."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if number(default):
+        return number(value) and value == default
+    return type(value) is type(default) and value == default
+
+
 def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> None:
     model = fields.get("model")
     if model is not None and model != model_name:
         raise APIError(f"the model {shown(model)} does not exist; this server serves "
-                       f"'{model_name}'", param="model", code="model_not_found")
+                       f"'{model_name}'", status=404, param="model", code="model_not_found")
     req.stream = _bool(fields, "stream", default=False)
     options = fields.get("stream_options")
     if options is not None:
         if not req.stream:
             raise APIError("'stream_options' is only allowed with 'stream': true",
                            param="stream_options")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        if not isinstance(options, dict) or set(options) - {"include_usage",
+                                                            "continuous_usage_stats"}:
             raise APIError("'stream_options' supports only 'include_usage'",
                            param="stream_options")
+        if options.get("continuous_usage_stats") not in (None, False):
+            raise APIError("'stream_options.continuous_usage_stats' is not supported by this "
+                           "server", param="stream_options.continuous_usage_stats",
+                           code="unsupported_parameter")
         req.include_usage = _bool(options, "include_usage", default=False,
                                   param="stream_options.include_usage")
     req.temperature = _float(fields, "temperature", default=1.0, low=0.0)
@@ -177,7 +198,7 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
         raise APIError(f"'top_p' must be in (0, 1], got {shown(req.top_p)}", param="top_p")
     top_k = _int(fields, "top_k", default=0, low=-1) or 0
     req.top_k = 0 if top_k == -1 else top_k
-    req.seed = _int(fields, "seed", default=None)
+    req.seed = _int(fields, "seed", default=None, low=SEED_RANGE[0], high=SEED_RANGE[1])
     req.stop = _stop(fields)
     req.ignore_eos = _bool(fields, "ignore_eos", default=False)
 

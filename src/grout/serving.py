@@ -117,7 +117,6 @@ def generate(engine: Any, job: Job) -> None:
                                ignore_eos=req.ignore_eos)
     except grout.RequestError as err:
         raise APIError(str(err)) from None
-    released = 0
     with stream:
         for piece in stream:
             job.decoded = stream.decoded
@@ -126,8 +125,7 @@ def generate(engine: Any, job: Job) -> None:
                 job.first_token_at = job.last_token_at
             job.generated += 1
             entries = [] if piece.logprobs is None else \
-                [token_entry(engine.tokenizer, piece.logprobs, released)]
-            released += len(piece.text)
+                [token_entry(engine.tokenizer, piece.logprobs, piece.offset)]
             if piece.finish_reason is not None:
                 job.emit(Finished(piece.finish_reason, piece.text, entries,
                                   len(job.prompt_ids), job.generated))

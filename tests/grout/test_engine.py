@@ -186,6 +186,20 @@ def test_stop_strings_end_the_text_before_them(engines):
     assert "".join(p.text for p in pieces) == c.text and pieces[-1].finish_reason == "stop"
 
 
+def test_a_pieces_offset_is_where_its_tokens_text_starts_while_text_is_held_back(engines):
+    eng = engines["untied"]
+    free = list(eng.stream(PROMPT, max_new_tokens=8, ignore_eos=True))
+    starts = [sum(len(p.text) for p in free[:i]) for i in range(len(free))]
+    assert [p.offset for p in free] == starts
+    # A stop that is never met but begins with each piece's last character holds that
+    # character back: the text sent so far then lags the tokens' own positions.
+    stops = [p.text[-1] + "\x00never" for p in free if p.text][:16]
+    held = list(eng.stream(PROMPT, max_new_tokens=8, ignore_eos=True, stop=stops))
+    assert [p.token_id for p in held] == [p.token_id for p in free]
+    assert [p.offset for p in held] == starts
+    assert any(len(p.text) != len(f.text) for p, f in zip(held, free))
+
+
 def test_eos_tokens_stop_generation_and_add_no_text(checkpoints):
     path, _ = checkpoints["tied"]
     eng = grout.load(path, device="cpu", dtype="float32", max_seq_len=32, progress=False)

@@ -180,6 +180,16 @@ def test_completion_logprobs_are_the_models_distribution(client, engine):
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
 
 
+def test_completion_text_offsets_are_the_tokens_positions_while_text_is_held_back(client,
+                                                                                 engine):
+    prompt = "The lazy dog"
+    pieces = list(engine.stream(prompt, max_new_tokens=6, ignore_eos=True))
+    stops = [p.text[-1] + "\x00never" for p in pieces if p.text][:16]
+    r = complete(client, prompt, max_tokens=6, logprobs=0, stop=stops,
+                 extra_body={"ignore_eos": True})
+    assert r.choices[0].logprobs.text_offset == [p.offset for p in pieces]
+
+
 def test_streamed_chat_logprobs_cover_every_token(client):
     chunks = streamed(client, client.chat.completions.create, messages=USER, max_tokens=6,
                       temperature=0.0, logprobs=True, top_logprobs=2,

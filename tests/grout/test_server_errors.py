@@ -69,14 +69,14 @@ def test_a_lone_surrogate_in_the_text_is_a_400(server, client, path, body, param
     assert_still_serving(client)
 
 
-@pytest.mark.parametrize("body, param", [
-    ('{"model": "\\ud800", "prompt": "hi", "max_tokens": 1}', "model"),
-    ('{"prompt": "hi", "max_tokens": 1, "x\\ud800": 1}', "x\\ud800"),
+@pytest.mark.parametrize("body, param, status", [
+    ('{"model": "\\ud800", "prompt": "hi", "max_tokens": 1}', "model", 404),
+    ('{"prompt": "hi", "max_tokens": 1, "x\\ud800": 1}', "x\\ud800", 400),
 ], ids=["model", "field name"])
-def test_an_error_that_quotes_a_lone_surrogate_escapes_it(server, client, body, param):
+def test_an_error_that_quotes_a_lone_surrogate_escapes_it(server, client, body, param, status):
     r = httpx.post(f"{server.url}/v1/completions", content=body,
                    headers={"content-type": "application/json"})
-    assert r.status_code == 400
+    assert r.status_code == status
     assert_openai_error(r.json())
     assert r.json()["error"]["param"] == param and "\\ud800" in r.json()["error"]["message"]
     assert_still_serving(client)
@@ -149,7 +149,6 @@ BAD_REQUESTS = {
     "top_p zero": ({"top_p": 0.0}, "top_p"),
     "top_p above one": ({"top_p": 1.5}, "top_p"),
     "negative temperature": ({"temperature": -1.0}, "temperature"),
-    "unknown model": ({"model": "gpt-4o"}, "model"),
     "n above one": ({"n": 2}, "n"),
     "best_of": ({"best_of": 2}, "best_of"),
     "echo": ({"echo": True}, "echo"),
@@ -173,6 +172,14 @@ def test_a_bad_completion_request_is_a_400_and_the_next_is_served(client, case):
     assert_openai_error(info.value.response.json())
     assert info.value.body["param"] == param
     assert len(info.value.body["message"]) < 300     # a value it quotes is cut short
+    assert_still_serving(client)
+
+
+def test_an_unknown_model_is_a_404_and_the_next_is_served(client):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="gpt-4o", prompt="Hello", max_tokens=4)
+    assert_openai_error(info.value.response.json())
+    assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
     assert_still_serving(client)
 
 

@@ -17,10 +17,10 @@ def chat(**fields):
     return parse_chat_request({"model": MODEL, "messages": USER, **fields}, MODEL)
 
 
-def refused(parse, **fields) -> APIError:
+def refused(parse, status=400, **fields) -> APIError:
     with pytest.raises(APIError) as info:
         parse(**fields)
-    assert info.value.status == 400
+    assert info.value.status == status
     return info.value
 
 
@@ -109,7 +109,11 @@ def test_include_usage_needs_stream():
     ({"logprobs": 6}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"stop": 3}, "stop"),
-    ({"model": "gpt-4"}, "model"),
+    ({"seed": 2 ** 63}, "seed"),
+    ({"seed": -2 ** 63 - 1}, "seed"),
+    ({"repetition_penalty": 1.1}, "repetition_penalty"),
+    ({"stop_token_ids": [5]}, "stop_token_ids"),
+    ({"min_tokens": True}, "min_tokens"),
     ({"bogus": 1}, "bogus"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"),
@@ -127,7 +131,7 @@ def test_completion_refusals_name_the_field(fields, param):
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"chat_template_kwargs": {"enable_thinking": "no"}}, "chat_template_kwargs.enable_thinking"),
@@ -135,6 +139,30 @@ def test_completion_refusals_name_the_field(fields, param):
 ])
 def test_chat_refusals_name_the_field(fields, param):
     assert refused(chat, **fields).param == param
+
+
+def test_an_unknown_model_is_refused_as_not_found():
+    err = refused(completion, 404, model="gpt-4")
+    assert (err.status, err.param, err.code) == (404, "model", "model_not_found")
+
+
+def test_chat_takes_up_to_twenty_top_logprobs():
+    assert chat(logprobs=True, top_logprobs=20).logprobs == 20
+
+
+@pytest.mark.parametrize("fields", [
+    {"repetition_penalty": 1.0}, {"min_p": 0}, {"min_tokens": 0}, {"stop_token_ids": []},
+    {"include_stop_str_in_output": False}, {"n": 1.0}, {"presence_penalty": 0},
+    {"stream": True, "stream_options": {"include_usage": True,
+                                        "continuous_usage_stats": False}},
+], ids=lambda f: next(iter(f)))
+def test_vllm_clients_neutral_fields_are_accepted(fields):
+    completion(**fields)
+
+
+def test_the_largest_signed_64_bit_seeds_are_accepted():
+    assert completion(seed=2 ** 63 - 1).seed == 2 ** 63 - 1
+    assert completion(seed=-2 ** 63).seed == -2 ** 63
 
 
 def test_the_body_must_be_an_object():
@@ -163,7 +191,7 @@ def test_a_quoted_value_is_cut_short():
 
 
 def test_an_error_body_escapes_a_lone_surrogate_so_it_encodes():
-    err = refused(completion, model="\ud800")
+    err = refused(completion, 404, model="\ud800")
     body = json.dumps(err.body(), ensure_ascii=False).encode()
     assert "\\\\ud800" in body.decode()
     err = refused(completion, **{"x\udcff": 1})
