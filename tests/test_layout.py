@@ -1,6 +1,7 @@
 """The source layout of DESIGN.md ("Layers"): imports between the folders of src/safetile
-point one way, no module hides an import behind a late-bound ``[None]`` slot, and every
-file stays at 450 lines or fewer."""
+point one way (importing the package facade counts as importing what it imports), no
+module hides an import behind a late-bound ``[None]`` slot or a method patched onto a class
+after it, and every file stays at 450 lines or fewer."""
 import ast
 import pathlib
 
@@ -53,17 +54,25 @@ def folder(name: str):
     return parts[1]
 
 
+def facade_layers() -> set:
+    """The layers the ``safetile`` package itself (its facade) imports."""
+    return {folder(t) for t in imported(PACKAGE / "__init__.py")} - {None}
+
+
 def folder_graph() -> dict:
+    """layer -> {layer it imports: [files]}; importing the ``safetile`` package counts as
+    importing every layer its facade imports."""
     graph: dict = {}
+    facade = facade_layers()
     for path in modules():
         src = folder(module_name(path))
-        if src is None:                           # the package facade re-exports every layer
+        if src is None:                           # the facade itself
             continue
         for target in imported(path):
-            dst = folder(target)
-            if dst is not None and dst != src:
-                graph.setdefault(src, {}).setdefault(dst, []).append(
-                    str(path.relative_to(SRC)))
+            for dst in facade if target == "safetile" else {folder(target)}:
+                if dst is not None and dst != src:
+                    graph.setdefault(src, {}).setdefault(dst, []).append(
+                        str(path.relative_to(SRC)))
     return graph
 
 
@@ -111,6 +120,27 @@ def test_a_layer_imports_only_the_layers_below_it(layer):
     upward = {dst: files for dst, files in folder_graph().get(layer, {}).items()
               if dst in LAYERS and dst not in below}
     assert not upward, f"{layer} imports {upward}"
+
+
+def patched_methods(tree: ast.Module) -> list:
+    """Module-level ``Class.name = function`` assignments of a function the module defines
+    (a method bound after its class, as a late import would be)."""
+    functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef,
+                                                             ast.AsyncFunctionDef))}
+    return [n.lineno for n in tree.body if isinstance(n, ast.Assign) and
+            isinstance(n.value, ast.Name) and n.value.id in functions and
+            any(isinstance(t, ast.Attribute) for t in n.targets)]
+
+
+def test_the_patch_finder_finds_a_method_bound_after_its_class():
+    tree = ast.parse("class A:\n    pass\ndef f(self):\n    pass\nA.f = f\nA.g = None\n")
+    assert patched_methods(tree) == [5]
+
+
+def test_no_method_is_patched_onto_a_class():
+    found = {str(p.relative_to(SRC)): patched_methods(ast.parse(p.read_text()))
+             for p in modules()}
+    assert {p: lines for p, lines in found.items() if lines} == {}
 
 
 def late_bound_slots(tree: ast.Module) -> list:

@@ -103,6 +103,14 @@ class GraphScope:
         self.outputs.append(out)
         return out
 
+    def launch(self) -> DeviceOp:
+        """Replay the scope's graph (after the block): ``self.graph.launch()``."""
+        if self.graph is None:
+            if self._closed is not None:
+                raise GraphCaptureError(f"{self.reason} is closed{self._closed}")
+            raise GraphCaptureError(f"{self.reason} is still recording; launch after the block")
+        return self.graph.launch()
+
 
 @contextlib.contextmanager
 def graph_scope(reason: str = "st.graph_scope()"):
@@ -152,16 +160,6 @@ def record_graph(op: DeviceOp) -> "Graph":
     scope = _record((op,), "op.graph()", single=True)
     return Graph(scope.records, scope.outputs[0], single=True, shared_holds=scope.shared_holds)
 
-
-def _launch(scope: GraphScope) -> DeviceOp:
-    if scope.graph is None:
-        if scope._closed is not None:
-            raise GraphCaptureError(f"{scope.reason} is closed{scope._closed}")
-        raise GraphCaptureError(f"{scope.reason} is still recording; launch after the block")
-    return scope.graph.launch()
-
-
-GraphScope.launch = _launch
 
 
 def _structure(records) -> tuple:
