@@ -16,7 +16,7 @@ layer runs four kernels where the unfused chain runs nine:
   projection's output (gate first): each K block of the activation is computed as
   ``ops.silu_mul`` computes it (fp32, rounded once) from the two halves, read as (1, BK)
   blocks of a (2, K) view, or, for K >= ``FLAT_MIN_K``, as 1-D blocks of the (2K,) vector
-  (whichever streamed faster on the H200 at that size; benchmarks/TUNING.md).
+  (the form that streams each size faster; benchmarks/TUNING.md, "Decode-step fusion").
 
 The W blocks loaded before the PDL wait are the same as ``ops.gemv``'s; everything the
 previous kernel may write (``x``, ``gate_up``, ``residual``) is read after it.
@@ -33,8 +33,8 @@ from . import host
 from .gemv import IN_DTYPES, OUT_DTYPES, GemvConfig, choose_config
 
 # From this K up, silu_mul_gemv_add reads gate_up as 1-D blocks of the (2K,) vector; below,
-# as (1, BK) blocks of a (2, K) view: on the H200 the rows form streamed Qwen3-4B's down
-# projection (K 9728) far faster and the flat form Qwen3-32B's (K 25600) (TUNING.md).
+# as (1, BK) blocks of a (2, K) view: the rows form streams Qwen3-4B's down projection
+# (K 9728) faster, the flat form Qwen3-32B's (K 25600) (TUNING.md, "Decode-step fusion").
 FLAT_MIN_K = 16384
 
 

@@ -141,8 +141,9 @@ def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
         for p in range(PREFETCH):
             w.prefetch((i, p), (y.shape[0], BK))
         # With the `early` option these two loads also precede the wait (blocks past K load
-        # zeros): the weight stream starts while the previous kernel drains. (Two (BN, BK)
-        # tiles, not one (BN, 2 * BK): the wider tile took 14 more registers and was slower.)
+        # zeros): the weight stream starts while the previous kernel drains. Two (BN, BK)
+        # tiles rather than one (BN, 2 * BK) tile: the wider one needs more registers
+        # (benchmarks/TUNING.md, "Kernel defaults").
         w0 = w.load((i, 0), (y.shape[0], BK))
         w1 = w.load((i, 1), (y.shape[0], BK))
         acc = w0.astype(st.f32) * x.load((0,), (BK,)).astype(st.f32)[None, :]

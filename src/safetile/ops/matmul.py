@@ -202,10 +202,11 @@ def choose_config(m: int, n: int, k: int, in_dtype=st.bf16, out_dtype=st.bf16,
 
     - ``M <= 256`` is bound by streaming the weights: :func:`_skinny` picks the tile width
       and split-K factor by a bytes-per-wave model (16/32/64-row tiles for tiny M);
-    - otherwise 128x256 tiles, 8 warps, 3 stages, warp-specialized (the fastest at 8192^3
-      on the H200); when they need one to three waves and the last is at most half full,
-      a head of whole waves plus a tail in smaller tiles (:func:`_head_tail`); else 128x128
-      tiles (about 8% slower per flop) when they fill the last wave better.
+    - otherwise 128x256 tiles, 8 warps, 3 stages, warp-specialized (the most work per byte
+      of shared memory); when they need one to three waves and the last is at most half
+      full, a head of whole waves plus a tail in smaller tiles (:func:`_head_tail`); else
+      128x128 tiles (less efficient per flop) when they fill the last wave better.
+      benchmarks/TUNING.md has the sweeps behind these rules.
     fp32 inputs halve ``bk`` (same bytes per stage); an fp32 output keeps tiles 128 wide so
     that the epilogue buffer fits in shared memory beside the pipeline stages.
     """
