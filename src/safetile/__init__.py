@@ -35,7 +35,8 @@ from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # 
                      LaunchError, MovedError, OutOfBoundsError, PartitionError, RaceError,
                      SafetileError, UnsafeError)
 from .errors import BlockingSyncWarning, UnrunOpWarning  # noqa: F401
-from .kernel.kernel import Kernel, function, kernel, unsafe  # noqa: F401
+from .device.unsafe_block import unsafe  # noqa: F401
+from .kernel.kernel import Kernel, function, kernel  # noqa: F401
 from .kernel.params import Const, In, Out, Ptr  # noqa: F401
 from .tensor import (Partition, Shared, Tensor, arange, empty, from_dlpack,  # noqa: F401
                      from_numpy, from_torch, full, ones, randn, zeros)

@@ -1,4 +1,4 @@
-"""``@st.kernel``, ``@st.function`` and ``st.unsafe()``: definitions checked at import time."""
+"""``@st.kernel`` and ``@st.function``: definitions checked at import time."""
 from __future__ import annotations
 
 import functools
@@ -18,7 +18,6 @@ from .launch import compile_for_target, launch, variant_for
 from .params import parse_annotation
 from .source import KernelSource
 from .static_shapes import check_static_shapes
-from ..device.unsafe_block import unsafe  # noqa: F401  (st.unsafe)
 
 LAUNCH_OPTIONS = {"num_warps", "num_stages", "grid", "tma", "flatten", "warp_specialize",
                   "loop_stages", "tma_store", "pdl", "early", "trigger_early"}

@@ -70,11 +70,10 @@ class GemvConfig:
         return choose_config(n, k, swiglu=swiglu)
 
 
-def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None,
+def choose_config(n: int, k: int, *, pdl: bool | None = None,
                   swiglu: bool = False) -> GemvConfig:
     """Rows per program, K block, pipeline depth and head for an ``(n, k)`` weight (the
-    measurements behind each rule: benchmarks/TUNING.md, "gemv defaults"; ``sms`` is accepted
-    for other GPUs' tables):
+    measurements behind each rule: benchmarks/TUNING.md, "gemv defaults"):
 
     - 4 rows per program for N <= 4096 (few rows: more, shorter programs fill the GPU), else 8;
     - for N <= 4096, 1024-wide K blocks and 5 stages where 1024 divides K into fewer than 8
@@ -92,7 +91,6 @@ def choose_config(n: int, k: int, sms: int = 132, pdl: bool | None = None,
     early weight loads, so the weight stream starts while the previous kernel drains.
     ``prefetch`` stays 0: early loads into registers already cover what an L2 prefetch of the
     first blocks would."""
-    del sms
     small = n <= 4096
     bn = 4 if small else 8
     if small and swiglu and k // 1024 >= 8:

@@ -29,7 +29,6 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from . import host
-from .fused_gemv import rms_scale
 from .kv_cache import append_block, kv_append
 
 

@@ -17,7 +17,6 @@ from ...dtypes import DType, from_torch
 from ...errors import ArgumentError
 from ...lang.diagnostics import TILE_AS_VALUE_HINT
 from . import arith
-from .arith import HALF  # noqa: F401  (re-exported)
 
 
 def raw(x):
