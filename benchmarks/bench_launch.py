@@ -174,6 +174,7 @@ def run_cpu() -> int:
         payload["profile"] = profile({k: fns[k] for k in ("sync_each", "then_chain",
                                                           "construct")})
     path = harness.write_results("launch_cpu", payload)
+    plot(results, "launch_cpu")
     harness.print_table(rows, ["variant", "us_per_op"])
     print(f"wrote {path}")
     return 0
@@ -272,7 +273,7 @@ def run_gpu() -> int:
     return 0
 
 
-def plot(results: dict) -> None:
+def plot(results: dict, name: str = "launch") -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -285,7 +286,7 @@ def plot(results: dict) -> None:
     ax.set_xlabel("µs per op (host, median)")
     ax.invert_yaxis()
     fig.tight_layout()
-    harness.save_figure(fig, harness.RESULTS / "launch.png")
+    harness.save_figure(fig, harness.RESULTS / f"{name}.png")
 
 
 if __name__ == "__main__":
