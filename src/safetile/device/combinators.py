@@ -39,11 +39,9 @@ def arity_error(kind: str, f, out, source) -> ArgumentError | None:
         return None
     except TypeError:
         pass
-    kernel = getattr(source, "kernel", None)
-    if kernel is not None and len(values) == len(kernel.params):
-        names = list(kernel.params)
-        what = (f"every argument of kernel '{kernel.name}', in parameter order, scalars "
-                f"included ({', '.join(names)})")
+    named = source.value_names() if hasattr(source, "value_names") else None
+    if named is not None and len(values) == len(named[0]):
+        names, what = named
     else:
         names = [f"v{i}" for i in range(len(values))]
         what = f"the output of {source!r}"

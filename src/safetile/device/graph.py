@@ -164,41 +164,18 @@ def record_graph(op: DeviceOp) -> "Graph":
 
 def _structure(records) -> tuple:
     """What a replacement recording must match for ``Graph.update``."""
-    out = []
-    for r in records:
-        args = tuple((b.spec.kind, b.torch.dtype, tuple(b.torch.shape), b.tile)
-                     if b.torch is not None else (b.spec.kind, type(b.value))
-                     for b in r.bound)
-        out.append((r.kernel.fn, r.kernel.opts, r.grid, r.backend, args))
-    return tuple(out)
+    return tuple(r.structure() for r in records)
 
 
 def _difference(recorded, new) -> str:
     """What first differs between two recordings, for the ``Graph.update`` error."""
     if len(recorded) != len(new):
-        return (f"the graph records {len(recorded)} launch(es) {[r.kernel.name for r in recorded]}, "
-                f"the new ops {len(new)} {[r.kernel.name for r in new]}")
+        return (f"the graph records {len(recorded)} launch(es) {[r.name for r in recorded]}, "
+                f"the new ops {len(new)} {[r.name for r in new]}")
     for i, (a, b) in enumerate(zip(recorded, new)):
-        at = f"launch {i} (kernel '{a.kernel.name}')"
-        if a.kernel.fn is not b.kernel.fn:
-            return f"{at} is kernel '{b.kernel.name}' in the new ops"
-        if a.kernel.opts != b.kernel.opts:
-            return f"{at} has options {a.kernel.opts}, the new one {b.kernel.opts}"
-        if a.backend != b.backend:
-            return f"{at} ran on {a.backend.name}, the new one on {b.backend.name}"
-        for x, y in zip(a.bound, b.bound):
-            if x.torch is None:
-                if type(x.value) is not type(y.value):
-                    return (f"{at}, argument '{x.name}': {type(x.value).__name__} recorded, "
-                            f"{type(y.value).__name__} given")
-                continue
-            for what, u, v in (("dtype", x.torch.dtype, y.torch.dtype),
-                               ("shape", tuple(x.torch.shape), tuple(y.torch.shape)),
-                               ("tile shape", x.tile, y.tile)):
-                if u != v:
-                    return f"{at}, argument '{x.name}': {what} {u} recorded, {v} given"
-        if a.grid != b.grid:
-            return f"{at} has grid {a.grid}, the new one {b.grid}"
+        tail = a.structure_difference(b)
+        if tail:
+            return f"launch {i} ({a.label}){tail}"
     return "the recordings differ"
 
 
@@ -229,7 +206,7 @@ class Graph:
         return f"<Graph of {len(self.records)} launches on {self.backend}>"
 
     def _set(self, records: list, shared_holds) -> None:
-        names = {r.backend.name for r in records}
+        names = {r.backend_name for r in records}
         if len(names) > 1:
             raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
                                     f"record ops of one backend")
@@ -240,9 +217,9 @@ class Graph:
         # A value taken back while recording (try_unwrap) left no borrow to exempt.
         self._own_shared = frozenset(
             hold for hold, before in shared_holds
-            if not hold.released and any(b.spec.kind != "In" and b.torch is not None
-                   and borrows.overlaps(b.torch, hold.tensors[0])
-                   for r in self.records[:before] for b in r.bound))
+            if not hold.released and any(written and borrows.overlaps(t, hold.tensors[0])
+                                         for r in self.records[:before]
+                                         for _, t, written in r.accesses()))
         self.backend = names.pop() if names else "none"
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
         self.host_bound = not self.records or self.records[0]._host_bound()
@@ -255,17 +232,15 @@ class Graph:
         # A host replay runs the records on their handles' torch tensors as they are then,
         # where a CUDA graph replays the recorded addresses: so it first checks that each
         # tensor still has the recorded address, shape, strides and dtype.
-        self._layouts = tuple((r.kernel.name, b.name, b.torch, _layout(b.torch))
-                              for r in self.records for b in r.bound
-                              if b.torch is not None) if self.host_bound else ()
+        self._layouts = tuple((r.label, name, t, _layout(t)) for r in self.records
+                              for name, t, _ in r.accesses()) if self.host_bound else ()
         self._cuda = None
         if not self.host_bound:
             self._capture()
 
     def _borrow_plan(self):
         """(read, write) byte views of what the launches touch (``spans.covering_views``)."""
-        return covering_views((b.name, b.torch, b.spec.kind != "In")
-                              for r in self.records for b in r.bound if b.torch is not None)
+        return covering_views(access for r in self.records for access in r.accesses())
 
     def _capture(self) -> None:
         for r in self.records:
@@ -283,10 +258,10 @@ class Graph:
     def check_layouts(self) -> None:
         """Raise ``GraphCaptureError`` if a tensor of a host replay was changed through a
         torch alias since it was recorded (its memory is no longer what the graph borrows)."""
-        for kernel, name, t, recorded in self._layouts:
+        for label, name, t, recorded in self._layouts:
             if _layout(t) != recorded:
                 raise GraphCaptureError(
-                    f"{self!r}: the tensor passed to kernel '{kernel}' as '{name}' was changed "
+                    f"{self!r}: the tensor passed to {label} as '{name}' was changed "
                     f"through a torch alias since it was recorded ({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
 
@@ -299,8 +274,7 @@ class Graph:
         carry over)."""
         for i, r in enumerate(self.records):
             try:
-                borrows.register(f"kernel '{r.kernel.name}' (launch {i} of the inlined "
-                                 f"{self!r})", r.plan.extents, groups=r.plan.groups).release()
+                r.borrow(f"{r.label} (launch {i} of the inlined {self!r})").release()
             except BaseException as e:
                 attach_recovered(e, self.output, replace=True)
                 raise

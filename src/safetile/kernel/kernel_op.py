@@ -190,6 +190,70 @@ class KernelOp(DeviceOp):
     def _host_bound(self) -> bool:
         return self.backend.host_bound
 
+    # -- what the runtime asks of a launch it records or names (device/graph.py,
+    # device/combinators.py): it reads nothing else of a kernel ---------------------------------
+    @property
+    def name(self) -> str:
+        """The kernel's name."""
+        return self.kernel.name
+
+    @property
+    def label(self) -> str:
+        """How errors name this launch: ``kernel 'name'``."""
+        return f"kernel '{self.kernel.name}'"
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def accesses(self):
+        """``(parameter name, torch tensor, written)`` for each tensor argument."""
+        return [(b.name, b.torch, b.spec.kind != "In") for b in self.bound
+                if b.torch is not None]
+
+    def structure(self) -> tuple:
+        """What a re-recording must match (``Graph.update``): the kernel, its options, grid
+        and backend, and each argument's kind, dtype, shape and tile shape."""
+        args = tuple((b.spec.kind, b.torch.dtype, tuple(b.torch.shape), b.tile)
+                     if b.torch is not None else (b.spec.kind, type(b.value))
+                     for b in self.bound)
+        return (self.kernel.fn, self.kernel.opts, self.grid, self.backend, args)
+
+    def structure_difference(self, new: "KernelOp") -> str:
+        """The first way ``new`` differs from this launch's structure, as the tail of a
+        sentence naming this launch ("" if none)."""
+        if self.kernel.fn is not new.kernel.fn:
+            return f" is kernel '{new.kernel.name}' in the new ops"
+        if self.kernel.opts != new.kernel.opts:
+            return f" has options {self.kernel.opts}, the new one {new.kernel.opts}"
+        if self.backend != new.backend:
+            return f" ran on {self.backend.name}, the new one on {new.backend.name}"
+        for x, y in zip(self.bound, new.bound):
+            if x.torch is None:
+                if type(x.value) is not type(y.value):
+                    return (f", argument '{x.name}': {type(x.value).__name__} recorded, "
+                            f"{type(y.value).__name__} given")
+                continue
+            for what, u, v in (("dtype", x.torch.dtype, y.torch.dtype),
+                               ("shape", tuple(x.torch.shape), tuple(y.torch.shape)),
+                               ("tile shape", x.tile, y.tile)):
+                if u != v:
+                    return f", argument '{x.name}': {what} {u} recorded, {v} given"
+        if self.grid != new.grid:
+            return f" has grid {self.grid}, the new one {new.grid}"
+        return ""
+
+    def borrow(self, reason: str):
+        """Register this launch's borrows against those in force (``AliasError`` on a
+        conflict); returns the hold."""
+        return borrows.register(reason, self.plan.extents, groups=self.plan.groups)
+
+    def value_names(self) -> tuple:
+        """(names of the values this op hands back, how to describe them)."""
+        names = list(self.kernel.params)
+        return names, (f"every argument of kernel '{self.kernel.name}', in parameter order, "
+                       f"scalars included ({', '.join(names)})")
+
 
 # More launches than this that may still run when a PDL launch starts (kernels that signal
 # at their start let chains of them overlap): it goes in plain order instead, which keeps
