@@ -300,3 +300,37 @@ def test_a_failed_record_hands_back_the_values_of_a_shared_op_that_never_ran():
             s.record(st.zip(failing, never))
     x, y, z = e.value.recovered[1]
     assert x.to_torch().tolist() == [1.0, 2.0] and z.unpartition().shape == (2,)
+
+
+def _dropped_in_a_cycle(op) -> None:
+    """Leave ``op`` unrun and reachable only through a reference cycle (garbage for the
+    collector's next pass)."""
+    cycle = [op]
+    cycle.append(cycle)
+
+
+@pytest.mark.parametrize("in_flight", [1, 4], ids=["scanned", "indexed"])
+def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_flight):
+    # The collected op's finalizer hands its borrows back; run inside the check's walk of
+    # the held borrows, it must not change them under the walk.
+    threshold = gc.get_threshold()
+    try:
+        for allocations in range(20, 80):
+            gc.collect()
+            gc.disable()
+            buf = st.zeros((64,))
+            _dropped_in_a_cycle(add(vec(*[1.0] * 32), vec(*[1.0] * 32),
+                                    buf[0::2].partition((32,))))
+            first = add(vec(*[1.0] * 32), vec(*[2.0] * 32), buf[1::2].partition((32,)))
+            others = [add(vec(1.0), vec(1.0), st.zeros((1,)).partition((1,)))
+                      for _ in range(in_flight - 1)]
+            gc.set_threshold(gc.get_count()[0] + allocations)
+            gc.enable()
+            with pytest.raises(st.AliasError):
+                add(vec(*[1.0] * 32), vec(*[7.0] * 32), buf[1::2].partition((32,)))
+            gc.set_threshold(*threshold)
+            for op in [first, *others]:
+                op.sync()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..errors import ArgumentError, CollectiveError, GraphCaptureError, MovedError, SafetileError
 from ..tensor import LOCK, Partition, Shared, Tensor, borrows
-from ..tensor.ownership import LIVE, restore_moved_locked
+from ..tensor.ownership import LIVE, finalize, restore_moved_locked
 from .op import UNKNOWN, DeviceOp, RunContext, note_built
 from .unrun import building_site, warn_unrun
 
@@ -130,9 +130,12 @@ class CollectiveOp(DeviceOp):
 
     def __del__(self):
         if not getattr(self, "_consumed", True):
-            self._consumed = True
-            self._release()
-            warn_unrun(self.name, self.site)
+            finalize(self._finalize)
+
+    def _finalize(self) -> None:
+        self._consumed = True
+        self._release()
+        warn_unrun(self.name, self.site)
 
 
 def _group_size(what: str, group) -> int:

@@ -42,6 +42,7 @@ import torch
 from ..errors import GraphCaptureError, UnsafeError
 from ..tensor import borrows
 from ..tensor.alloc import forbid_allocation
+from ..tensor.ownership import finalize
 from ..tensor.spans import covering_views
 from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
                  fail_in_sequence)
@@ -347,7 +348,7 @@ class GraphLaunchOp(DeviceOp):
 
     def __del__(self):
         if not self._consumed:
-            warn_unrun(f"a replay of {self.replayed!r}", self.site)
+            finalize(lambda: warn_unrun(f"a replay of {self.replayed!r}", self.site))
 
     def __repr__(self) -> str:
         return f"<GraphLaunchOp {self.replayed!r}>"

@@ -6,7 +6,7 @@ from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..errors import MovedError
-from ..tensor.ownership import LOCK, restore_moved_locked
+from ..tensor.ownership import LOCK, finalize, restore_moved_locked
 
 
 class KernelOp(DeviceOp):
@@ -170,6 +170,9 @@ class KernelOp(DeviceOp):
         return self.values
 
     def __del__(self):
+        finalize(self._finalize)
+
+    def _finalize(self) -> None:
         # An op dropped without running (built, then never synced or awaited) hands its
         # arguments back, so that neither the handles nor the storage borrows leak.
         if not getattr(self, "_consumed", True):

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from ..errors import AliasError, BorrowError
-from .ownership import LOCK
+from .ownership import LOCK, QUEUED_FINALIZERS, run_finalizers
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 from .registry import Registry
 from .scoped import Scoped
@@ -135,6 +135,8 @@ class Hold:
 
     def release(self) -> None:
         """Remove this hold's borrows from the registry. Calling it again does nothing."""
+        if QUEUED_FINALIZERS:
+            run_finalizers()
         with LOCK:
             if self._released:
                 return
@@ -188,6 +190,8 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against. The caller need not hold ``LOCK``."""
+    if QUEUED_FINALIZERS:
+        run_finalizers()
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
@@ -303,6 +307,8 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     ``exempt`` aside. The running execution's own holds are ordered before the host's
     access, except, while it records a graph and the host touches the bytes, the writes of
     its launches: they happen only when the graph is replayed."""
+    if QUEUED_FINALIZERS:
+        run_finalizers()
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
@@ -369,6 +375,8 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
     """A snapshot ``(holder, name, is_write, tensor)`` of every registered borrow."""
+    if QUEUED_FINALIZERS:
+        run_finalizers()
     with LOCK:
         return [(h.holder, e.name, e.write, e.t)
                 for reg in _REGISTRIES.values() for h, extents in reg.holds.items()

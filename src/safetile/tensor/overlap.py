@@ -84,6 +84,10 @@ def _element_offsets(t: torch.Tensor) -> torch.Tensor:
 
 def _exact_overlap(a: Extent, b: Extent) -> bool:
     ta, tb = a.t, b.t
+    if ta is None or tb is None:
+        # Only a hold whose finalizer is queued (ownership.finalize) outlives its tensors'
+        # weak references (the collector clears them first): its bytes may still be in use.
+        return True
     if ta.numel() > EXACT_LIMIT or tb.numel() > EXACT_LIMIT:
         return True                                   # too big to enumerate: conservative
     isa, isb = ta.element_size(), tb.element_size()

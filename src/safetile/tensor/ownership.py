@@ -27,11 +27,37 @@ import threading
 
 from ..errors import CopyError, MovedError
 
-__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked"]
+__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked",
+           "finalize", "run_finalizers", "QUEUED_FINALIZERS"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
 #: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
 LOCK = threading.RLock()
+
+# A finalizer (``__del__``) may run inside any allocation: a garbage collection can start in
+# the middle of a registry walk on this thread, and LOCK, re-entrant, would let the
+# finalizer's release change the holds under that walk (skipping the hold that conflicts).
+# So a finalizer that finds LOCK held by its own thread queues its work here, and the work
+# runs at the next release or registration made outside LOCK.
+QUEUED_FINALIZERS: list = []
+
+
+def finalize(work) -> None:
+    """Run a finalizer's ``work()`` now, or queue it if this thread is inside ``LOCK``."""
+    if LOCK._is_owned():
+        QUEUED_FINALIZERS.append(work)
+    else:
+        work()
+
+
+def run_finalizers() -> None:
+    """Run the queued finalizer work (called outside ``LOCK``; each piece takes it)."""
+    while QUEUED_FINALIZERS and not LOCK._is_owned():
+        try:
+            work = QUEUED_FINALIZERS.pop(0)
+        except IndexError:                    # another thread took the last one
+            return
+        work()
 
 LIVE = "live"
 MOVED = "moved"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, BorrowError
 from . import borrows
-from .ownership import LOCK, RELEASED, Handle
+from .ownership import LOCK, RELEASED, Handle, finalize
 from .tensor import _to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -175,6 +175,9 @@ class Shared(Handle):
             self._core.drop_handle()
 
     def __del__(self):
+        finalize(self._finalize)
+
+    def _finalize(self) -> None:
         # A dropped handle must not block try_unwrap forever. Never raise from __del__.
         try:
             with LOCK:
