@@ -172,6 +172,21 @@ def test_ops_on_explicit_streams_and_the_default_stream_policy():
     assert torch.equal(zb.unpartition().to_torch(), torch.full((4096,), 3.0, device="cuda"))
 
 
+@st.kernel
+def copy(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z))
+
+
+def test_an_op_on_another_stream_runs_after_its_arguments_fills_on_the_current_one():
+    n = 1 << 22
+    x = st.ones((n,), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)             # the current stream is busy for a while
+    z = st.zeros((n,), device="cuda")            # its fill waits behind the sleep
+    _, z = copy(x, z.partition((1024,))).sync(stream=torch.cuda.Stream())
+    assert z.unpartition().to_torch().sum().item() == n
+
+
 def test_unchained_ops_awaited_on_two_streams_both_finish():
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
 

@@ -2,7 +2,9 @@
 
 Default: torch's current stream of the current device, the same stream torch work issued
 by the caller uses, so safetile ops and surrounding torch ops are ordered without events.
-``op.sync(stream=s)`` runs one execution on ``s``. Ordering between ops comes only from
+``op.sync(stream=s)`` runs one execution on ``s``, after the work already enqueued on the
+caller's current stream (an allocation's fill, torch ops that wrote an argument: ``s``
+waits for it). Ordering between ops comes only from
 ``then`` (same stream) or from running them on one stream; ops that are not chained may run
 on different streams concurrently. Their arguments cannot be shared unsafely across streams:
 ownership moves into an op until it is settled, i.e. until its work is known complete.
@@ -51,6 +53,9 @@ def resolve(stream=None):
         if not isinstance(stream, torch.cuda.Stream):
             raise ArgumentError(f"stream must be a torch.cuda.Stream or None (torch's current "
                                 f"stream), got {type(stream).__name__} {stream!r}")
+        caller = current_on(stream.device)
+        if stream != caller:
+            stream.wait_stream(caller)
         return stream
     if not cuda_available():
         return None
