@@ -230,6 +230,14 @@ def test_from_torch_refuses_a_subclass_that_will_not_become_a_plain_tensor():
         from_torch(fake)
 
 
+def test_from_torch_refuses_a_view_with_torchs_lazy_negation_bit():
+    negated = torch.tensor([1 + 2j, 3 + 4j]).conj().imag      # reads -2, -4; holds 2, 4
+    assert negated.is_neg()
+    with pytest.raises(ArgumentError, match="resolve_neg"):
+        from_torch(negated)
+    assert from_torch(negated.resolve_neg()).to_torch().tolist() == [-2.0, -4.0]
+
+
 def test_from_torch_refuses_a_nested_tensor_with_argument_error():
     import warnings
     with warnings.catch_warnings():

@@ -136,6 +136,11 @@ class Tensor(Handle):
             raise ArgumentError("a tensor on the meta device has no memory for a kernel to read "
                                 "or write: allocate it on the CPU or a GPU")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
+        if t.is_neg():
+            # torch reads such a view's memory negated; a kernel would read and write it raw.
+            raise ArgumentError("the torch tensor carries torch's lazy negation bit (a view "
+                                "such as c.conj().imag): its memory holds the negated values; "
+                                "pass t.resolve_neg() (a copy) instead")
         if t.requires_grad:
             t = t.detach()                               # zero-copy; safetile has no autograd
         self = object.__new__(cls)
