@@ -93,6 +93,18 @@ def test_const_of_the_wrong_type():
                     st.empty((8,), device="cpu").partition((4,)), 4.0)
 
 
+@st.kernel
+def zeros_of(z: st.Out[st.f32], d: st.Const[st.DType]):
+    z.store(sl.zeros(z.shape, d).astype(st.f32) + 1)
+
+
+def test_a_dtype_constant_takes_a_torch_dtype_as_allocation_does():
+    (z, d) = zeros_of(st.zeros((4,)).partition((4,)), torch.float16).sync()
+    assert d is st.float16 and z.unpartition().to_torch().tolist() == [1.0] * 4
+    with pytest.raises(st.LaunchError, match="torch.float64 has no safetile dtype"):
+        zeros_of(st.zeros((4,)).partition((4,)), torch.float64)
+
+
 def test_out_grids_must_agree():
     x = st.zeros((8,), device="cpu")
     z = st.empty((8,), device="cpu").partition((4,))

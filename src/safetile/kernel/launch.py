@@ -5,10 +5,12 @@ that all ``Out`` grids agree, layouts, and storage overlap (``AliasError``).
 """
 from __future__ import annotations
 
+import torch
+
 from .. import backends as _backend
 from ..dtypes import ALL as _ALL_DTYPES
 from ..dtypes import DType, from_torch
-from ..errors import LaunchError, UnsafeError
+from ..errors import ArgumentError, LaunchError, UnsafeError
 from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
@@ -125,6 +127,11 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             getattr(v, "ndim", None) == 0:
         v = v.item()                  # a numpy scalar: the Python number it holds
     if kind == "Const":
+        if spec.const_type is DType and isinstance(v, torch.dtype):
+            try:
+                v = from_torch(v)             # as allocation takes torch dtypes too
+            except ArgumentError as e:
+                raise _fail(kernel, name, str(e)) from None
         ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
               float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
               bool: lambda x: isinstance(x, bool),
