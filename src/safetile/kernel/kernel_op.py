@@ -207,6 +207,7 @@ class KernelOp(DeviceOp):
 
     @property
     def backend_name(self) -> str:
+        """The name of the backend it runs on."""
         return self.backend.name
 
     def accesses(self):
