@@ -7,14 +7,16 @@
   per new kind of arguments;
 * ``plans``: ``LaunchPlan``s (``kernel/plan.py``) by the identity of the first tensor
   argument, emptied when they pass ``PLAN_CACHE``;
-* ``typed``: the kinds of arguments the kernel's types were checked for (``kernel/types.py``);
+* ``programs``: the typed bodies (``kernel/types.py``) by what typing depends on, which the
+  options are not (shared like ``variants``);
+* ``typed``: the kinds of arguments the kernel's types were checked for;
 * ``holder`` and ``moved_into``: the texts a launch's borrows and moves name.
 
 * ``copies``: the kernel's ``options()`` copies by their options, so that an op configuring
   its kernel on every call launches one copy with warm caches (shared, like ``variants``).
 
-Everything but ``variants`` and ``copies`` belongs to one set of options: ``Kernel.options``
-makes a new cache sharing only those two.
+Everything but ``variants``, ``programs`` and ``copies`` belongs to one set of options:
+``Kernel.options`` makes a new cache sharing only those three.
 """
 from __future__ import annotations
 
@@ -115,11 +117,13 @@ def _plain_key(opts: dict):
 class LaunchCache:
     """The launch caches of one kernel with one set of options (see the module docstring)."""
 
-    __slots__ = ("variants", "copies", "by_facts", "plans", "plan_at", "typed", "holder",
-                 "moved_into")
+    __slots__ = ("variants", "programs", "copies", "by_facts", "plans", "plan_at", "typed",
+                 "holder", "moved_into")
 
-    def __init__(self, kernel, variants: dict | None = None, copies: dict | None = None):
+    def __init__(self, kernel, variants: dict | None = None, programs: dict | None = None,
+                 copies: dict | None = None):
         self.variants: dict = {} if variants is None else variants
+        self.programs: dict = {} if programs is None else programs
         self.copies: dict = {} if copies is None else copies
         self.by_facts: dict = {}
         self.plans: dict = {}
@@ -130,9 +134,9 @@ class LaunchCache:
                            for n in kernel.params}
 
     def for_options(self, kernel) -> "LaunchCache":
-        """A fresh cache for ``kernel``, an ``options()`` copy, sharing the variants and the
-        copies."""
-        return LaunchCache(kernel, self.variants, self.copies)
+        """A fresh cache for ``kernel``, an ``options()`` copy, sharing the variants, the typed
+        bodies and the copies."""
+        return LaunchCache(kernel, self.variants, self.programs, self.copies)
 
     def copy(self, opts: dict, make, normalize):
         """The ``options()`` copy with options ``opts``: ``make(plain)`` builds it on first
@@ -161,7 +165,8 @@ class LaunchCache:
             key = variant_key(kernel, bound)
             v = self.variants.get(key)
             if v is None:
-                v = self.variants[key] = Variant(kernel, key, _types.check(kernel, key))
+                v = self.variants[key] = Variant(kernel, key,
+                                                 _types.check(kernel, key, self.programs))
             self.by_facts[f] = v
         return v
 
@@ -170,7 +175,7 @@ class LaunchCache:
         per kind of arguments, a set lookup afterwards."""
         f = _type_facts(bound)
         if f not in self.typed:
-            _types.check(kernel, variant_key(kernel, bound))
+            _types.check(kernel, variant_key(kernel, bound), self.programs)
             self.typed.add(f)
 
     def plan(self, args: tuple, choice):

@@ -145,6 +145,7 @@ class Function(_Frozen):
         self.src = KernelSource(fn)
         self.info = check_function(self.src)
         check_static_shapes(self.src, {}, self.info)
+        self.bodies: dict = {}         # backend name -> its executable form of the body
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -187,6 +188,8 @@ class Kernel(_Frozen):
         # launcher (kernel_op.py) read these options at different times and must agree.
         self.opts = MappingProxyType(normalized_options(self.name, self.params, options or {}))
         self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
+        self.bodies: dict = {}         # backend name -> its executable form of the body (shared
+                                       # with the options() copies)
 
     @property
     def where(self) -> str:

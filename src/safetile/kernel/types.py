@@ -411,9 +411,9 @@ class BodyTyper(ExprTyper, CallTyper, PointerTyper):
         self.env = after
 
 
-def check(kernel, key) -> Program:
-    """Type ``kernel``'s body for the variant ``key`` (a ``VariantKey``); cached per kernel."""
-    cache = kernel.__dict__.setdefault("_st_types", {})
+def check(kernel, key, cache: dict) -> Program:
+    """Type ``kernel``'s body for the variant ``key`` (a ``VariantKey``), cached in ``cache``
+    (``LaunchCache.programs``) by ``type_key``."""
     tkey = type_key(key)
     program = cache.get(tkey)
     if program is None:

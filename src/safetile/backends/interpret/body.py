@@ -31,9 +31,9 @@ from .tile import Tile, raw, scalar
 
 def executable(obj):
     """The CPU form of a ``Kernel`` or ``@st.function`` ``obj`` (built once, cached)."""
-    fn = obj.__dict__.get("_st_cpu")
+    fn = obj.bodies.get("interpret")
     if fn is None:
-        fn = obj.__dict__["_st_cpu"] = _build(obj.src, obj.info.scope)
+        fn = obj.bodies["interpret"] = _build(obj.src, obj.info.scope)
     return fn
 
 

@@ -15,6 +15,7 @@ argument to a ``@triton.jit`` helper as a constexpr.
 from __future__ import annotations
 
 import ast
+import functools
 
 from .constants import float_literal
 
@@ -36,15 +37,20 @@ def literal(v) -> str | None:
 class ConstantNames:
     """Mixed into the expression emitter: constexpr aliases, and the folding above."""
 
+    @functools.cached_property
     def bound_names(self) -> dict:
         """Name -> how many times the body binds it (assignments, loop targets)."""
-        cache = self.__dict__.get("_st_bound")
-        if cache is None:
-            cache = self.__dict__["_st_bound"] = {}
-            for n in ast.walk(self.src.tree):
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                    cache[n.id] = cache.get(n.id, 0) + 1
-        return cache
+        counts: dict = {}
+        for n in ast.walk(self.src.tree):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                counts[n.id] = counts.get(n.id, 0) + 1
+        return counts
+
+    @functools.cached_property
+    def alias_names(self) -> set:
+        """The names the body binds by a constexpr alias (``constexpr_alias``)."""
+        return {n.targets[0].id for n in ast.walk(self.src.tree)
+                if isinstance(n, ast.Assign) and self.constexpr_alias(n)}
 
     def constexpr_alias(self, node) -> bool:
         """Whether ``name = <compile-time int>`` is emitted as ``name: tl.constexpr = ...``.
@@ -58,19 +64,14 @@ class ConstantNames:
             return False
         if not isinstance(self.static(node.value), int):
             return False
-        return self.bound_names()[node.targets[0].id] == 1
+        return self.bound_names[node.targets[0].id] == 1
 
     def folded_name(self, node) -> str | None:
         """A use of a local name bound to a compile-time value other than by a constexpr
         alias, as that value's Triton source; None where the name itself is emitted."""
-        if node.id not in self.bound_names():
+        if node.id not in self.bound_names:
             return None                   # a parameter: a constexpr where compile-time
-        aliases = self.__dict__.get("_st_aliases")
-        if aliases is None:
-            aliases = self.__dict__["_st_aliases"] = {
-                n.targets[0].id for n in ast.walk(self.src.tree)
-                if isinstance(n, ast.Assign) and self.constexpr_alias(n)}
-        return None if node.id in aliases else literal(self.tp(node))
+        return None if node.id in self.alias_names else literal(self.tp(node))
 
     def compile_time_binding(self, node) -> bool:
         """Whether an assignment statement binds only compile-time values and is not a
