@@ -1,5 +1,6 @@
 """Graphs on the CPU executor: op.graph(), st.graph_scope(), replay, update, capture rules."""
 import asyncio
+import gc
 
 import pytest
 
@@ -540,3 +541,17 @@ def test_a_replay_borrows_all_it_writes_when_no_one_storage_holds_it():
         s.record(inc(b.partition((2,))))
     _, writes = s.graph._borrow_plan()
     assert sum(view.numel() for _, view in writes) == 64             # bytes [0, 64), once
+
+
+def test_memory_a_live_graph_replays_is_not_handed_to_torch():
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    g.launch().sync()
+    x, _, z = g.output
+    out, inp = z.unpartition(), x
+    with pytest.raises(st.BorrowError, match="replays launches that write this memory"):
+        out.into_torch()
+    with pytest.raises(st.BorrowError, match="replays launches that read this memory"):
+        inp.into_torch()
+    del g, x, z
+    gc.collect()
+    assert out.into_torch().tolist() == [4.0, 6.0] and inp.into_torch().tolist() == [1.0, 2.0]

@@ -229,6 +229,7 @@ class Graph:
         reads, writes = self._borrow_plan()
         self._extents = borrows.prepare(repr(self), reads, writes)
         self._extent_groups = borrows.by_device(self._extents)
+        borrows.note_replayed(self, self._extents)
         self._borrowed = tuple(t for _, t in writes + reads)
         # A host replay runs the records on their handles' torch tensors as they are then,
         # where a CUDA graph replays the recorded addresses: so it first checks that each

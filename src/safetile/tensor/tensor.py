@@ -231,11 +231,13 @@ class Tensor(Handle):
     def into_torch(self) -> torch.Tensor:
         """Consume the Tensor and return the underlying torch tensor, zero-copy.
 
-        From then on the storage is torch's: safetile no longer checks it.
+        From then on the storage is torch's: safetile no longer checks it. Refused
+        (``BorrowError``) while an operation or a live graph's replays use these bytes.
         """
         with LOCK:
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
+            borrows.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
             self._move("torch by into_torch()",
                        hint="use the torch tensor into_torch() returned "
                             "(st.from_torch(t) wraps it again)")
