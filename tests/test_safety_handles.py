@@ -309,6 +309,7 @@ def _dropped_in_a_cycle(op) -> None:
     cycle.append(cycle)
 
 
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")     # the dropped op's
 @pytest.mark.parametrize("in_flight", [1, 4], ids=["scanned", "indexed"])
 def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_flight):
     # The collected op's finalizer hands its borrows back; run inside the check's walk of
