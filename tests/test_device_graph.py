@@ -555,3 +555,23 @@ def test_memory_a_live_graph_replays_is_not_handed_to_torch():
     del g, x, z
     gc.collect()
     assert out.into_torch().tolist() == [4.0, 6.0] and inp.into_torch().tolist() == [1.0, 2.0]
+
+
+def test_an_updated_graph_keeps_its_new_memory_from_torch_and_frees_the_old():
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    _, _, old = g.output
+    g.update(add(vec(5, 6), vec(7, 8), st.zeros((2,)).partition((2,))))
+    g.launch().sync()
+    _, _, new = g.output
+    with pytest.raises(st.BorrowError, match="replays launches that write this memory"):
+        new.unpartition().into_torch()
+    assert old.unpartition().into_torch().tolist() == [0.0, 0.0]
+
+
+def test_the_elements_a_graph_does_not_touch_may_be_handed_to_torch():
+    buf = st.zeros((8,))
+    g = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), buf[0::2].partition((4,))).graph()
+    assert buf[1::2].into_torch().tolist() == [0.0] * 4
+    with pytest.raises(st.BorrowError):
+        buf[0::2].into_torch()
+    del g

@@ -18,6 +18,7 @@ import torch
 import safetile as st
 import safetile.lang as sl
 from safetile.device import aio
+from safetile.tensor import active_holds
 from support import add, cpu_executor, no_leftover_holds, vec
 
 _cpu = cpu_executor(seed=0)
@@ -335,3 +336,30 @@ def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_fl
     finally:
         gc.set_threshold(*threshold)
         gc.enable()
+
+
+@pytest.mark.filterwarnings("error::safetile.UnrunOpWarning",
+                            "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_finalizer_that_raises_after_a_borrow_check_leaves_every_borrow_accounted(capsys):
+    # With warnings as errors, the collected op's UnrunOpWarning is raised from its
+    # finalizer, which the check ran once its walk ended: reported, never raised into the
+    # launch, and the launch's own borrows still end with it.
+    threshold = gc.get_threshold()
+    try:
+        for allocations in range(20, 80):
+            gc.collect()
+            gc.disable()
+            buf = st.zeros((64,))
+            _dropped_in_a_cycle(add(vec(*[1.0] * 32), vec(*[1.0] * 32),
+                                    buf[0::2].partition((32,))))
+            gc.set_threshold(gc.get_count()[0] + allocations)
+            gc.enable()
+            _, _, z = add(vec(*[1.0] * 32), vec(*[2.0] * 32),
+                          buf[1::2].partition((32,))).sync()
+            gc.set_threshold(*threshold)
+            gc.collect()
+            assert active_holds() == [] and z.unpartition().to_torch().tolist() == [3.0] * 32
+    finally:
+        gc.set_threshold(*threshold)
+        gc.enable()
+    assert "UnrunOpWarning" in capsys.readouterr().err

@@ -184,8 +184,8 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
                            param="stream_options")
         if not isinstance(options, dict) or set(options) - {"include_usage",
                                                             "continuous_usage_stats"}:
-            raise APIError("'stream_options' supports only 'include_usage'",
-                           param="stream_options")
+            raise APIError("'stream_options' supports only 'include_usage' (and "
+                           "'continuous_usage_stats': false)", param="stream_options")
         if options.get("continuous_usage_stats") not in (None, False):
             raise APIError("'stream_options.continuous_usage_stats' is not supported by this "
                            "server", param="stream_options.continuous_usage_stats",

@@ -130,10 +130,10 @@ class CollectiveOp(DeviceOp):
 
     def __del__(self):
         if not getattr(self, "_consumed", True):
-            finalize(self._finalize)
+            self._consumed = True
+            finalize(self._drop_unrun)
 
-    def _finalize(self) -> None:
-        self._consumed = True
+    def _drop_unrun(self) -> None:
         self._release()
         warn_unrun(self.name, self.site)
 

@@ -202,6 +202,7 @@ class Graph:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._set(records, shared_holds)
+        self._note_replayed()
 
     def __repr__(self) -> str:
         return f"<Graph of {len(self.records)} launches on {self.backend}>"
@@ -229,7 +230,6 @@ class Graph:
         reads, writes = self._borrow_plan()
         self._extents = borrows.prepare(repr(self), reads, writes)
         self._extent_groups = borrows.by_device(self._extents)
-        borrows.note_replayed(self, self._extents)
         self._borrowed = tuple(t for _, t in writes + reads)
         # A host replay runs the records on their handles' torch tensors as they are then,
         # where a CUDA graph replays the recorded addresses: so it first checks that each
@@ -239,6 +239,10 @@ class Graph:
         self._cuda = None
         if not self.host_bound:
             self._capture()
+
+    def _note_replayed(self) -> None:
+        """Keep the memory the replays touch from being handed to torch while this lives."""
+        borrows.note_replayed(self, [a for r in self.records for a in r.accesses()])
 
     def _borrow_plan(self):
         """(read, write) byte views of what the launches touch (``spans.covering_views``)."""
@@ -319,6 +323,7 @@ class Graph:
             with self._lock:
                 self._refuse_in_flight()
                 self.__dict__.update(new)
+                self._note_replayed()
         except BaseException as e:
             attach_recovered(e, output, replace=True)
             raise

@@ -170,15 +170,13 @@ class KernelOp(DeviceOp):
         return self.values
 
     def __del__(self):
-        finalize(self._finalize)
-
-    def _finalize(self) -> None:
         # An op dropped without running (built, then never synced or awaited) hands its
-        # arguments back, so that neither the handles nor the storage borrows leak.
+        # arguments back, so that neither the handles nor the storage borrows leak. It is
+        # consumed at once: a finalizer may be queued (ownership.finalize) and the op saved
+        # meanwhile by another object's finalizer; it must not run then.
         if not getattr(self, "_consumed", True):
             self._consumed = True
-            self._release()
-            warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
+            finalize(self._drop_unrun)
             return
         # Its borrows may outlive it (a `then` chain drops an op once it has handed its values
         # back; they end when the execution finishes). The extents refer to the tensors
@@ -187,7 +185,15 @@ class KernelOp(DeviceOp):
         # overlap check can still read its layout.
         hold = getattr(self, "hold", None)
         if hold is not None and not hold._released and self.values:
-            with LOCK:
+            finalize(self._let_go)
+
+    def _drop_unrun(self) -> None:
+        self._release()
+        warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
+
+    def _let_go(self) -> None:
+        with LOCK:
+            if not self.hold._released and self.values:
                 self._let_go_locked()
 
     def _host_bound(self) -> bool:

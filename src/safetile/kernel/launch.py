@@ -15,7 +15,7 @@ from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
 from ..tensor.hints import a_type_name, how_to_pass
-from ..tensor.ownership import LIVE, LOCK, QUEUED_FINALIZERS, run_finalizers
+from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
@@ -246,8 +246,6 @@ def launch(kernel, args, kwargs):
     launch moves nothing, and its error carries the arguments as ``error.recovered`` (in
     parameter order), so that a value made for the call (an inline ``t.partition(...)``) is
     not lost."""
-    if QUEUED_FINALIZERS:                     # dropped ops' hand-backs a collection deferred
-        run_finalizers()
     try:
         if kernel.unsafe and not in_unsafe_block():
             raise UnsafeError(f"kernel '{kernel.name}' ({kernel.where}) is unsafe=True: launch "

@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 
 from ..errors import AliasError, BorrowError
-from .ownership import LOCK, QUEUED_FINALIZERS, run_finalizers
+from .ownership import LOCK, QUEUED_FINALIZERS, Walks, run_finalizers
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 from .registry import Registry
 from .scoped import Scoped
@@ -136,14 +136,16 @@ class Hold:
 
     def release(self) -> None:
         """Remove this hold's borrows from the registry. Calling it again does nothing."""
-        if QUEUED_FINALIZERS:
-            run_finalizers()
         with LOCK:
             if self._released:
                 return
             self._released = True
-            for reg in self._regs:
-                reg.remove(self)
+            Walks.depth += 1
+            try:
+                for reg in self._regs:
+                    reg.remove(self)
+            finally:
+                _end_walk()
             self._regs = []
             self.tensors = ()
 
@@ -191,26 +193,36 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against. The caller need not hold ``LOCK``."""
-    if QUEUED_FINALIZERS:
-        run_finalizers()
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
     with LOCK:
-        for device, mine in groups:
-            reg = _REGISTRIES.get(device)
-            if reg is None:
-                reg = _REGISTRIES[device] = Registry()   # kept: devices are few
-            if not reg.holds:
-                continue
-            for x in mine:
-                found = reg.conflict_except(x, owner, exempt) if exempt else \
-                    reg.conflict(x, owner)
-                if found is not None:
-                    _raise_external(holder, x, found[0], found[1])
-        _file(hold, groups)
+        Walks.depth += 1
+        try:
+            for device, mine in groups:
+                reg = _REGISTRIES.get(device)
+                if reg is None:
+                    reg = _REGISTRIES[device] = Registry()   # kept: devices are few
+                if not reg.holds:
+                    continue
+                for x in mine:
+                    found = reg.conflict_except(x, owner, exempt) if exempt else \
+                        reg.conflict(x, owner)
+                    if found is not None:
+                        _raise_external(holder, x, found[0], found[1])
+            _file(hold, groups)
+        finally:
+            _end_walk()
     return hold
+
+
+def _end_walk() -> None:
+    """End a walk over the registries (``LOCK`` held); the outermost one runs the
+    finalizers that ran into it (``ownership.finalize``)."""
+    Walks.depth -= 1
+    if QUEUED_FINALIZERS and not Walks.depth:
+        run_finalizers()
 
 
 def _file(hold: Hold, groups: tuple) -> None:
@@ -308,8 +320,6 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     ``exempt`` aside. The running execution's own holds are ordered before the host's
     access, except, while it records a graph and the host touches the bytes, the writes of
     its launches: they happen only when the graph is replayed."""
-    if QUEUED_FINALIZERS:
-        run_finalizers()
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
@@ -318,11 +328,15 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     with LOCK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
-            for e, h in reg.near(x.lo, x.hi):
-                if (e.write or not writes_only) and h is not exempt and \
-                        (owner is None or h.owner is not owner or (unwritten and e.write)) \
-                        and _overlap(x, e):
-                    return e, h
+            Walks.depth += 1
+            try:
+                for e, h in reg.near(x.lo, x.hi):
+                    if (e.write or not writes_only) and h is not exempt and \
+                            (owner is None or h.owner is not owner or (unwritten and e.write)) \
+                            and _overlap(x, e):
+                        return e, h
+            finally:
+                _end_walk()
     return None
 
 
@@ -349,7 +363,12 @@ def host_read(t: torch.Tensor, what: str):
         check_host_read(t, what)
         hold = Hold(f"a host copy ({what})", (t,))
         hold.remedy = "let the copy finish first"
-        _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
+        groups = by_device(prepare(what, reads=[("the copied bytes", t)]))
+        Walks.depth += 1
+        try:
+            _file(hold, groups)
+        finally:
+            _end_walk()
     try:
         yield
         if t.is_cuda:                      # the copy is enqueued: it must end under the borrow
@@ -374,16 +393,17 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
             f"{_label(e.name, e.write)}; {_remedy(h)}")
 
 
-# Every live graph -> the extents its replays borrow. A replay holds them only while it runs,
-# but the memory must stay safetile's for as long as the graph may replay it: a tensor is
-# handed to torch (``into_torch``) only once no live graph touches its bytes.
+# Every live graph -> ``(extent, tensor)`` per argument its launches touch. A replay borrows
+# them only while it runs, but the memory must stay safetile's for as long as the graph may
+# replay it: a tensor is handed to torch (``into_torch``) only once no live graph touches it.
 _REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def note_replayed(graph, extents: tuple) -> None:
-    """Record (or replace) the extents that ``graph``'s replays borrow."""
+def note_replayed(graph, accesses) -> None:
+    """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``."""
+    entry = tuple((Extent(t, name, written), t) for name, t, written in accesses)
     with LOCK:
-        _REPLAYED[graph] = extents
+        _REPLAYED[graph] = entry
 
 
 def check_not_replayed(t: torch.Tensor, what: str) -> None:
@@ -392,8 +412,8 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
         return
     x = Extent(t)
     with LOCK:
-        for graph, extents in list(_REPLAYED.items()):
-            for e in extents:
+        for graph, entry in list(_REPLAYED.items()):
+            for e, _ in entry:
                 if _overlap(x, e):
                     verb = "write" if e.write else "read"
                     raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
@@ -403,9 +423,11 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
     """A snapshot ``(holder, name, is_write, tensor)`` of every registered borrow."""
-    if QUEUED_FINALIZERS:
-        run_finalizers()
     with LOCK:
-        return [(h.holder, e.name, e.write, e.t)
-                for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
-                for e in extents]
+        Walks.depth += 1
+        try:
+            return [(h.holder, e.name, e.write, e.t)
+                    for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
+                    for e in extents]
+        finally:
+            _end_walk()

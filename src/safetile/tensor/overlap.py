@@ -26,20 +26,25 @@ class Extent:
     holds an extent, the operation keeps the tensor alive.
     """
 
-    __slots__ = ("tref", "device", "lo", "hi", "dense", "name", "write")
+    __slots__ = ("tref", "device", "lo", "hi", "dense", "name", "write", "numel", "itemsize",
+                 "shape", "strides")
 
     def __init__(self, t: torch.Tensor, name: str = "", write: bool = False):
         self.tref = weakref.ref(t)
         self.device = t.device
         self.name = name
         self.write = write
-        n = t.numel()
+        # The layout, kept for the exact check: it must not need the tensor, whose weak
+        # reference the collector may clear while a queued finalizer still holds the bytes.
+        self.numel = n = t.numel()
+        self.itemsize = t.element_size()
+        self.shape, self.strides = tuple(t.shape), t.stride()
         if n == 0:
             # Empty tensors touch no bytes: lo == hi makes every interval test fail.
             self.lo = self.hi = 0
             self.dense = True
             return
-        isz = t.element_size()
+        isz = self.itemsize
         self.lo = lo = t.data_ptr()
         if t.is_contiguous():                  # the common case: one C call decides
             self.hi = lo + n * isz
@@ -72,37 +77,32 @@ def _is_dense(t: torch.Tensor) -> bool:
     return True
 
 
-def _element_offsets(t: torch.Tensor) -> torch.Tensor:
+def _element_offsets(shape: tuple, strides: tuple) -> torch.Tensor:
     """Element offsets (relative to ``t.data_ptr()``, in elements) of every element of ``t``,
     as a flat CPU int64 tensor. Built by broadcasting ``arange(size) * stride`` per dim,
     which equals ``as_strided(arange(span), sizes, strides)`` without allocating ``span``."""
     off = torch.zeros((), dtype=torch.int64)
-    for size, stride in zip(t.shape, t.stride()):
+    for size, stride in zip(shape, strides):
         off = off.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride
     return off.reshape(-1)
 
 
 def _exact_overlap(a: Extent, b: Extent) -> bool:
-    ta, tb = a.t, b.t
-    if ta is None or tb is None:
-        # Only a hold whose finalizer is queued (ownership.finalize) outlives its tensors'
-        # weak references (the collector clears them first): its bytes may still be in use.
-        return True
-    if ta.numel() > EXACT_LIMIT or tb.numel() > EXACT_LIMIT:
+    if a.numel > EXACT_LIMIT or b.numel > EXACT_LIMIT:
         return True                                   # too big to enumerate: conservative
-    isa, isb = ta.element_size(), tb.element_size()
+    isa, isb = a.itemsize, b.itemsize
     base = min(a.lo, b.lo)
     if isa == isb and (a.lo - b.lo) % isa == 0:
         # Same element grid: compare element indices.
-        oa = _element_offsets(ta) + (a.lo - base) // isa
-        ob = _element_offsets(tb) + (b.lo - base) // isa
+        oa = _element_offsets(a.shape, a.strides) + (a.lo - base) // isa
+        ob = _element_offsets(b.shape, b.strides) + (b.lo - base) // isa
     else:
         # Different element sizes or misaligned: compare the byte sets.
-        if ta.numel() * isa > EXACT_LIMIT or tb.numel() * isb > EXACT_LIMIT:
+        if a.numel * isa > EXACT_LIMIT or b.numel * isb > EXACT_LIMIT:
             return True
-        oa = ((_element_offsets(ta) * isa + (a.lo - base)).unsqueeze(-1)
+        oa = ((_element_offsets(a.shape, a.strides) * isa + (a.lo - base)).unsqueeze(-1)
               + torch.arange(isa, dtype=torch.int64)).reshape(-1)
-        ob = ((_element_offsets(tb) * isb + (b.lo - base)).unsqueeze(-1)
+        ob = ((_element_offsets(b.shape, b.strides) * isb + (b.lo - base)).unsqueeze(-1)
               + torch.arange(isb, dtype=torch.int64)).reshape(-1)
     if oa.numel() > ob.numel():
         oa, ob = ob, oa

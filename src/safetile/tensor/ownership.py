@@ -23,41 +23,55 @@ Invariants:
 """
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 
 from ..errors import CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked",
-           "finalize", "run_finalizers", "QUEUED_FINALIZERS"]
+           "finalize", "run_finalizers", "QUEUED_FINALIZERS", "Walks"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
 #: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
 LOCK = threading.RLock()
 
 # A finalizer (``__del__``) may run inside any allocation: a garbage collection can start in
-# the middle of a registry walk on this thread, and LOCK, re-entrant, would let the
-# finalizer's release change the holds under that walk (skipping the hold that conflicts).
-# So a finalizer that finds LOCK held by its own thread queues its work here, and the work
-# runs at the next release or registration made outside LOCK.
+# the middle of a walk over the borrow registries on this thread, and LOCK, re-entrant, would
+# let the finalizer's release change the holds under that walk (skipping the hold that
+# conflicts). So the walks count themselves in ``Walks.depth`` (under LOCK), a finalizer that
+# runs inside one queues its work here, and the walk runs the queue once it has ended.
 QUEUED_FINALIZERS: list = []
 
 
+class Walks:
+    """How many walks over the borrow registries are in progress (changed under LOCK, so
+    only by the thread that holds it)."""
+
+    depth = 0
+
+
 def finalize(work) -> None:
-    """Run a finalizer's ``work()`` now, or queue it if this thread is inside ``LOCK``."""
-    if LOCK._is_owned():
+    """Run a finalizer's ``work()`` now, or queue it if this thread is inside a walk."""
+    if Walks.depth and LOCK._is_owned():
         QUEUED_FINALIZERS.append(work)
     else:
         work()
 
 
 def run_finalizers() -> None:
-    """Run the queued finalizer work (called outside ``LOCK``; each piece takes it)."""
-    while QUEUED_FINALIZERS and not LOCK._is_owned():
+    """Run the queued finalizer work (not inside a walk). A failure is reported as Python
+    reports one in ``__del__`` (on stderr) and the rest still runs."""
+    while QUEUED_FINALIZERS and not (Walks.depth and LOCK._is_owned()):
         try:
             work = QUEUED_FINALIZERS.pop(0)
         except IndexError:                    # another thread took the last one
             return
-        work()
+        try:
+            work()
+        except BaseException as e:            # as an exception raised in __del__ is
+            print(f"Exception ignored in a finalizer of {work!r}:", file=sys.stderr)
+            traceback.print_exception(e, file=sys.stderr)
 
 LIVE = "live"
 MOVED = "moved"
