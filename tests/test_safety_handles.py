@@ -363,3 +363,61 @@ def test_a_finalizer_that_raises_after_a_borrow_check_leaves_every_borrow_accoun
         gc.set_threshold(*threshold)
         gc.enable()
     assert "UnrunOpWarning" in capsys.readouterr().err
+
+
+@st.kernel
+def increment(z: st.Out[st.f32]):
+    z.store(z.load() + 1.0)
+
+
+def test_a_shared_value_collected_while_its_graph_is_made_exempts_nothing(monkeypatch):
+    # The value's last handle is garbage of a cycle; a collection while the graph reads
+    # what its launches touch releases the value's borrow under it.
+    from safetile.kernel.kernel_op import KernelOp
+    accesses = KernelOp.accesses
+
+    def collecting(self):
+        found = accesses(self)
+        gc.collect()
+        return found
+    written, x, y, z = st.zeros((4,)), vec(1, 2, 3, 4), vec(1, 1, 1, 1), st.empty((4,))
+    gc.disable()
+    try:
+        with st.graph_scope() as scope:
+            (part,) = scope.record(increment(written.partition((2,))))
+            _dropped_in_a_cycle(part.unpartition().share())
+            out = scope.record(add(x, y, z.partition((2,))))
+            monkeypatch.setattr(KernelOp, "accesses", collecting)
+    finally:
+        gc.enable()
+    monkeypatch.undo()
+    scope.launch().sync()
+    assert out[2].unpartition().to_torch().tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.filterwarnings("error::safetile.UnrunOpWarning")
+def test_a_finalizer_failure_with_no_stderr_to_report_on_leaves_the_launch_whole(monkeypatch):
+    import io
+    import sys
+    from safetile.tensor import registry
+    overlap, collected = registry._overlap, []
+
+    def collecting(a, b):                 # a collection at an allocation inside the walk
+        if not collected:
+            collected.append(gc.collect())
+        return overlap(a, b)
+    gc.disable()
+    try:
+        buf = st.zeros((64,))
+        _dropped_in_a_cycle(add(vec(*[1.0] * 32), vec(*[1.0] * 32),
+                                buf[0::2].partition((32,))))
+        monkeypatch.setattr(registry, "_overlap", collecting)
+        closed = io.StringIO()
+        closed.close()
+        monkeypatch.setattr(sys, "stderr", closed)
+        op = add(vec(*[1.0] * 32), vec(*[2.0] * 32), buf[1::2].partition((32,)))
+    finally:
+        gc.enable()
+    monkeypatch.undo()
+    assert collected and op.sync()[2].unpartition().to_torch().tolist() == [3.0] * 32
+    assert active_holds() == []

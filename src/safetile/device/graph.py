@@ -219,9 +219,7 @@ class Graph:
         # A value taken back while recording (try_unwrap) left no borrow to exempt.
         self._own_shared = frozenset(
             hold for hold, before in shared_holds
-            if not hold.released and any(written and borrows.overlaps(t, hold.tensors[0])
-                                         for r in self.records[:before]
-                                         for _, t, written in r.accesses()))
+            if self._rewrites(hold.tensors, self.records[:before]))
         self.backend = names.pop() if names else "none"
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
         self.host_bound = not self.records or self.records[0]._host_bound()
@@ -239,6 +237,14 @@ class Graph:
         self._cuda = None
         if not self.host_bound:
             self._capture()
+
+    @staticmethod
+    def _rewrites(held: tuple, records) -> bool:
+        """Whether ``records`` write the bytes of a shared value's borrow (``held``: its
+        tensors, read once: the value's last handle may be collected meanwhile and its
+        release empty them; a released borrow then exempts nothing)."""
+        return bool(held) and any(written and borrows.overlaps(t, held[0])
+                                  for r in records for _, t, written in r.accesses())
 
     def _note_replayed(self) -> None:
         """Keep the memory the replays touch from being handed to torch while this lives."""

@@ -70,8 +70,11 @@ def run_finalizers() -> None:
         try:
             work()
         except BaseException as e:            # as an exception raised in __del__ is
-            print(f"Exception ignored in a finalizer of {work!r}:", file=sys.stderr)
-            traceback.print_exception(e, file=sys.stderr)
+            try:
+                print(f"Exception ignored in a finalizer of {work!r}:", file=sys.stderr)
+                traceback.print_exception(e, file=sys.stderr)
+            except BaseException:             # no stderr to report on (closed, a broken pipe)
+                pass
 
 LIVE = "live"
 MOVED = "moved"
