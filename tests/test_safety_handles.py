@@ -317,7 +317,7 @@ def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_fl
     # the held borrows, it must not change them under the walk.
     threshold = gc.get_threshold()
     try:
-        for allocations in range(20, 80):
+        for allocations in range(20, 80, 3):
             gc.collect()
             gc.disable()
             buf = st.zeros((64,))
@@ -346,7 +346,7 @@ def test_a_finalizer_that_raises_after_a_borrow_check_leaves_every_borrow_accoun
     # launch, and the launch's own borrows still end with it.
     threshold = gc.get_threshold()
     try:
-        for allocations in range(20, 80):
+        for allocations in range(20, 80, 3):
             gc.collect()
             gc.disable()
             buf = st.zeros((64,))
