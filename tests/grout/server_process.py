@@ -54,7 +54,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "grout", "serve", "--model", self.model,
                "--port", str(self.port), *self.extra]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=_die_with_parent)
 
     def wait_healthy(self, timeout: float) -> bool:
         """Poll /health until 200; False when the process exits first or time runs out."""
@@ -124,6 +125,17 @@ _CORPUS = [
     "A server streams tokens to its clients, one request at a time, in order of arrival.",
     "system user assistant: once upon a time a small model answered every question.",
 ]
+
+
+def _die_with_parent() -> None:
+    """In the server's process: be sent SIGTERM when the test process dies (Linux's
+    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):        # not Linux: the fixtures' teardown only
+        pass
 
 
 def cpu_server(tmp_path_factory, name: str, max_seq_len: int, *extra: str) -> ServerProcess:
