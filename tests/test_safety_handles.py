@@ -310,11 +310,10 @@ def _dropped_in_a_cycle(op) -> None:
     cycle.append(cycle)
 
 
-@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")     # the dropped op's
-@pytest.mark.parametrize("in_flight", [1, 4], ids=["scanned", "indexed"])
-def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_flight):
-    # The collected op's finalizer hands its borrows back; run inside the check's walk of
-    # the held borrows, it must not change them under the walk.
+def _collections_at_each_allocation_of_the_next_step():
+    """For a spread of allocation counts: a fresh 64-element buffer whose even elements an
+    unrun op (dropped in a cycle) writes, and ``arm()``, which makes the collector run that
+    many allocations later, inside whatever the caller does next (a launch's borrow check)."""
     threshold = gc.get_threshold()
     try:
         for allocations in range(20, 80, 3):
@@ -323,19 +322,31 @@ def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_fl
             buf = st.zeros((64,))
             _dropped_in_a_cycle(add(vec(*[1.0] * 32), vec(*[1.0] * 32),
                                     buf[0::2].partition((32,))))
-            first = add(vec(*[1.0] * 32), vec(*[2.0] * 32), buf[1::2].partition((32,)))
-            others = [add(vec(1.0), vec(1.0), st.zeros((1,)).partition((1,)))
-                      for _ in range(in_flight - 1)]
-            gc.set_threshold(gc.get_count()[0] + allocations)
-            gc.enable()
-            with pytest.raises(st.AliasError):
-                add(vec(*[1.0] * 32), vec(*[7.0] * 32), buf[1::2].partition((32,)))
+
+            def arm(n=allocations):
+                gc.set_threshold(gc.get_count()[0] + n)
+                gc.enable()
+            yield buf, arm
             gc.set_threshold(*threshold)
-            for op in [first, *others]:
-                op.sync()
     finally:
         gc.set_threshold(*threshold)
         gc.enable()
+
+
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")     # the dropped op's
+@pytest.mark.parametrize("in_flight", [1, 4], ids=["scanned", "indexed"])
+def test_a_collection_during_a_borrow_check_cannot_hide_an_in_flight_write(in_flight):
+    # The collected op's finalizer hands its borrows back; run inside the check's walk of
+    # the held borrows, it must not change them under the walk.
+    for buf, arm in _collections_at_each_allocation_of_the_next_step():
+        first = add(vec(*[1.0] * 32), vec(*[2.0] * 32), buf[1::2].partition((32,)))
+        others = [add(vec(1.0), vec(1.0), st.zeros((1,)).partition((1,)))
+                  for _ in range(in_flight - 1)]
+        arm()
+        with pytest.raises(st.AliasError):
+            add(vec(*[1.0] * 32), vec(*[7.0] * 32), buf[1::2].partition((32,)))
+        for op in [first, *others]:
+            op.sync()
 
 
 @pytest.mark.filterwarnings("error::safetile.UnrunOpWarning",
@@ -344,24 +355,11 @@ def test_a_finalizer_that_raises_after_a_borrow_check_leaves_every_borrow_accoun
     # With warnings as errors, the collected op's UnrunOpWarning is raised from its
     # finalizer, which the check ran once its walk ended: reported, never raised into the
     # launch, and the launch's own borrows still end with it.
-    threshold = gc.get_threshold()
-    try:
-        for allocations in range(20, 80, 3):
-            gc.collect()
-            gc.disable()
-            buf = st.zeros((64,))
-            _dropped_in_a_cycle(add(vec(*[1.0] * 32), vec(*[1.0] * 32),
-                                    buf[0::2].partition((32,))))
-            gc.set_threshold(gc.get_count()[0] + allocations)
-            gc.enable()
-            _, _, z = add(vec(*[1.0] * 32), vec(*[2.0] * 32),
-                          buf[1::2].partition((32,))).sync()
-            gc.set_threshold(*threshold)
-            gc.collect()
-            assert active_holds() == [] and z.unpartition().to_torch().tolist() == [3.0] * 32
-    finally:
-        gc.set_threshold(*threshold)
-        gc.enable()
+    for buf, arm in _collections_at_each_allocation_of_the_next_step():
+        arm()
+        _, _, z = add(vec(*[1.0] * 32), vec(*[2.0] * 32), buf[1::2].partition((32,))).sync()
+        gc.collect()
+        assert active_holds() == [] and z.unpartition().to_torch().tolist() == [3.0] * 32
     assert "UnrunOpWarning" in capsys.readouterr().err
 
 
