@@ -180,6 +180,14 @@ def _difference(recorded, new) -> str:
     return "the recordings differ"
 
 
+def _rewrites(held: tuple, launches) -> bool:
+    """Whether ``launches`` (their accesses) write the bytes of a shared value's borrow
+    (``held``: its tensors, read once: the value's last handle may be collected meanwhile
+    and its release empty them; a released borrow then exempts nothing)."""
+    return bool(held) and any(written and borrows.overlaps(t, held[0])
+                              for launch in launches for _, t, written in launch)
+
+
 def _layout(t: torch.Tensor) -> tuple:
     return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
 
@@ -214,12 +222,15 @@ class Graph:
                                     f"record ops of one backend")
         self.records = list(records)
         self._unsafe = any(getattr(r, "needs_unsafe", False) for r in records)
+        # (name, tensor, written) of each argument, per launch: read once from the records.
+        per_launch = [r.accesses() for r in self.records]
+        self._touched = [a for launch in per_launch for a in launch]
         # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
         # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.
         # A value taken back while recording (try_unwrap) left no borrow to exempt.
         self._own_shared = frozenset(
             hold for hold, before in shared_holds
-            if self._rewrites(hold.tensors, self.records[:before]))
+            if _rewrites(hold.tensors, per_launch[:before]))
         self.backend = names.pop() if names else "none"
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
         self.host_bound = not self.records or self.records[0]._host_bound()
@@ -232,27 +243,20 @@ class Graph:
         # A host replay runs the records on their handles' torch tensors as they are then,
         # where a CUDA graph replays the recorded addresses: so it first checks that each
         # tensor still has the recorded address, shape, strides and dtype.
-        self._layouts = tuple((r.label, name, t, _layout(t)) for r in self.records
-                              for name, t, _ in r.accesses()) if self.host_bound else ()
+        self._layouts = tuple((r.label, name, t, _layout(t))
+                              for r, launch in zip(self.records, per_launch)
+                              for name, t, _ in launch) if self.host_bound else ()
         self._cuda = None
         if not self.host_bound:
             self._capture()
 
-    @staticmethod
-    def _rewrites(held: tuple, records) -> bool:
-        """Whether ``records`` write the bytes of a shared value's borrow (``held``: its
-        tensors, read once: the value's last handle may be collected meanwhile and its
-        release empty them; a released borrow then exempts nothing)."""
-        return bool(held) and any(written and borrows.overlaps(t, held[0])
-                                  for r in records for _, t, written in r.accesses())
-
     def _note_replayed(self) -> None:
         """Keep the memory the replays touch from being handed to torch while this lives."""
-        borrows.note_replayed(self, [a for r in self.records for a in r.accesses()])
+        borrows.note_replayed(self, self._touched)
 
     def _borrow_plan(self):
         """(read, write) byte views of what the launches touch (``spans.covering_views``)."""
-        return covering_views(access for r in self.records for access in r.accesses())
+        return covering_views(self._touched)
 
     def _capture(self) -> None:
         for r in self.records:

@@ -393,15 +393,16 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
             f"{_label(e.name, e.write)}; {_remedy(h)}")
 
 
-# Every live graph -> ``(extent, tensor)`` per argument its launches touch. A replay borrows
-# them only while it runs, but the memory must stay safetile's for as long as the graph may
-# replay it: a tensor is handed to torch (``into_torch``) only once no live graph touches it.
+# Every live graph -> the extent of each argument its launches touch (the graph keeps their
+# tensors alive). A replay borrows them only while it runs, but the memory must stay
+# safetile's for as long as the graph may replay it: a tensor is handed to torch
+# (``into_torch``) only once no live graph touches it.
 _REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def note_replayed(graph, accesses) -> None:
     """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``."""
-    entry = tuple((Extent(t, name, written), t) for name, t, written in accesses)
+    entry = tuple(Extent(t, name, written) for name, t, written in accesses)
     with LOCK:
         _REPLAYED[graph] = entry
 
@@ -413,7 +414,7 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
     x = Extent(t)
     with LOCK:
         for graph, entry in list(_REPLAYED.items()):
-            for e, _ in entry:
+            for e in entry:
                 if _overlap(x, e):
                     verb = "write" if e.write else "read"
                     raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "

@@ -51,7 +51,7 @@ class Extent:
             self.dense = True
             return
         span = 1
-        for size, stride in zip(t.shape, t.stride()):
+        for size, stride in zip(self.shape, self.strides):
             span += (size - 1) * stride        # torch strides are never negative
         self.hi = lo + span * isz
         # Dense: the elements cover every byte of [lo, hi). span == numel alone is not
@@ -78,8 +78,8 @@ def _is_dense(t: torch.Tensor) -> bool:
 
 
 def _element_offsets(shape: tuple, strides: tuple) -> torch.Tensor:
-    """Element offsets (relative to ``t.data_ptr()``, in elements) of every element of ``t``,
-    as a flat CPU int64 tensor. Built by broadcasting ``arange(size) * stride`` per dim,
+    """Element offsets (relative to the first element, in elements) of every element of a
+    tensor of ``shape`` and ``strides``, as a flat CPU int64 tensor. Built by broadcasting ``arange(size) * stride`` per dim,
     which equals ``as_strided(arange(span), sizes, strides)`` without allocating ``span``."""
     off = torch.zeros((), dtype=torch.int64)
     for size, stride in zip(shape, strides):
