@@ -1,5 +1,7 @@
 """The Triton launch path: the variant cache, the argument packer and Triton's
 specialization keys."""
+import gc
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -199,3 +201,13 @@ def test_a_serial_launch_through_the_general_entry_drops_pdl_and_a_plain_one_kee
     assert calls == [False, True]
     assert compiled.run.launch_pdl                 # the binary's own launcher is untouched
     assert launcher._serial_launcher(compiled) is launcher._serial_launcher(compiled)
+
+
+def test_a_binarys_serial_launcher_is_forgotten_with_the_binary():
+    compiled = _Compiled()
+    launcher._serial_launcher(compiled)
+    assert len(launcher._SERIAL) >= 1
+    before = len(launcher._SERIAL)
+    del compiled
+    gc.collect()
+    assert len(launcher._SERIAL) == before - 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 
 from . import pack
 
@@ -105,20 +106,20 @@ def _launch_general(compiled, grid, stream: int, args, serial: bool = False) -> 
             rt.launch_enter_hook, rt.launch_exit_hook, *args)
 
 
-# id(compiled binary) -> (the binary, a copy of its launcher without PDL)
-_SERIAL: dict = {}
+# binary -> a copy of its launcher without PDL; weak keys, so the copy goes with the binary
+_SERIAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _serial_launcher(compiled):
     """A copy of ``compiled``'s launcher that does not ask for programmatic dependent launch
     (``CudaLauncher`` reads its ``launch_pdl`` attribute at each call); made once per binary
-    (binaries live as long as their kernel's variant cache)."""
-    entry = _SERIAL.get(id(compiled))
-    if entry is None or entry[0] is not compiled:
+    and kept as long as the binary."""
+    launcher = _SERIAL.get(compiled)
+    if launcher is None:
         launcher = copy.copy(compiled.run)
         launcher.launch_pdl = False
-        entry = _SERIAL[id(compiled)] = (compiled, launcher)
-    return entry[1]
+        _SERIAL[compiled] = launcher
+    return launcher
 
 
 @functools.cache
