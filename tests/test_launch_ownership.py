@@ -328,3 +328,29 @@ def test_an_op_kept_after_a_then_chain_lets_its_borrowed_tensors_go_only_to_its_
         return scale(x, st.zeros((64,)).partition((16,)), 3.0)
     x, p2, _ = first.then(next_op).sync()
     assert kept[0].values == () and not st.tensor.active_holds()
+
+
+@TAKE_BACK
+def test_taking_back_a_shared_handle_an_unsynced_op_holds_raises_borrow_error(take):
+    """The handle itself is in the op (not a clone): the op still holds the value, which
+    ``try_unwrap`` / ``try_partition`` report as ``BorrowError``; the handle is moved, so
+    the error is a ``MovedError`` too. Nothing is consumed."""
+    s = st.full((64,), 2.0).share()
+    op = scale(s, st.empty((64,)).partition((16,)), 1.0)
+    with pytest.raises(BorrowError, match="kernel 'scale'") as e:
+        take(s)
+    assert isinstance(e.value, MovedError) and isinstance(e.value, st.HeldInFlightError)
+    s2, _, _ = op.sync()
+    assert s2 is s and s.num_handles == 1
+    assert take(s) is not None
+
+
+@TAKE_BACK
+def test_taking_back_a_shared_handle_a_library_op_holds_raises_borrow_error(take):
+    from safetile import ops
+    s = st.full((64,), 2.0).share()
+    op = ops.add(s, s)
+    with pytest.raises(BorrowError, match="add"):
+        take(s)
+    assert op.sync().to_torch().tolist() == [4.0] * 64
+    assert take(s) is not None

@@ -31,7 +31,8 @@ from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
 from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # noqa: F401
                      CollectiveError, CopyError, DivisionByZeroError, FrozenError,
-                     GraphCaptureError, IndexOutOfRangeError, KernelDefinitionError,
+                     GraphCaptureError, HeldInFlightError, IndexOutOfRangeError,
+                     KernelDefinitionError,
                      LaunchError, MovedError, OutOfBoundsError, PartitionError, RaceError,
                      SafetileError, UnsafeError)
 from .errors import BlockingSyncWarning, UnrunOpWarning  # noqa: F401
@@ -65,7 +66,7 @@ __all__ = [
     "errors", "SafetileError", "KernelDefinitionError", "LaunchError", "ArgumentError",
     "MovedError", "BorrowError", "AliasError", "UnsafeError", "RaceError", "OutOfBoundsError", "CollectiveError",
     "GraphCaptureError", "ExecutionError", "PartitionError", "IndexOutOfRangeError",
-    "CopyError", "DivisionByZeroError", "FrozenError",
+    "CopyError", "DivisionByZeroError", "FrozenError", "HeldInFlightError",
     "UnrunOpWarning",
     "BlockingSyncWarning",
 ]

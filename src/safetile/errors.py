@@ -31,6 +31,13 @@ class BorrowError(SafetileError):
     """A Shared value cannot be unwrapped or partitioned while other holders exist."""
 
 
+class HeldInFlightError(MovedError, BorrowError):
+    """``try_unwrap()`` / ``try_partition()`` of a Shared handle that is itself moved into an
+    operation not yet synchronized. That operation still holds the value (a ``BorrowError``,
+    as for any in-flight holder) and the handle is moved (a ``MovedError``): either
+    ``except`` clause catches it."""
+
+
 class AliasError(SafetileError):
     """A mutable output overlaps another argument of the same launch or an in-flight hold."""
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import dtypes as _dtypes
-from ..errors import ArgumentError, BorrowError
+from ..errors import ArgumentError, BorrowError, HeldInFlightError
 from . import borrows
-from .ownership import LOCK, RELEASED, Handle, finalize
+from .ownership import LOCK, MOVED, RELEASED, Handle, finalize
 from .tensor import _to_numpy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +56,9 @@ class Shared(Handle):
     """A read-only handle to a shared tensor; pass it as an ``st.In`` argument.
 
     Raises :class:`~safetile.errors.MovedError` while this handle is moved into an
-    operation, and after ``release()`` / ``try_unwrap()`` / ``try_partition()``.
+    operation, and after ``release()`` / ``try_unwrap()`` / ``try_partition()``; those two
+    raise :class:`~safetile.errors.BorrowError` while any in-flight operation holds the
+    value, this very handle included (then a ``HeldInFlightError``, both at once).
     """
 
     __slots__ = ("_core",)
@@ -188,6 +190,14 @@ class Shared(Handle):
         except Exception:  # pragma: no cover - interpreter shutdown, half-built handle
             pass
 
+    def _check_not_held(self, action: str) -> None:
+        """``_check`` for try_unwrap / try_partition: a handle moved into an operation is
+        held by that in-flight operation, which a BorrowError reports for every other
+        holder, so it is one here too (and still a MovedError: the handle is moved)."""
+        if self._state is MOVED:
+            raise HeldInFlightError(self._moved_message(action))
+        self._check(action)
+
     def _sole_owner_or_raise(self, action: str) -> None:
         """Raise BorrowError unless this is the only handle and nothing in flight holds the
         value (caller holds LOCK and has checked this handle is live)."""
@@ -226,7 +236,7 @@ class Shared(Handle):
         Consumes this handle on success.
         """
         with LOCK:
-            self._check("call .try_unwrap()")
+            self._check_not_held("call .try_unwrap()")
             self._sole_owner_or_raise("unwrap")
             return self._unwrap_locked("try_unwrap()", "use the Tensor try_unwrap() returned")
 
@@ -244,7 +254,7 @@ class Shared(Handle):
         arguments are validated first, so a bad tile shape consumes nothing."""
         from .partition import _validate
         with LOCK:
-            self._check("call .try_partition()")
+            self._check_not_held("call .try_partition()")
             _validate(tuple(self._core.tensor._torch.shape), tile_shape, order, group_size,
                       persistent)
             self._sole_owner_or_raise("partition")
