@@ -110,3 +110,23 @@ def test_the_kernel_package_is_importable_beside_the_decorator():
         assert "no_such_module" in str(e)
     else:
         raise AssertionError("st.kernel.no_such_module resolved")
+
+
+def test_st_ops_is_the_kernel_library_without_importing_it_first():
+    """``import safetile as st; st.ops.add(...)`` in a fresh process: ``safetile.ops`` loads
+    on first use of ``st.ops`` (not at ``import safetile``)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, safetile as st\n"
+            "assert 'safetile.ops' not in sys.modules\n"
+            "z = st.ops.add(st.ones((4,), device='cpu'), st.ones((4,), device='cpu')).sync()\n"
+            "assert z.to_torch().tolist() == [2.0] * 4 and st.ops is sys.modules['safetile.ops']\n"
+            "try:\n    st.no_such_name\nexcept AttributeError:\n    pass\n"
+            "else:\n    raise SystemExit('st.no_such_name did not raise')\n")
+    env = dict(os.environ, SAFETILE_BACKEND="interpret")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr

@@ -23,6 +23,8 @@ Where to look next:
   (``"interpret"``); ``safetile.ops``: the kernel library; ``safetile.errors``: every error.
 - The user guide: ``docs/guide.md``.
 """
+import typing as _typing
+
 from . import errors  # noqa: F401
 from .backends import backend, set_backend  # noqa: F401
 from .device import DeviceOp, Graph, graph_scope, submit, zip  # noqa: F401,A004
@@ -46,6 +48,20 @@ dtype = DType          # for st.Const[st.dtype]
 floats = float32 | float16 | bfloat16
 
 __version__ = "0.1.0"
+
+
+# ``st.ops`` without ``import safetile.ops``: the kernel library loads on first use, so
+# ``import safetile`` does not pay for checking every library kernel's definition. Type
+# checkers see the module itself, never a module ``__getattr__`` (which would make every
+# misspelt ``st.name`` pass unreported).
+if _typing.TYPE_CHECKING:
+    from . import ops  # noqa: F401
+else:
+    def __getattr__(name: str):
+        if name == "ops":
+            import importlib
+            return importlib.import_module(".ops", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     # kernels
