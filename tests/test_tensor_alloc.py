@@ -39,6 +39,19 @@ def test_dtype_accepts_safetile_and_torch_dtypes():
     assert zeros(2, dtype=torch.int32, device="cpu").dtype is dtypes.int32
 
 
+@pytest.mark.parametrize("name, alias, torch_dtype", [
+    ("float32", "f32", torch.float32), ("float16", "f16", torch.float16),
+    ("bfloat16", "bf16", torch.bfloat16), ("int32", "i32", torch.int32),
+    ("int64", "i64", torch.int64), ("int8", None, torch.int8), ("bool_", None, torch.bool)])
+def test_st_dtypes_and_their_short_aliases_allocate_their_torch_dtype(name, alias, torch_dtype):
+    import safetile as st
+    dt = getattr(st, name)
+    if alias is not None:
+        assert getattr(st, alias) is dt
+    t = zeros((2,), dtype=dt, device="cpu")
+    assert t.dtype is dt and t.to_torch().dtype == torch_dtype
+
+
 def test_unsupported_dtypes_are_rejected():
     with pytest.raises(TypeError, match="no safetile dtype"):
         zeros(2, dtype=torch.complex64, device="cpu")
