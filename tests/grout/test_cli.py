@@ -38,6 +38,29 @@ def test_generate_in_process_matches_the_engine(capsys):
         + "\n"
 
 
+def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys):
+    import grout
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3",
+                     "--device", "cpu", "--dtype", "float32", "--max-seq-len", "64",
+                     "--no-progress", "--temperature", "0.9", "--top-k", "5", "--top-p", "0.8",
+                     "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    eng = grout.load("tiny", device="cpu", dtype="float32", max_seq_len=64, progress=False)
+    assert out == eng.generate("Hi", max_new_tokens=3, temperature=0.9, top_k=5, top_p=0.8,
+                               seed=2).text + "\n"
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("generate", ["--prompt", "x"]), ("bench", ["--prompt-len", "4", "--gen-len", "2"]),
+    ("serve", [])])
+def test_every_subcommand_takes_device_dtype_and_max_seq_len(command, extra):
+    args = cli.parser().parse_args([command, "--model", "tiny", "--device", "cpu", "--dtype",
+                                    "float32", "--max-seq-len", "128", *extra])
+    assert (args.device, args.dtype, args.max_seq_len) == ("cpu", "float32", 128)
+    if command == "serve":
+        assert (args.host, args.port) == ("127.0.0.1", 8000)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--model", "qwen5-7b"], "unknown model"),
     (["--model", "tiny", "--max-new-tokens", "-2"], "max_new_tokens"),
