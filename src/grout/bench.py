@@ -111,15 +111,17 @@ def environment() -> dict:
 
 
 def report(r: dict) -> str:
-    """A short human-readable summary of :func:`run`'s figures (the GPU roofline only for a
-    run on a GPU)."""
+    """A short human-readable summary of :func:`run`'s figures. The roofline is the H200's
+    on every device (bench's figures are the same everywhere); a CPU run says so, since that
+    bound says nothing of a CPU's speed."""
     text = (f"{r['model']} ({r['dtype']}, gemm={r['gemm']}, {r['device']}): prompt "
             f"{r['prompt_len']}, {r['gen_len']} new tokens\n"
             f"  time to first token  {r['ttft_ms']:9.2f} ms\n"
             f"  decode               {r['decode_tok_s']:9.1f} tok/s  ({r['ms_per_token']:.3f} "
             f"ms/token{', graph replays' if r['graph'] else ', eager'})")
-    if r["device"] == "cpu":
-        return text
+    cpu = r["device"] == "cpu"
+    pct = f"{r['pct_of_roofline']:.2g}" if cpu else f"{r['pct_of_roofline']:.1f}"
+    caveat = "; a GPU bound, not this CPU's" if cpu else ""
     return (text + f"\n  roofline             {r['roofline_tok_s']:9.1f} tok/s  "
-            f"({r['bytes_per_token'] / 1e9:.2f} GB/token at the H200's 4.26 TB/s)  -> "
-            f"{r['pct_of_roofline']:.1f}% of roofline")
+            f"({r['bytes_per_token'] / 1e9:.2f} GB/token at the H200's 4.26 TB/s{caveat})  "
+            f"-> {pct}% of roofline")

@@ -107,7 +107,9 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
                      str(out)]) == 0
     text = capsys.readouterr().out
     assert "time to first token" in text and "decode" in text
-    assert "roofline" not in text                  # the H200's roofline says nothing of a CPU
+    # every figure bench promises, the roofline too: the H200's, marked as no CPU bound
+    assert "ms/token" in text and "tok/s" in text and "% of roofline" in text
+    assert "a GPU bound, not this CPU's" in text
     r = json.loads(out.read_text())["results"][0]
     for key in ("ttft_ms", "decode_tok_s", "ms_per_token", "pct_of_roofline", "roofline_tok_s"):
         assert r[key] > 0
