@@ -124,9 +124,9 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
     fields = _check_fields(body, _CHAT_FIELDS)
     req = GenerationRequest(kind="chat", messages=_messages(fields))
     _common(fields, req, model_name)
-    req.max_tokens = _int(fields, "max_completion_tokens", default=None, low=0)
-    if req.max_tokens is None:
-        req.max_tokens = _int(fields, "max_tokens", default=None, low=0)
+    # Both are checked; the newer max_completion_tokens wins when both are sent.
+    legacy = _int(fields, "max_tokens", default=None, low=0)
+    req.max_tokens = _int(fields, "max_completion_tokens", default=legacy, low=0)
     want = _bool(fields, "logprobs", default=False)
     top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS_CHAT)
     if top is not None and not want:
