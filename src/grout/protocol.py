@@ -278,6 +278,15 @@ def _stop(fields: dict[str, Any]) -> list[str]:
         if len(s) > MAX_STOP_LENGTH:
             raise APIError(f"'stop' strings may be at most {MAX_STOP_LENGTH} characters long; "
                            f"stop[{i}] has {len(s)}", param="stop")
+        # Generated text is valid Unicode: a stop string holding a lone surrogate (JSON's
+        # "\ud800") could never match, so it is refused as prompts holding one are.
+        if not s.isascii():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise APIError(f"'stop' strings must be valid Unicode: character {err.start} "
+                               f"of stop[{i}] is a lone surrogate (U+{ord(s[err.start]):04X})",
+                               param="stop") from None
     return [s for s in stop if s]
 
 
