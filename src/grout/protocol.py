@@ -31,7 +31,11 @@ def shown(value: Any, limit: int = 60) -> str:
     """``repr(value)`` for an error message, cut short (a client may send megabytes)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int = 60) -> str:
+    """``text`` for an error message, cut short at ``limit`` characters."""
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
