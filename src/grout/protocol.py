@@ -31,7 +31,11 @@ def shown(value: Any, limit: int = 60) -> str:
     """``repr(value)`` for an error message, cut short (a client may send megabytes)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
         return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int = 60) -> str:
+    """``text`` for an error message, cut short at ``limit`` characters."""
     return text if len(text) <= limit else f"{text[:limit - 3]}..."
 
 
@@ -124,9 +128,9 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
     fields = _check_fields(body, _CHAT_FIELDS)
     req = GenerationRequest(kind="chat", messages=_messages(fields))
     _common(fields, req, model_name)
-    req.max_tokens = _int(fields, "max_completion_tokens", default=None, low=0)
-    if req.max_tokens is None:
-        req.max_tokens = _int(fields, "max_tokens", default=None, low=0)
+    # Both are checked; the newer max_completion_tokens wins when both are sent.
+    legacy = _int(fields, "max_tokens", default=None, low=0)
+    req.max_tokens = _int(fields, "max_completion_tokens", default=legacy, low=0)
     want = _bool(fields, "logprobs", default=False)
     top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS_CHAT)
     if top is not None and not want:
@@ -278,6 +282,15 @@ def _stop(fields: dict[str, Any]) -> list[str]:
         if len(s) > MAX_STOP_LENGTH:
             raise APIError(f"'stop' strings may be at most {MAX_STOP_LENGTH} characters long; "
                            f"stop[{i}] has {len(s)}", param="stop")
+        # Generated text is valid Unicode: a stop string holding a lone surrogate (JSON's
+        # "\ud800") could never match, so it is refused as prompts holding one are.
+        if not s.isascii():
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise APIError(f"'stop' strings must be valid Unicode: character {err.start} "
+                               f"of stop[{i}] is a lone surrogate (U+{ord(s[err.start]):04X})",
+                               param="stop") from None
     return [s for s in stop if s]
 
 

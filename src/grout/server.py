@@ -33,8 +33,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from grout.protocol import APIError, GenerationRequest, internal_error, parse_chat_request, \
-    parse_completion_request
+from grout.protocol import APIError, GenerationRequest, cut, internal_error, \
+    parse_chat_request, parse_completion_request, shown
 from grout.responses import ChunkWriter, full_body
 from grout.scheduler import Delta, Failed, Finished, Job, Scheduler
 from grout.serving import FAULT_HEADER, generate, max_model_len, prepare, warm_up
@@ -95,7 +95,9 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(f"{request.method} {request.url.path}: {exc.detail}",
+        # The path is the client's (up to the HTTP parser's limit of tens of kilobytes).
+        path = cut(request.url.path, 200)
+        return error_response(APIError(f"{request.method} {path}: {exc.detail}",
                                        status=exc.status_code, type=kind), exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -139,8 +141,8 @@ async def _models(state: ServerState, request: Request) -> Response:
 async def _model(state: ServerState, request: Request) -> Response:
     model_id = request.path_params["model_id"]
     if model_id != state.model_name:
-        return error_response(APIError(f"the model '{model_id}' does not exist", status=404,
-                                       type="not_found_error", param="model",
+        return error_response(APIError(f"the model {shown(model_id)} does not exist",
+                                       status=404, type="not_found_error", param="model",
                                        code="model_not_found"))
     return JSONResponse(_model_card(state))
 

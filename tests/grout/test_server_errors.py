@@ -204,6 +204,15 @@ def test_an_unknown_route_is_an_openai_shaped_404(server):
     assert_openai_error(r.json(), "not_found_error")
 
 
+@pytest.mark.parametrize("path", ["/v1/models/" + "x" * 20_000, "/v1/engines/" + "y" * 20_000],
+                         ids=["model id", "route"])
+def test_a_404_cuts_short_the_path_it_quotes(server, path):
+    r = httpx.get(f"{server.url}{path}")
+    assert r.status_code == 404
+    assert_openai_error(r.json(), "not_found_error")
+    assert len(r.json()["error"]["message"]) < 300
+
+
 def test_an_internal_error_fails_only_its_own_request(client):
     with pytest.raises(openai.InternalServerError) as info:
         client.completions.create(model="tiny", prompt="Hello", max_tokens=8,

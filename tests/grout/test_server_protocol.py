@@ -196,3 +196,15 @@ def test_an_error_body_escapes_a_lone_surrogate_so_it_encodes():
     assert "\\\\ud800" in body.decode()
     err = refused(completion, **{"x\udcff": 1})
     assert err.param == "x\\udcff"
+
+
+@pytest.mark.parametrize("value", [-1, "abc", 2.5])
+def test_chat_max_tokens_is_checked_even_beside_max_completion_tokens(value):
+    err = refused(chat, max_completion_tokens=7, max_tokens=value)
+    assert err.param == "max_tokens"
+
+
+@pytest.mark.parametrize("stop", ["\ud800", ["ok", "a\udcffb"]])
+def test_a_stop_string_that_is_not_valid_unicode_is_refused_naming_it(stop):
+    err = refused(completion, stop=stop)
+    assert err.param == "stop" and "valid Unicode" in err.message
