@@ -207,6 +207,17 @@ def test_a_collective_without_a_process_group_is_refused():
     assert buf._is_live()
 
 
+@pytest.mark.parametrize("call", [lambda b: st.all_reduce(b, op=["sum"]),
+                                  lambda b: st.all_reduce(b, group="world"),
+                                  lambda b: st.all_gather(b, st.empty((2,)), group=0)],
+                         ids=["unhashable op", "group name", "group number"])
+def test_a_reduce_op_or_group_of_the_wrong_kind_is_an_argument_error(call):
+    buf = st.from_torch(torch.ones(2))
+    with pytest.raises(ArgumentError, match="op=|group="):
+        call(buf)
+    assert buf._is_live()
+
+
 def test_a_partition_is_refused_with_a_hint_to_pass_the_tensor():
     p = st.from_torch(torch.ones(4)).partition((2,))
     with pytest.raises(ArgumentError, match="unpartition"):

@@ -575,3 +575,23 @@ def test_the_elements_a_graph_does_not_touch_may_be_handed_to_torch():
     with pytest.raises(st.BorrowError):
         buf[0::2].into_torch()
     del g
+
+
+def test_memory_a_recorded_launch_writes_is_not_handed_to_torch_before_the_scope_closes():
+    buf = st.zeros((4,))
+    with st.graph_scope() as s:
+        (p,) = s.record(inc(buf.partition((2,))))
+        out = p.unpartition()
+        with pytest.raises(st.BorrowError, match="recorded a launch that writes this memory"):
+            out.into_torch()
+    s.launch().sync()
+    assert out.to_torch().tolist() == [1.0] * 4          # still safetile's, and the graph's
+
+
+def test_a_scope_whose_block_failed_keeps_no_memory_from_torch():
+    buf = st.zeros((4,))
+    with pytest.raises(RuntimeError, match="block failed"):
+        with st.graph_scope() as s:
+            (p,) = s.record(inc(buf.partition((2,))))
+            raise RuntimeError("block failed")
+    assert p.unpartition().into_torch().tolist() == [0.0] * 4

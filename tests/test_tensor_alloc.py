@@ -166,6 +166,15 @@ def test_a_cuda_default_device_without_cuda_is_an_argument_error(fresh_default_d
         zeros(2)
 
 
+@pytest.mark.skipif(torch.xpu.is_available(), reason="this machine has an XPU device")
+@pytest.mark.parametrize("call", [lambda: zeros(4, device="xpu"),
+                                  lambda: from_numpy(np.zeros(4, np.float32), device="xpu")],
+                         ids=["zeros", "from_numpy"])
+def test_a_device_this_machine_lacks_is_an_argument_error(call):
+    with pytest.raises(ArgumentError, match="no 'xpu' device is available.*device='cpu'"):
+        call()
+
+
 # -- interop ----------------------------------------------------------------------------------
 
 def test_from_torch_is_zero_copy():

@@ -139,6 +139,9 @@ class CollectiveOp(DeviceOp):
 
 
 def _group_size(what: str, group) -> int:
+    if group is not None and not isinstance(group, getattr(dist, "ProcessGroup", ())):
+        raise ArgumentError(f"{what}: group={group!r:.80} is not a process group; pass None "
+                            f"(the default group) or one torch.distributed.new_group made")
     if not dist.is_available() or not dist.is_initialized():
         raise CollectiveError(f"{what} needs a torch.distributed process group: call "
                               f"torch.distributed.init_process_group(...) first (gloo on the "
@@ -206,7 +209,7 @@ def all_reduce(buf: Tensor, op: str = "sum", group=None) -> CollectiveOp:
     another's buffers)."""
     what = "st.all_reduce"
     try:
-        if op not in _REDUCE_OPS:
+        if type(op) is not str or op not in _REDUCE_OPS:
             raise ArgumentError(f"{what}: op={op!r} is not one of {sorted(_REDUCE_OPS)}")
         t = _buffer(what, "buf", buf)
         _group_size(what, group)

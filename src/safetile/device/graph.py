@@ -40,7 +40,7 @@ import threading
 import torch
 
 from ..errors import GraphCaptureError, UnsafeError
-from ..tensor import borrows
+from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import finalize
 from ..tensor.spans import covering_views
@@ -61,6 +61,14 @@ class GraphScope:
         self._closed = None              # why records are refused now, once the scope closed
         self.shared_holds: list = []     # (read borrow, launches before it) per value shared
         self._lock = threading.Lock()    # held by the record() in progress
+
+    def __repr__(self) -> str:
+        return f"<{self.reason} of {len(self.records)} recorded launches>"
+
+    @property
+    def recording(self) -> bool:
+        """Whether the scope may still become a graph (it has not closed)."""
+        return self._closed is None
 
     def count(self) -> int:
         """Launches recorded so far."""
@@ -101,6 +109,8 @@ class GraphScope:
                 abandon_and_finish(op, ctx)
                 raise
             ctx.finish()
+            # Until the graph is made, the scope keeps what its launches write from torch.
+            replayed.note_recorded(self, [a for r in self.records[before:] for a in r.accesses()])
         self.outputs.append(out)
         return out
 
@@ -128,6 +138,7 @@ def graph_scope(reason: str = "st.graph_scope()"):
         # handler, or a kept reference) must not pass for part of one.
         scope._closed = (": its `with` block raised, so it made no graph; record into a "
                          "new st.graph_scope()")
+        replayed.forget_replayed(scope)
         raise
     scope._closed = "; record inside the `with` block"
     try:
@@ -135,6 +146,8 @@ def graph_scope(reason: str = "st.graph_scope()"):
     except BaseException:
         scope._closed = ": its graph could not be made (the error raised as its block ended)"
         raise
+    finally:
+        replayed.forget_replayed(scope)             # the graph, if made, speaks for it now
 
 
 def _record(ops, reason: str, single: bool = False) -> GraphScope:
@@ -142,17 +155,20 @@ def _record(ops, reason: str, single: bool = False) -> GraphScope:
     are never recorded: every value comes back, as ``e.recovered`` (the one op's values if
     ``single``, else one entry per op)."""
     scope = GraphScope(reason)
-    with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
-        for i, op in enumerate(ops):
-            try:
-                scope.record(op)
-            except BaseException as e:
-                if single:
-                    attach_recovered(e, op._values() if isinstance(op, DeviceOp) else op)
-                else:
-                    fail_in_sequence(e, scope.outputs, op, ops[i + 1:])
-                raise
-    scope._closed = "; record inside the `with` block"
+    try:
+        with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
+            for i, op in enumerate(ops):
+                try:
+                    scope.record(op)
+                except BaseException as e:
+                    if single:
+                        attach_recovered(e, op._values() if isinstance(op, DeviceOp) else op)
+                    else:
+                        fail_in_sequence(e, scope.outputs, op, ops[i + 1:])
+                    raise
+    finally:
+        scope._closed = "; record inside the `with` block"
+        replayed.forget_replayed(scope)           # its caller makes the graph, or fails
     return scope
 
 
@@ -252,7 +268,7 @@ class Graph:
 
     def _note_replayed(self) -> None:
         """Keep the memory the replays touch from being handed to torch while this lives."""
-        borrows.note_replayed(self, self._touched)
+        replayed.note_replayed(self, self._touched)
 
     def _borrow_plan(self):
         """(read, write) byte views of what the launches touch (``spans.covering_views``)."""

@@ -74,11 +74,25 @@ def _device(device) -> torch.device:
             dev = torch.device(device)
         except (RuntimeError, TypeError, ValueError) as e:
             raise ArgumentError(f"device {device!r} is not a device: {e}") from None
+    unset = " (or unset SAFETILE_DEVICE)" if device is None else ""
     if dev.type == "cuda" and not _cuda_present():
         raise ArgumentError(f"device {str(dev)!r}: no CUDA device is available on this "
-                            f"machine; use device='cpu'"
-                            + (" (or unset SAFETILE_DEVICE)" if device is None else ""))
+                            f"machine; use device='cpu'{unset}")
+    if dev.type not in ("cpu", "cuda", "meta") and not _present(dev.type):
+        # torch asserts (a bare AssertionError) when it allocates on a backend it lacks; the
+        # meta device is left to Tensor._wrap, which says why it cannot hold a tensor.
+        raise ArgumentError(f"device {str(dev)!r}: no {dev.type!r} device is available on "
+                            f"this machine; use device='cpu'{unset}")
     return dev
+
+
+@functools.lru_cache(maxsize=None)
+def _present(kind: str) -> bool:
+    """Whether torch has a device of type ``kind`` here (``torch.<kind>.is_available()``)."""
+    try:
+        return bool(getattr(torch, kind).is_available())
+    except Exception:                       # no such module, or it cannot tell: none here
+        return False
 
 
 @contextlib.contextmanager

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from typing import Sequence
 
 import torch
@@ -391,35 +390,6 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
         raise BorrowError(
             f"cannot {what}: {h.holder} is {verb} this memory through "
             f"{_label(e.name, e.write)}; {_remedy(h)}")
-
-
-# Every live graph -> the extent of each argument its launches touch (the graph keeps their
-# tensors alive). A replay borrows them only while it runs, but the memory must stay
-# safetile's for as long as the graph may replay it: a tensor is handed to torch
-# (``into_torch``) only once no live graph touches it.
-_REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def note_replayed(graph, accesses) -> None:
-    """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``."""
-    entry = tuple(Extent(t, name, written) for name, t, written in accesses)
-    with LOCK:
-        _REPLAYED[graph] = entry
-
-
-def check_not_replayed(t: torch.Tensor, what: str) -> None:
-    """Raise :class:`BorrowError` if a live graph's replays read or write ``t``'s bytes."""
-    if not _REPLAYED:
-        return
-    x = Extent(t)
-    with LOCK:
-        for graph, entry in list(_REPLAYED.items()):
-            for e in entry:
-                if _overlap(x, e):
-                    verb = "write" if e.write else "read"
-                    raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
-                                      f"this memory ({_label(e.name, e.write)}); drop the "
-                                      f"graph first (del g)")
 
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:

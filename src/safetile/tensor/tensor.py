@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ArgumentError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
-from . import borrows
+from . import borrows, replayed
 from .overlap import past_storage
 from .ownership import LOCK, Handle
 
@@ -232,12 +232,13 @@ class Tensor(Handle):
         """Consume the Tensor and return the underlying torch tensor, zero-copy.
 
         From then on the storage is torch's: safetile no longer checks it. Refused
-        (``BorrowError``) while an operation or a live graph's replays use these bytes.
+        (``BorrowError``) while an operation or a live graph's replays use these bytes, or
+        an open graph scope has recorded a launch that writes them (``replayed.py``).
         """
         with LOCK:
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
-            borrows.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
+            replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
             self._move("torch by into_torch()",
                        hint="use the torch tensor into_torch() returned "
                             "(st.from_torch(t) wraps it again)")

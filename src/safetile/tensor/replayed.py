@@ -1,0 +1,65 @@
+"""The memory graphs may replay: kept from torch (``Tensor.into_torch``) while they live.
+
+A replay borrows the bytes its launches touch only while it runs (``Graph``), but the memory
+must stay safetile's for as long as a graph may replay it: handed to torch, it could be
+read or written there while a later replay writes or reads it. So every live graph lists the
+extents its launches touch, and an open graph scope the extents its recorded launches write
+(the graph it makes will write them; a scope that closes without a graph replays nothing).
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..errors import BorrowError
+from .borrows import _label
+from .overlap import Extent, _overlap
+from .ownership import LOCK
+
+__all__ = ["note_replayed", "note_recorded", "forget_replayed", "check_not_replayed"]
+
+_REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def note_replayed(graph, accesses) -> None:
+    """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``."""
+    entry = tuple(Extent(t, name, written) for name, t, written in accesses)
+    with LOCK:
+        _REPLAYED[graph] = entry
+
+
+def note_recorded(scope, accesses) -> None:
+    """Add to what the open graph scope ``scope`` keeps from torch: the writes among the
+    ``(name, tensor, written)`` accesses of the launches it has just recorded."""
+    new = tuple(Extent(t, name, True) for name, t, written in accesses if written)
+    with LOCK:
+        _REPLAYED[scope] = _REPLAYED.get(scope, ()) + new
+
+
+def forget_replayed(owner) -> None:
+    """``owner`` (a graph scope that closed) replays nothing of its own any more."""
+    with LOCK:
+        _REPLAYED.pop(owner, None)
+
+
+def check_not_replayed(t: torch.Tensor, what: str) -> None:
+    """Raise :class:`BorrowError` if a live graph's replays read or write ``t``'s bytes, or
+    an open graph scope recorded a launch that writes them."""
+    if not _REPLAYED:
+        return
+    x = Extent(t)
+    with LOCK:
+        for graph, entry in list(_REPLAYED.items()):
+            for e in entry:
+                if _overlap(x, e):
+                    verb = "write" if e.write else "read"
+                    if getattr(graph, "recording", False):
+                        raise BorrowError(
+                            f"cannot {what}: {graph!r} recorded a launch that writes this "
+                            f"memory ({_label(e.name, True)}), and the graph's replays will "
+                            f"write it; hand it to torch before recording, or once the graph "
+                            f"is dropped")
+                    raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
+                                      f"this memory ({_label(e.name, e.write)}); drop the "
+                                      f"graph first (del g)")
