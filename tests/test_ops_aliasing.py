@@ -4,6 +4,8 @@ One tensor (a Tensor or a Shared handle) may feed several inputs of any op; an o
 overlap no input and no other output. An op of several launches refuses such an output when
 it is built, as one launch does, before any of its launches has written anything.
 """
+import gc
+
 import pytest
 import torch
 
@@ -181,3 +183,107 @@ def test_rmsnorm_gemv_argmax_refuses_a_token_inside_its_workspace():
     with pytest.raises(st.AliasError, match="token"):
         ops.rmsnorm_gemv_argmax(wrap(rand(64, st.f32, 17)), wrap(rand(64, st.f32, 18)), w,
                                 token=ws.indices[0:1], workspace=ws)
+
+
+# ---- an op of several launches borrows what its later launches write, from when it is built ---
+
+def _argmax():
+    out = st.empty((1,), dtype=st.i64, device="cpu")
+    return ops.argmax(wrap(rand(3000, st.f32, 20)), out=out), out
+
+
+def _rmsnorm_gemv_argmax():
+    token = st.empty((1,), dtype=st.i64, device="cpu")
+    return ops.rmsnorm_gemv_argmax(wrap(rand(64, st.f32, 21)), wrap(rand(64, st.f32, 22)),
+                                   wrap(rand((300, 64), st.f32, 23)), token=token), token
+
+
+def _decode_attention_splits():
+    out = st.empty((4, 16), device="cpu")
+    return ops.decode_attention(wrap(rand((4, 16), st.f32, 24)),
+                                wrap(rand((2, 200, 16), st.f32, 25)),
+                                wrap(rand((2, 200, 16), st.f32, 26)), i32(100), out=out,
+                                num_splits=4), out
+
+
+def _matmul_split_k():
+    out = st.empty((16, 16), device="cpu")
+    return ops.matmul(wrap(rand((16, 48), st.f32, 27)), wrap(rand((48, 16), st.f32, 28)),
+                      out=out, config=ops.MatmulConfig(16, 16, 16, 4, 2, split_k=2),
+                      workspace=st.empty((32, 16), device="cpu")), out
+
+
+def _matmul_head_tail():
+    out = st.empty((48, 16), device="cpu")
+    cfg = ops.MatmulConfig(16, 16, 16, 4, 2, head_rows=16, tail=ops.MatmulConfig(16, 16, 16, 4, 2))
+    return ops.matmul(wrap(rand((48, 16), st.f32, 29)), wrap(rand((16, 16), st.f32, 30)),
+                      out=out, config=cfg), out[16:48]
+
+
+def _qk_norm_rope_kv_append_long_cache():
+    args = support.prologue_arguments(max_seq=100, seed=31)
+    k_cache = wrap(args["k_cache"])
+    return ops.qk_norm_rope_kv_append(
+        wrap(args["qkv"]), wrap(args["q_norm_weight"]), wrap(args["k_norm_weight"]), i32(8),
+        ops.inv_freq_table(32, THETA, "cpu"), k_cache, wrap(args["v_cache"]),
+        block_s=64), k_cache
+
+
+def _sample():
+    out = st.empty((1,), dtype=st.i32, device="cpu")
+    return ops.sample(wrap(rand(1200, st.f32, 32)), ops.sampling_params(0.9, 20, 0.95, device="cpu"),
+                      ops.sampling_key(3, device="cpu"), i32(0), out=out), out
+
+
+SEVERAL_LAUNCHES = {f.__name__.lstrip("_"): f for f in (
+    _argmax, _rmsnorm_gemv_argmax, _decode_attention_splits, _matmul_split_k, _matmul_head_tail,
+    _qk_norm_rope_kv_append_long_cache, _sample)}
+
+
+@pytest.mark.parametrize("name", SEVERAL_LAUNCHES)
+def test_an_op_of_several_launches_keeps_the_host_from_taking_what_a_later_launch_writes(name):
+    op, written = SEVERAL_LAUNCHES[name]()
+    view = written.view(tuple(written.shape))
+    with pytest.raises(st.BorrowError, match="later launch"):
+        view.into_torch()
+    with pytest.raises(st.BorrowError, match="later launch"):
+        view.to_torch()
+    op.sync()
+    view.into_torch()                               # the borrow ended with the op
+
+
+@pytest.mark.parametrize("name", SEVERAL_LAUNCHES)
+def test_an_op_of_several_launches_dropped_unrun_frees_what_a_later_launch_would_write(name):
+    op, written = SEVERAL_LAUNCHES[name]()
+    with pytest.warns(st.UnrunOpWarning):
+        del op
+        gc.collect()
+    written.view(tuple(written.shape)).into_torch()
+
+
+def test_an_op_of_several_launches_is_refused_when_built_if_an_op_in_flight_reads_its_output():
+    out = st.zeros((1,), dtype=st.i64, device="cpu")
+    x = wrap(rand(3000, st.f32, 33))
+    reader = ops.copy(out, st.empty((1,), dtype=st.i64, device="cpu"))   # in flight: reads out
+    with pytest.raises(st.AliasError, match="later launch"):
+        ops.argmax(x, out=out)
+    assert int(reader.sync().to_torch()[0]) == 0
+    assert int(ops.argmax(x, out=out).sync().to_torch()[0]) == int(torch.argmax(x.to_torch()))
+
+
+def test_an_op_of_several_launches_chained_after_the_op_writing_its_input_runs_in_that_execution():
+    x, y = rand(3000, st.f32, 34), rand(3000, st.f32, 35)
+    out = st.empty((1,), dtype=st.i64, device="cpu")
+    op = ops.add(wrap(x), wrap(y), out=st.empty((3000,), device="cpu"))
+    assert op.then(lambda s: ops.argmax(s, out=out)).sync() is out
+    assert int(out.to_torch()[0]) == int(torch.argmax(x + y))
+
+
+def test_an_op_of_several_launches_recorded_in_a_graph_scope_replays_into_its_output():
+    x = wrap(rand(3000, st.f32, 36))
+    out = st.empty((1,), dtype=st.i64, device="cpu")
+    ws = ops.argmax_workspace(3000, device="cpu")
+    with st.graph_scope() as s:
+        s.record(ops.argmax(x, out=out, workspace=ws))
+    s.launch().sync()
+    assert int(out.to_torch()[0]) == int(torch.argmax(x.to_torch()))

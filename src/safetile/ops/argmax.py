@@ -133,4 +133,4 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
         return _FINAL(host.warps_for(nb))(
             *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
-    return host.returning(stage1.then(stage2), z)
+    return host.reserving(host.returning(stage1.then(stage2), z), "ops.argmax", {"out": z})

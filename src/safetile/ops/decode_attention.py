@@ -442,9 +442,9 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
                              WHOLE_STAGES if num_stages is None else num_stages)
     ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
-    # Two launches: the merge writes ``out`` only after the split kernel has run.
     host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),
                         {"out": z, "workspace.partial": ws.partial, "workspace.lse": ws.lse})
     split = _launch_split(q, k_cache, v_cache, length, ws, o, num_warps,
                           DEFAULT_STAGES if num_stages is None else num_stages)
-    return split.then(lambda ws: _launch_merge(ws, z, None, o["pdl"], o["trigger_early"]))
+    merged = split.then(lambda ws: _launch_merge(ws, z, None, o["pdl"], o["trigger_early"]))
+    return host.reserving(merged, name, {"out": z})

@@ -142,4 +142,4 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
         return _FINAL(min(16, host.warps_for(nb)))(
             *host.inputs(ws.values, ws.indices),
             host.owned_view(z, (1,)).partition((1,)), nb)
-    return host.returning(stage1.then(stage2), (y, z))
+    return host.reserving(host.returning(stage1.then(stage2), (y, z)), name, {"token": z})

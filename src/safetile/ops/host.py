@@ -13,6 +13,7 @@ import numbers
 import torch
 
 from ..errors import AliasError, ArgumentError
+from ..device.reserve import ReservingOp
 from ..dtypes import DType
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
@@ -291,6 +292,14 @@ def elementwise_tile(shape: tuple, block: int) -> tuple:
 def returning(op, value):
     """``op`` with output ``value`` (a tensor or a tuple of tensors) instead of its arguments."""
     return op.map(lambda *_: value)
+
+
+def reserving(op, name: str, writes: dict):
+    """``op``, an op of several launches, borrowing from now on the bytes its later launches
+    write (``writes``: name -> Tensor), which those launches would borrow only when they run
+    (``device/reserve.py``); ``AliasError`` if an operation in flight holds them."""
+    return ReservingOp(op, f"{name} (a later launch of it)",
+                       [(n, t._torch) for n, t in writes.items()])
 
 
 class Configured:

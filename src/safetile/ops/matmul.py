@@ -405,7 +405,8 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
                                     head.head_rows // tail.bm)
 
         first = stores.tiles(head, weight, sms, a, b, c.view(m, n).slice(0, 0, head.head_rows), 0)
-        return host.returning(first.then(rest), c)
+        return host.reserving(host.returning(first.then(rest), c), name,
+                              {"out": c.view(m, n).slice(0, head.head_rows, m)})
     if cfg.split_k == 1:
         return host.returning(stores.tiles(cfg, weight, sms, a, b, c.view(m, n), 0), c)
     want = workspace_shape(m, n, cfg)
@@ -419,7 +420,7 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
         return red(stores.written(p), cv, cfg.split_k, gm)
 
     partials = stores.partials(cfg, weight, sms, a, b, ws.view(*want), kb)
-    return host.returning(partials.then(reduce), c)
+    return host.reserving(host.returning(partials.then(reduce), c), name, {"out": c})
 
 
 def linear(x, w, out=None, *, out_dtype=None, config: MatmulConfig | None = None,

@@ -389,4 +389,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     op = op.then(lambda *_: argmax_final_kernel(b(ws.values), b(ws.indices),
                                                 host.owned_view(z, (1,)).partition((1,)),
                                                 host.next_pow2(nb)))
-    return host.returning(op, z)
+    return host.reserving(host.returning(op, z), "ops.sample", {
+        "out": z, "workspace.states[0]": ws.states[0], "workspace.states[1]": ws.states[1],
+        "workspace.counts": ws.counts, "workspace.masses": ws.masses,
+        "workspace.values": ws.values, "workspace.indices": ws.indices})

@@ -1,0 +1,79 @@
+"""``ReservingOp``: an op of several launches that borrows, from when it is built, the bytes
+its later launches write.
+
+A launch borrows its arguments' bytes when it is built. An op of several launches builds the
+later ones only when it runs (in ``then`` callbacks), so without a reservation the bytes they
+write would be free meanwhile: the host could hand them to torch (``into_torch``) or another
+launch could take them, and the later launch would then write memory safetile no longer
+governs. The reservation is a write borrow of those bytes made with the first launch; it
+belongs to the execution that runs the op, whose own later launches it never blocks, and ends
+when that execution finishes.
+"""
+from __future__ import annotations
+
+from ..tensor import borrows
+from ..tensor.ownership import finalize
+from .op import DeviceOp, RunContext, note_built
+
+
+class ReservingOp(DeviceOp):
+    """``inner`` holding ``hold`` (a write borrow of what its later launches write) until the
+    execution that runs it finishes, or until it is abandoned or dropped unrun."""
+
+    __slots__ = ("inner", "hold", "holder", "writes", "_consumed")
+
+    def __init__(self, inner: DeviceOp, holder: str, writes):
+        """Borrow ``writes`` (``(name, torch tensor)`` pairs) for ``inner`` (``AliasError`` if
+        an operation in flight holds any of them: ``inner``, which never runs then, hands its
+        values back)."""
+        self.inner, self.holder, self.writes = inner, holder, tuple(writes)
+        self._consumed = True                     # nothing to release if acquire fails
+        try:
+            self.hold = borrows.acquire(holder, (), self.writes)
+        except BaseException as e:
+            inner._abandon()
+            e.recovered = inner._values()
+            raise
+        self._consumed = False
+        note_built(self)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def _run(self, ctx: RunContext):
+        if not self._consumed:
+            self._consumed = True
+            hold = self.hold
+            if hold.checked_in is not None and hold.checked_in is not ctx:
+                # Built in another execution's callback: its borrows were checked with that
+                # execution's own work set aside, and this one is not ordered with it.
+                hold.release()
+                try:
+                    with borrows.owned_by(ctx):
+                        hold = self.hold = borrows.acquire(self.holder, (), self.writes)
+                except BaseException as e:
+                    self.inner._abandon()
+                    e.recovered = self.inner._values()
+                    raise
+            hold.owner = ctx
+            ctx.at_finish(hold.release)
+        return self.inner._run(ctx)
+
+    def _abandon(self) -> None:
+        if not self._consumed:
+            self._consumed = True
+            self.hold.release()
+        self.inner._abandon()
+
+    def _values(self):
+        return self.inner._values()
+
+    def _host_bound(self) -> bool:
+        return self.inner._host_bound()
+
+    def __del__(self):
+        # Dropped unrun: the reservation ends (the inner op hands its own values back and
+        # warns that it never ran).
+        if not getattr(self, "_consumed", True):
+            self._consumed = True
+            finalize(self.hold.release)
