@@ -287,3 +287,15 @@ def test_an_op_of_several_launches_recorded_in_a_graph_scope_replays_into_its_ou
         s.record(ops.argmax(x, out=out, workspace=ws))
     s.launch().sync()
     assert int(out.to_torch()[0]) == int(torch.argmax(x.to_torch()))
+
+
+@pytest.mark.parametrize("read", ["key", "counter"])
+def test_sample_keeps_the_host_from_taking_the_key_and_counter_that_only_a_later_launch_reads(read):
+    inputs = dict(key=ops.sampling_key(3, device="cpu"), counter=i32(0))
+    op = ops.sample(wrap(rand(1200, st.f32, 37)), ops.sampling_params(0.9, 20, 0.95, device="cpu"),
+                    inputs["key"], inputs["counter"])
+    view = inputs[read].view(tuple(inputs[read].shape))
+    with pytest.raises(st.BorrowError, match="later launch"):
+        view.into_torch()
+    op.sync()
+    view.into_torch()                               # the borrow ended with the op

@@ -1,13 +1,15 @@
 """``ReservingOp``: an op of several launches that borrows, from when it is built, the bytes
-its later launches write.
+its later launches write, and those they alone read.
 
 A launch borrows its arguments' bytes when it is built. An op of several launches builds the
 later ones only when it runs (in ``then`` callbacks), so without a reservation the bytes they
 write would be free meanwhile: the host could hand them to torch (``into_torch``) or another
 launch could take them, and the later launch would then write memory safetile no longer
-governs. The reservation is a write borrow of those bytes made with the first launch; it
-belongs to the execution that runs the op, whose own later launches it never blocks, and ends
-when that execution finishes.
+governs. A later launch's input that the first launch does not read is free the same way:
+the host could hand it to torch, or write it, before the launch reads it. The reservation is a
+write borrow of the bytes the later launches write and a read borrow of those they alone
+read, made with the first launch; it belongs to the execution that runs the op, whose own
+later launches it never blocks, and ends when that execution finishes.
 """
 from __future__ import annotations
 
@@ -17,19 +19,21 @@ from .op import DeviceOp, RunContext, note_built
 
 
 class ReservingOp(DeviceOp):
-    """``inner`` holding ``hold`` (a write borrow of what its later launches write) until the
-    execution that runs it finishes, or until it is abandoned or dropped unrun."""
+    """``inner`` holding ``hold`` (a write borrow of what its later launches write, a read
+    borrow of what they alone read) until the execution that runs it finishes, or until it is
+    abandoned or dropped unrun."""
 
-    __slots__ = ("inner", "hold", "holder", "writes", "_consumed")
+    __slots__ = ("inner", "hold", "holder", "reads", "writes", "_consumed")
 
-    def __init__(self, inner: DeviceOp, holder: str, writes):
-        """Borrow ``writes`` (``(name, torch tensor)`` pairs) for ``inner`` (``AliasError`` if
-        an operation in flight holds any of them: ``inner``, which never runs then, hands its
-        values back)."""
-        self.inner, self.holder, self.writes = inner, holder, tuple(writes)
+    def __init__(self, inner: DeviceOp, holder: str, writes, reads=()):
+        """Borrow ``writes`` and ``reads`` (``(name, torch tensor)`` pairs) for ``inner``
+        (``AliasError`` if an operation in flight writes any of them, or holds any of
+        ``writes``: ``inner``, which never runs then, hands its values back)."""
+        self.inner, self.holder = inner, holder
+        self.reads, self.writes = tuple(reads), tuple(writes)
         self._consumed = True                     # nothing to release if acquire fails
         try:
-            self.hold = borrows.acquire(holder, (), self.writes)
+            self.hold = borrows.acquire(holder, self.reads, self.writes)
         except BaseException as e:
             inner._abandon()
             e.recovered = inner._values()
@@ -50,7 +54,8 @@ class ReservingOp(DeviceOp):
                 hold.release()
                 try:
                     with borrows.owned_by(ctx):
-                        hold = self.hold = borrows.acquire(self.holder, (), self.writes)
+                        hold = self.hold = borrows.acquire(self.holder, self.reads,
+                                                          self.writes)
                 except BaseException as e:
                     self.inner._abandon()
                     e.recovered = self.inner._values()

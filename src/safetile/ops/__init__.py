@@ -32,9 +32,10 @@ Convention, shared by every op:
   also an op of several launches. In-place updates alternate between two buffers.
 - An op of several launches (``argmax``, ``rmsnorm_gemv_argmax``, ``decode_attention`` with
   splits, ``matmul`` split-K or head/tail, ``qk_norm_rope_kv_append`` over a long cache,
-  ``sample``) borrows, when it is built, the bytes its later launches write, as one launch
-  borrows its own: until the op has run, the host cannot take or read them and no other
-  launch can touch them.
+  ``sample``) borrows, when it is built, the bytes its later launches write, and the inputs
+  only they read, as one launch borrows its own: until the op has run, the host cannot take
+  or read what they write, nor take or write what they read, and no other launch can write
+  either.
 - Math on fp16/bf16 inputs runs in fp32 and is rounded to the input dtype where the Hugging
   Face Qwen3 reference rounds, so results match it.
 

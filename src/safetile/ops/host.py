@@ -294,12 +294,14 @@ def returning(op, value):
     return op.map(lambda *_: value)
 
 
-def reserving(op, name: str, writes: dict):
+def reserving(op, name: str, writes: dict, reads: dict | None = None):
     """``op``, an op of several launches, borrowing from now on the bytes its later launches
-    write (``writes``: name -> Tensor), which those launches would borrow only when they run
-    (``device/reserve.py``); ``AliasError`` if an operation in flight holds them."""
+    write (``writes``: name -> Tensor) and the inputs only they read (``reads``: name ->
+    Tensor or Shared), which those launches would borrow only when they run
+    (``device/reserve.py``); ``AliasError`` if an operation in flight conflicts."""
     return ReservingOp(op, f"{name} (a later launch of it)",
-                       [(n, t._torch) for n, t in writes.items()])
+                       [(n, t._torch) for n, t in writes.items()],
+                       [(n, t._torch) for n, t in (reads or {}).items()])
 
 
 class Configured:

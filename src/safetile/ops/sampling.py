@@ -392,4 +392,5 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     return host.reserving(host.returning(op, z), "ops.sample", {
         "out": z, "workspace.states[0]": ws.states[0], "workspace.states[1]": ws.states[1],
         "workspace.counts": ws.counts, "workspace.masses": ws.masses,
-        "workspace.values": ws.values, "workspace.indices": ws.indices})
+        "workspace.values": ws.values, "workspace.indices": ws.indices},
+        reads={"key": key, "counter": counter})       # read by the draw alone
