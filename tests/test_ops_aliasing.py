@@ -189,13 +189,13 @@ def test_rmsnorm_gemv_argmax_refuses_a_token_inside_its_workspace():
 
 def _argmax():
     out = st.empty((1,), dtype=st.i64, device="cpu")
-    return ops.argmax(wrap(rand(3000, st.f32, 20)), out=out), out
+    return ops.argmax(wrap(rand(3000, st.f32, 20)), out=out), out, out
 
 
 def _rmsnorm_gemv_argmax():
     token = st.empty((1,), dtype=st.i64, device="cpu")
     return ops.rmsnorm_gemv_argmax(wrap(rand(64, st.f32, 21)), wrap(rand(64, st.f32, 22)),
-                                   wrap(rand((300, 64), st.f32, 23)), token=token), token
+                                   wrap(rand((300, 64), st.f32, 23)), token=token), token, token
 
 
 def _decode_attention_splits():
@@ -203,21 +203,21 @@ def _decode_attention_splits():
     return ops.decode_attention(wrap(rand((4, 16), st.f32, 24)),
                                 wrap(rand((2, 200, 16), st.f32, 25)),
                                 wrap(rand((2, 200, 16), st.f32, 26)), i32(100), out=out,
-                                num_splits=4), out
+                                num_splits=4), out, out
 
 
 def _matmul_split_k():
     out = st.empty((16, 16), device="cpu")
     return ops.matmul(wrap(rand((16, 48), st.f32, 27)), wrap(rand((48, 16), st.f32, 28)),
                       out=out, config=ops.MatmulConfig(16, 16, 16, 4, 2, split_k=2),
-                      workspace=st.empty((32, 16), device="cpu")), out
+                      workspace=st.empty((32, 16), device="cpu")), out, out
 
 
 def _matmul_head_tail():
     out = st.empty((48, 16), device="cpu")
     cfg = ops.MatmulConfig(16, 16, 16, 4, 2, head_rows=16, tail=ops.MatmulConfig(16, 16, 16, 4, 2))
     return ops.matmul(wrap(rand((48, 16), st.f32, 29)), wrap(rand((16, 16), st.f32, 30)),
-                      out=out, config=cfg), out[16:48]
+                      out=out, config=cfg), out[16:48], out
 
 
 def _qk_norm_rope_kv_append_long_cache():
@@ -226,15 +226,16 @@ def _qk_norm_rope_kv_append_long_cache():
     return ops.qk_norm_rope_kv_append(
         wrap(args["qkv"]), wrap(args["q_norm_weight"]), wrap(args["k_norm_weight"]), i32(8),
         ops.inv_freq_table(32, THETA, "cpu"), k_cache, wrap(args["v_cache"]),
-        block_s=64), k_cache
+        block_s=64), k_cache, k_cache
 
 
 def _sample():
     out = st.empty((1,), dtype=st.i32, device="cpu")
     return ops.sample(wrap(rand(1200, st.f32, 32)), ops.sampling_params(0.9, 20, 0.95, device="cpu"),
-                      ops.sampling_key(3, device="cpu"), i32(0), out=out), out
+                      ops.sampling_key(3, device="cpu"), i32(0), out=out), out, out
 
 
+# Each makes (the op, what only a later launch of it writes, the output handle it was given).
 SEVERAL_LAUNCHES = {f.__name__.lstrip("_"): f for f in (
     _argmax, _rmsnorm_gemv_argmax, _decode_attention_splits, _matmul_split_k, _matmul_head_tail,
     _qk_norm_rope_kv_append_long_cache, _sample)}
@@ -242,7 +243,7 @@ SEVERAL_LAUNCHES = {f.__name__.lstrip("_"): f for f in (
 
 @pytest.mark.parametrize("name", SEVERAL_LAUNCHES)
 def test_an_op_of_several_launches_keeps_the_host_from_taking_what_a_later_launch_writes(name):
-    op, written = SEVERAL_LAUNCHES[name]()
+    op, written, _ = SEVERAL_LAUNCHES[name]()
     view = written.view(tuple(written.shape))
     with pytest.raises(st.BorrowError, match="later launch"):
         view.into_torch()
@@ -254,7 +255,7 @@ def test_an_op_of_several_launches_keeps_the_host_from_taking_what_a_later_launc
 
 @pytest.mark.parametrize("name", SEVERAL_LAUNCHES)
 def test_an_op_of_several_launches_dropped_unrun_frees_what_a_later_launch_would_write(name):
-    op, written = SEVERAL_LAUNCHES[name]()
+    op, written, _ = SEVERAL_LAUNCHES[name]()
     with pytest.warns(st.UnrunOpWarning):
         del op
         gc.collect()
@@ -299,3 +300,34 @@ def test_sample_keeps_the_host_from_taking_the_key_and_counter_that_only_a_later
         view.into_torch()
     op.sync()
     view.into_torch()                               # the borrow ended with the op
+
+
+@pytest.mark.parametrize("name", SEVERAL_LAUNCHES)
+def test_an_op_of_several_launches_runs_after_the_caller_moves_the_output_handle_it_was_given(name):
+    want_op, _, want = SEVERAL_LAUNCHES[name]()
+    want_op.sync()
+    op, _, handle = SEVERAL_LAUNCHES[name]()
+    moved = handle.partition((1,) * handle.ndim)       # as it may after building one launch
+    op.sync()
+    assert torch.equal(moved.unpartition().to_torch(), want.to_torch())
+
+
+def test_sample_writes_the_workspace_it_was_built_with_when_a_field_is_reassigned_before_it_runs():
+    ws = ops.sampler_workspace(1200, device="cpu")
+    op = ops.sample(wrap(rand(1200, st.f32, 38)), ops.sampling_params(0.9, 20, 0.95, device="cpu"),
+                    ops.sampling_key(3, device="cpu"), i32(0), workspace=ws)
+    ws.counts = st.zeros(tuple(ws.counts.shape), device="cpu")
+    taken = ws.counts.view(tuple(ws.counts.shape)).into_torch()   # no op reserved these bytes
+    op.sync()
+    assert not taken.any()
+
+
+@pytest.mark.parametrize("field", ["values", "indices"])
+def test_argmax_reads_the_workspace_it_was_built_with_when_a_field_is_reassigned_before_it_runs(
+        field):
+    x = rand(3000, st.f32, 39)
+    ws = ops.argmax_workspace(3000, device="cpu", block=256)       # the max is in block 1
+    op = ops.argmax(wrap(x), workspace=ws)
+    setattr(ws, field, st.zeros(tuple(getattr(ws, field).shape), dtype=getattr(ws, field).dtype,
+                                device="cpu"))
+    assert int(op.sync().to_torch()[0]) == int(torch.argmax(x))

@@ -35,7 +35,8 @@ Convention, shared by every op:
   ``sample``) borrows, when it is built, the bytes its later launches write, and the inputs
   only they read, as one launch borrows its own: until the op has run, the host cannot take
   or read what they write, nor take or write what they read, and no other launch can write
-  either.
+  either. The later launches use views taken when the op is built, so moving a handle or
+  reassigning a workspace field meanwhile changes nothing they touch.
 - Math on fp16/bf16 inputs runs in fp32 and is rounded to the input dtype where the Hugging
   Face Qwen3 reference rounds, so results match it.
 

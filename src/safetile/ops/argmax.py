@@ -120,8 +120,9 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
                          f"{n} logits need {-(-n // workspace.block)} of {dtype!r} (and "
                          f"st.float32 values): build it with ops.argmax_workspace")
     z = host.output("ops.argmax: out", out, (1,), dtype, x.device)
-    ws = workspace
-    # Two launches: the second writes ``out`` only after the first has run.
+    # Two launches: the second writes ``out`` only after the first has run, through views
+    # taken now (host.taken).
+    ws, zv = host.taken(workspace, ("values", "indices")), host.owned_view(z, (1,))
     host.check_disjoint("ops.argmax", {"x": x}, {"out": z, "workspace.values": ws.values,
                                                  "workspace.indices": ws.indices})
     stage1 = _PARTIAL(host.warps_for(ws.block))(
@@ -130,7 +131,6 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     nb = host.next_pow2(ws.blocks)
 
     def stage2(*_):
-        return _FINAL(host.warps_for(nb))(
-            *host.inputs(ws.values, ws.indices),
-            host.owned_view(z, (1,)).partition((1,)), nb)
+        return _FINAL(host.warps_for(nb))(*host.inputs(ws.values, ws.indices),
+                                          zv.partition((1,)), nb)
     return host.reserving(host.returning(stage1.then(stage2), z), "ops.argmax", {"out": z})

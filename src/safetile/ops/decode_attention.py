@@ -417,14 +417,13 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     past ``max_seq`` attends the whole cache; a length of 0 or less gives zeros.
 
     ``scale`` defaults to ``1/sqrt(D)``; ``out`` (Hq, D) in q's dtype and ``workspace`` (a
-    :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not
-    given; pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both
-    kernels), ``prefetch``/``cyclic``/``early``/``masked`` as in
-    :func:`decode_attention_split`. Returns a ``DeviceOp`` whose output is ``out``. With one
-    split (``num_splits=1``, a one-split workspace, or a cache of one key block) a single
-    kernel attends each kv head's whole valid length (every key block masked, in one
-    pipelined loop of ``num_stages`` stages, default ``WHOLE_STAGES``) and writes ``out``
-    directly: no partials, no merge, the workspace unused.
+    :class:`DecodeWorkspace`, ``num_splits`` splits per kv head) are allocated when not given;
+    pass both inside graph scopes. ``block_n``, ``pdl`` and ``trigger_early`` (both kernels),
+    ``prefetch``/``cyclic``/``early``/``masked`` as in :func:`decode_attention_split`. Returns a
+    ``DeviceOp`` whose output is ``out``. With one split (``num_splits=1``, a one-split
+    workspace, or a cache of one key block) a single kernel attends each kv head's whole valid
+    length (every key block masked, in one pipelined loop of ``num_stages`` stages, default
+    ``WHOLE_STAGES``) and writes ``out`` directly: no partials, no merge, the workspace unused.
     """
     name = "ops.decode_attention"
     hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
@@ -442,9 +441,10 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
                              WHOLE_STAGES if num_stages is None else num_stages)
     ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
+    ws, zv = host.taken(ws, ("partial", "lse")), host.borrow(z)    # the merge's, taken now
     host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),
                         {"out": z, "workspace.partial": ws.partial, "workspace.lse": ws.lse})
     split = _launch_split(q, k_cache, v_cache, length, ws, o, num_warps,
                           DEFAULT_STAGES if num_stages is None else num_stages)
-    merged = split.then(lambda ws: _launch_merge(ws, z, None, o["pdl"], o["trigger_early"]))
-    return host.reserving(merged, name, {"out": z})
+    merged = split.then(lambda ws: _launch_merge(ws, zv, None, o["pdl"], o["trigger_early"]))
+    return host.reserving(host.returning(merged, z), name, {"out": z})

@@ -124,7 +124,9 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
                             f"(ops.gemv_argmax_workspace)")
     y = host.output(f"{name}: logits", logits, (n,), w.dtype, w.device)
     z = host.output(f"{name}: token", token, (1,), dtype, w.device)
-    # Two launches: the second writes ``token`` only after the first has run.
+    # Two launches: the second writes ``token`` only after the first has run, through views
+    # taken now (host.taken).
+    ws, zv = host.taken(ws, ("values", "indices")), host.owned_view(z, (1,))
     host.check_disjoint(name, dict(x=x, norm_weight=norm_weight, w=w),
                         {"logits": y, "token": z, "workspace.values": ws.values,
                          "workspace.indices": ws.indices})
@@ -140,6 +142,5 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
 
     def stage2(*_):
         return _FINAL(min(16, host.warps_for(nb)))(
-            *host.inputs(ws.values, ws.indices),
-            host.owned_view(z, (1,)).partition((1,)), nb)
+            *host.inputs(ws.values, ws.indices), zv.partition((1,)), nb)
     return host.reserving(host.returning(stage1.then(stage2), (y, z)), name, {"token": z})

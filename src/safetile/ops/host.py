@@ -7,6 +7,7 @@ op's result tensors. Nothing here launches work.
 """
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 
@@ -199,6 +200,19 @@ def borrow(v):
     caller's handle is never consumed and one tensor may feed several inputs), or the Shared
     handle itself (held while the op is in flight, usable again after)."""
     return v.view(v.shape) if isinstance(v, Tensor) else v
+
+
+def taken(ws, fields):
+    """A copy of the workspace ``ws`` whose buffers ``fields`` (a field may hold a tuple of
+    them) are fresh views: what an op of several launches builds its later launches from.
+    Those are built when the op runs; from the caller's workspace they would follow a field
+    reassigned, or a handle moved, since the op was built and its checks and reservation
+    made, so they could touch bytes nothing borrowed."""
+    mine = copy.copy(ws)
+    for field in fields:
+        v = getattr(ws, field)
+        setattr(mine, field, tuple(borrow(t) for t in v) if isinstance(v, tuple) else borrow(v))
+    return mine
 
 
 def inputs(*values) -> list:

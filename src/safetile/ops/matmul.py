@@ -398,15 +398,15 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
         marked = in_unsafe_block()      # the tail launches when the head has run, as the call
                                         # site that built both could (the unsafe twin's too)
 
+        below = c.view(m, n).slice(0, head.head_rows, m)   # taken now, as the reservation
+
         def rest(a_, b_, *_):           # (the writers' launches differ past a and b)
             with on_behalf(marked):
-                return stores.tiles(tail, weight, sms, a_, b_,
-                                    c.view(m, n).slice(0, head.head_rows, m),
+                return stores.tiles(tail, weight, sms, a_, b_, below,
                                     head.head_rows // tail.bm)
 
         first = stores.tiles(head, weight, sms, a, b, c.view(m, n).slice(0, 0, head.head_rows), 0)
-        return host.reserving(host.returning(first.then(rest), c), name,
-                              {"out": c.view(m, n).slice(0, head.head_rows, m)})
+        return host.reserving(host.returning(first.then(rest), c), name, {"out": below})
     if cfg.split_k == 1:
         return host.returning(stores.tiles(cfg, weight, sms, a, b, c.view(m, n), 0), c)
     want = workspace_shape(m, n, cfg)
@@ -414,10 +414,11 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     kb = _cdiv(_cdiv(k, cfg.bk), cfg.split_k)
     gm = _cdiv(m, cfg.bm)
 
+    cv = c.view(m, n)                   # taken now: the caller may move its handle meanwhile
+
     def reduce(_a, _b, p, *_):
-        cv = c.view(m, n).partition((cfg.bm, cfg.bn))
         red = _splitk_reduce_pdl if cfg.pdl else splitk_reduce
-        return red(stores.written(p), cv, cfg.split_k, gm)
+        return red(stores.written(p), cv.partition((cfg.bm, cfg.bn)), cfg.split_k, gm)
 
     partials = stores.partials(cfg, weight, sms, a, b, ws.view(*want), kb)
     return host.reserving(host.returning(partials.then(reduce), c), name, {"out": c})

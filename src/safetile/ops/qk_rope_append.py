@@ -241,9 +241,11 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     v = rows.slice(0, hq + hkv, hq + 2 * hkv)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, hkv,
                  num_warps, pdl, trigger_early)
+    # The append is built from handles taken now: the caller may move its own meanwhile.
+    kr, at, kc, vc = host.inputs(k, pos, k_cache, v_cache)
     return host.reserving(op.then(lambda *_: host.returning(
-        kv_append(k, v, pos, k_cache, v_cache, block_s=block),
-        (q, k_cache, v_cache))), name, {"k_cache": k_cache, "v_cache": v_cache})
+        kv_append(kr, v, at, kc, vc, block_s=block), (q, k_cache, v_cache))), name,
+        {"k_cache": k_cache, "v_cache": v_cache})
 
 
 def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int,

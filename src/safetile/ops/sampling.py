@@ -360,6 +360,11 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
                          "workspace.masses": ws.masses, "workspace.states[0]": ws.states[0],
                          "workspace.states[1]": ws.states[1], "workspace.values": ws.values,
                          "workspace.indices": ws.indices})
+    # Every launch is built from handles taken now: the later ones are built when the op runs,
+    # and the caller may move its own handles, or reassign workspace fields, meanwhile.
+    logits, params, key, counter = host.inputs(logits, params, key, counter)
+    ws = host.taken(ws, ("stats", "counts", "masses", "states", "values", "indices"))
+    zv = host.owned_view(z, (1,))
     nb, blk = ws.blocks, ws.block
     warps = host.warps_for(blk)
     b = host.borrow
@@ -387,7 +392,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
         b(logits), b(final), b(params), b(key), b(counter),
         ws.values.view(nb).partition((1,)), ws.indices.view(nb).partition((1,)), blk))
     op = op.then(lambda *_: argmax_final_kernel(b(ws.values), b(ws.indices),
-                                                host.owned_view(z, (1,)).partition((1,)),
+                                                zv.partition((1,)),
                                                 host.next_pow2(nb)))
     return host.reserving(host.returning(op, z), "ops.sample", {
         "out": z, "workspace.states[0]": ws.states[0], "workspace.states[1]": ws.states[1],
