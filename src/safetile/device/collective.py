@@ -89,10 +89,9 @@ class CollectiveOp(DeviceOp):
             raise err
         hold = self.hold
         if hold.checked_in is not None and hold.checked_in is not ctx:
-            hold.release()                        # built in another execution's callback
-            try:
-                with borrows.owned_by(ctx):
-                    hold = self.hold = borrows.acquire(self.name, self.reads, self.writes)
+            try:                                  # built in another execution's callback
+                hold = self.hold = borrows.borrow_again(hold, ctx, lambda exempt: (
+                    borrows.acquire(self.name, self.reads, self.writes, exempt)))
             except BaseException as e:
                 self._hand_back()
                 e.recovered = self._output()

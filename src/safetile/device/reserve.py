@@ -51,11 +51,9 @@ class ReservingOp(DeviceOp):
             if hold.checked_in is not None and hold.checked_in is not ctx:
                 # Built in another execution's callback: its borrows were checked with that
                 # execution's own work set aside, and this one is not ordered with it.
-                hold.release()
                 try:
-                    with borrows.owned_by(ctx):
-                        hold = self.hold = borrows.acquire(self.holder, self.reads,
-                                                          self.writes)
+                    hold = self.hold = borrows.borrow_again(hold, ctx, lambda exempt: (
+                        borrows.acquire(self.holder, self.reads, self.writes, exempt)))
                 except BaseException as e:
                     self.inner._abandon()
                     e.recovered = self.inner._values()

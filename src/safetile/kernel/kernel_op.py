@@ -148,12 +148,10 @@ class KernelOp(DeviceOp):
         """This op was built inside another execution's callback, so its borrows were checked
         with that execution's own in-flight work set aside; it runs in ``ctx``, which is not
         ordered with that work: check them again (``AliasError``, values handed back)."""
-        old = self.hold
-        plan = self.plan
-        old.release()
+        old, plan = self.hold, self.plan
         try:
-            with borrows.owned_by(ctx):
-                new = borrows.register(plan.holder, plan.extents, old.tensors, plan.groups)
+            new = borrows.borrow_again(old, ctx, lambda exempt: borrows.register(
+                plan.holder, plan.extents, old.tensors, plan.groups, exempt))
         except BaseException as e:
             self._hand_back()
             e.recovered = self.values

@@ -249,6 +249,19 @@ def acquire(holder: str,
                     exempt=exempt)
 
 
+def borrow_again(old: Hold, ctx, register_new) -> Hold:
+    """``old``'s borrows checked again for the execution ``ctx``: an operation built in
+    another execution's callback was checked with that execution's own work set aside, and
+    ``ctx`` is not ordered with it. ``register_new(exempt)`` registers them anew (with
+    ``exempt``, so ``old`` does not conflict) before ``old`` ends, so that no other thread can
+    take the bytes in between. ``old`` ends either way (``AliasError`` propagates)."""
+    try:
+        with owned_by(ctx):
+            return register_new(frozenset((old,)))
+    finally:
+        old.release()
+
+
 # Where the read borrows of Shared values go while a graph scope records: only those the
 # recording thread and task make (``scoped.py``), not another task's that runs meanwhile.
 _collecting = Scoped("safetile.collect_shared")
