@@ -154,6 +154,7 @@ def _check_writable(path: str) -> None:
 
 def bench(args) -> int:
     from . import bench as measure
+    measure.check_lengths(args.prompt_len, args.gen_len, args.max_seq_len)
     if args.json:
         _check_writable(args.json)
     eng = _load(args)
