@@ -260,3 +260,25 @@ def test_bench_lengths_that_cannot_run_exit_1_before_the_model_loads(capsys, mon
                      *lengths]) == 1
     err = capsys.readouterr().err
     assert err.startswith("grout: error: ") and message in err
+
+
+def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
+    # `grout generate ... | head -c 1`: the pipe closes under the stream, which is no error
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
+                          "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    try:
+        assert p.stdout.read(1)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 141             # 128 + SIGPIPE, as a shell reports it
+    finally:
+        p.kill()
+        p.wait()
+    assert err == ""
