@@ -321,7 +321,10 @@ def _token_id(i) -> int:
             return operator.index(i)
         except TypeError:
             pass
-    raise RequestError(f"token ids must be ints, got {i!r}")
+    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
+        raise RequestError("the prompt must be one sequence of token ids, not a batch of "
+                           "them (grout runs one request at a time: pass input_ids[0])")
+    raise RequestError(f"token ids must be ints, got {i!r:.60}")
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",

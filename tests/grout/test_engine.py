@@ -268,3 +268,10 @@ def test_sampling_parameters_may_be_numpy_numbers(eng):
     assert got.token_ids == want
     with pytest.raises(grout.RequestError, match="temperature"):
         eng.generate(PROMPT, temperature=np.bool_(True))      # a truth value is no number
+
+
+def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
+    # Hugging Face tokenizers return input_ids of shape (1, n); the message stays short
+    with pytest.raises(grout.RequestError, match="one sequence of token ids") as e:
+        eng.generate(torch.tensor([list(range(50))]), max_new_tokens=1)
+    assert len(str(e.value)) < 200
