@@ -55,15 +55,23 @@ def bytes_per_token(engine, context: float) -> float:
     return cfg.decode_bytes(itemsize) + kv
 
 
+def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int) -> None:
+    """``RequestError`` unless a bench of these lengths fits a ``max_seq_len`` cache: the
+    command line checks them against ``--max-seq-len`` before it loads the model (minutes for
+    a real checkpoint), :func:`run` against the engine's cache (the model's context may cap
+    it further)."""
+    if prompt_len < 1 or gen_len < 2:
+        raise RequestError("bench needs prompt_len >= 1 and gen_len >= 2")
+    if prompt_len + gen_len > max_seq_len:
+        raise RequestError(f"prompt_len + gen_len = {prompt_len + gen_len} exceeds max_seq_len "
+                           f"{max_seq_len}")
+
+
 def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:
     """TTFT and decode figures (medians over ``repeats`` after one warm-up) for greedy
     decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt of random ids
     (:func:`prompt_ids` of ``seed``; greedy decoding draws nothing else)."""
-    if prompt_len < 1 or gen_len < 2:
-        raise ValueError("bench needs prompt_len >= 1 and gen_len >= 2")
-    if prompt_len + gen_len > engine.max_seq_len:
-        raise ValueError(f"prompt_len + gen_len = {prompt_len + gen_len} exceeds max_seq_len "
-                         f"{engine.max_seq_len}")
+    check_lengths(prompt_len, gen_len, engine.max_seq_len)
     ids = prompt_ids(prompt_len, seed, engine.config.vocab_size)
     runner, dev = engine.runner, engine.device
     params, key = SamplingParams(0.0, seed=0).tensors(dev)

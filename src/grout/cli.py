@@ -3,7 +3,8 @@
 Every subcommand takes ``--device cpu|cuda``, ``--dtype`` and ``--max-seq-len``. Text goes to
 stdout as it is produced; progress bars and statistics go to stderr. A bad request or
 checkpoint, a file that cannot be written or an address ``serve`` cannot listen on exits
-with status 1 and a one-line error; bad usage (an option out of range) with 2.
+with status 1 and a one-line error; bad usage (an option out of range) with 2; Ctrl-C with
+130; a closed stdout (``| head``) quietly with 141.
 """
 from __future__ import annotations
 
@@ -154,6 +155,7 @@ def _check_writable(path: str) -> None:
 
 def bench(args) -> int:
     from . import bench as measure
+    measure.check_lengths(args.prompt_len, args.gen_len, args.max_seq_len)
     if args.json:
         _check_writable(args.json)
     eng = _load(args)
@@ -177,6 +179,20 @@ def serve(args) -> int:
                       default_seed=args.seed)
 
 
+def _reader_left() -> int:
+    """The exit of a command whose stdout reader left (``grout generate ... | head``): quiet,
+    as any writer in a pipeline, with the status a shell reports for SIGPIPE. The stdout
+    still buffered would fail again when the interpreter flushes it at exit, so stdout
+    becomes /dev/null."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):                    # no file descriptor (a captured stdout)
+        pass
+    return 128 + 13                                  # 13: SIGPIPE
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if getattr(args, "enable_thinking", False) and not args.chat:
@@ -184,6 +200,8 @@ def main(argv=None) -> int:
                          "thinking)")
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
+    except BrokenPipeError:
+        return _reader_left()
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write
         print(f"grout: error: {e}", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ from .config import Qwen3Config
 from .errors import CheckpointError, RequestError, drop_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
-from .sampler import SamplingParams
+from .sampler import SamplingParams, integer
 from .stops import StopTail, stop_strings
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
@@ -208,9 +208,10 @@ class Engine:
 
         ``logprobs=k`` gives each piece its token's log-probability and the k most likely
         tokens' (grout.logprobs); ``ignore_eos`` generates past end tokens (for benchmarks)."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
-                max_new_tokens < 0:
+        n = integer(max_new_tokens)
+        if n is None or n < 0:
             raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        max_new_tokens = n
         sampling = SamplingParams(temperature, top_k, top_p, seed)
         stops = stop_strings(stop)
         check_top_logprobs(logprobs)
@@ -320,7 +321,10 @@ def _token_id(i) -> int:
             return operator.index(i)
         except TypeError:
             pass
-    raise RequestError(f"token ids must be ints, got {i!r}")
+    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
+        raise RequestError("the prompt must be one sequence of token ids, not a batch of "
+                           "them (grout runs one request at a time: pass input_ids[0])")
+    raise RequestError(f"token ids must be ints, got {i!r:.60}")
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",

@@ -8,6 +8,7 @@ two 32-bit words. Without a seed a fresh one is drawn, so only seeded requests r
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 from dataclasses import dataclass
 
@@ -18,9 +19,18 @@ from .errors import RequestError
 
 
 def _number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """``v`` as a float: a Python or numpy real number (as safetile's ops take it), finite,
+    never a bool."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
         raise RequestError(f"{name} must be a finite number, got {v!r}")
     return float(v)
+
+
+def integer(v):
+    """``v`` as an int if it is a Python or numpy integer (never a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        return None
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -37,14 +47,17 @@ class SamplingParams:
         t = _number("temperature", self.temperature)
         if t < 0:
             raise RequestError(f"temperature must be >= 0 (0 is greedy), got {t}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        k = integer(self.top_k)
+        if k is None or k < 0:
             raise RequestError(f"top_k must be an int >= 0 (0 turns it off), got {self.top_k!r}")
         p = _number("top_p", self.top_p)
         if not 0.0 < p <= 1.0:
             raise RequestError(f"top_p must be in (0, 1] (1 turns it off), got {p}")
-        if self.seed is not None and (isinstance(self.seed, bool) or
-                                      not isinstance(self.seed, int)):
+        seed = None if self.seed is None else integer(self.seed)
+        if self.seed is not None and seed is None:
             raise RequestError(f"seed must be an int or None, got {self.seed!r}")
+        for name, value in (("temperature", t), ("top_k", k), ("top_p", p), ("seed", seed)):
+            object.__setattr__(self, name, value)      # plain Python numbers from here on
 
     @property
     def greedy(self) -> bool:

@@ -189,15 +189,18 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
 
     Every turn is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. An assistant turn's
     reasoning (its ``reasoning_content``, or what precedes ``</think>`` in its content) is
-    kept as ``<think>\\n...\\n</think>\\n\\n`` only after the last user query: earlier turns'
-    reasoning is dropped. Tool results become user turns wrapped in ``<tool_response>``.
+    kept as ``<think>\\n...\\n</think>\\n\\n`` only after the last user query (with none, no
+    turn is after it): earlier turns' reasoning is dropped. The newlines that begin an answer
+    are dropped only where its reasoning is split off or shown, as Qwen3's template does, so
+    the prompt's tokens are the template's. Tool results become user turns wrapped in
+    ``<tool_response>``.
     The generation prompt opens an assistant turn; ``enable_thinking=False`` pre-fills an
     empty think block, so the model answers directly."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise RequestError("messages must be a non-empty list of {'role', 'content'} dicts")
     turns = [_message_text(m, i) for i, m in enumerate(messages)]
     last_query = max((i for i, (r, c) in enumerate(turns)
-                      if r == "user" and not _is_tool_result(r, c)), default=-1)
+                      if r == "user" and not _is_tool_result(r, c)), default=len(turns) - 1)
     out = []
     for i, (role, content) in enumerate(turns):
         if role in ("system", "user"):
@@ -209,9 +212,10 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
                 if "</think>" in content:
                     head, content = content.split("</think>")[0], content.split("</think>")[-1]
                     reasoning = head.split("<think>")[-1].strip("\n")
-                content = content.lstrip("\n")
+                    content = content.lstrip("\n")
             if i > last_query and (i == len(turns) - 1 or reasoning):
-                content = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content}"
+                content = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n" + \
+                    content.lstrip("\n")
             out.append(f"<|im_start|>assistant\n{content}<|im_end|>\n")
         else:
             first = i == 0 or turns[i - 1][0] != "tool"

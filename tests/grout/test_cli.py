@@ -246,3 +246,39 @@ def test_enable_thinking_without_chat_is_a_usage_error(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--enable-thinking applies to a --chat prompt" in err
     assert "usage: grout generate" in err
+
+
+@pytest.mark.parametrize("lengths, message", [
+    (["--prompt-len", "0", "--gen-len", "5"], "prompt_len >= 1"),
+    (["--prompt-len", "4", "--gen-len", "1"], "gen_len >= 2"),
+    (["--prompt-len", "60", "--gen-len", "8", "--max-seq-len", "64"], "exceeds max_seq_len 64")])
+def test_bench_lengths_that_cannot_run_exit_1_before_the_model_loads(capsys, monkeypatch,
+                                                                     lengths, message):
+    # a real checkpoint takes minutes to load on a GPU: a bench that cannot run says so first
+    monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("the model was loaded"))
+    assert cli.main(["bench", "--model", "tiny", "--device", "cpu", "--no-progress",
+                     *lengths]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grout: error: ") and message in err
+
+
+def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
+    # `grout generate ... | head -c 1`: the pipe closes under the stream, which is no error
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
+                          "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    try:
+        assert p.stdout.read(1)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 141             # 128 + SIGPIPE, as a shell reports it
+    finally:
+        p.kill()
+        p.wait()
+    assert err == ""

@@ -256,3 +256,22 @@ def test_named_shape_weights_are_random_varied_and_bf16():
     c = eng.generate("Hello, world", max_new_tokens=4)
     assert len(set(c.token_ids)) > 1
     assert c.text == eng.tokenizer.decode(c.token_ids)
+
+
+def test_sampling_parameters_may_be_numpy_numbers(eng):
+    # as safetile's ops take them (a numpy float32 is no Python float, an int64 no int)
+    import numpy as np
+    want = eng.generate(PROMPT, max_new_tokens=3, temperature=0.5, top_k=40, top_p=0.9,
+                        seed=7).token_ids
+    got = eng.generate(PROMPT, max_new_tokens=np.int64(3), temperature=np.float32(0.5),
+                       top_k=np.int64(40), top_p=np.float32(0.9), seed=np.int64(7))
+    assert got.token_ids == want
+    with pytest.raises(grout.RequestError, match="temperature"):
+        eng.generate(PROMPT, temperature=np.bool_(True))      # a truth value is no number
+
+
+def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
+    # Hugging Face tokenizers return input_ids of shape (1, n); the message stays short
+    with pytest.raises(grout.RequestError, match="one sequence of token ids") as e:
+        eng.generate(torch.tensor([list(range(50))]), max_new_tokens=1)
+    assert len(str(e.value)) < 200

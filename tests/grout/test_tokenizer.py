@@ -116,3 +116,27 @@ def test_a_user_message_without_content_is_a_request_error(tok):
     with pytest.raises(grout.RequestError, match="a user message needs its 'content'"):
         tok.apply_chat_template([{"role": "user"}])
     assert tok.apply_chat_template([{"role": "user", "content": "Hi"}, {"role": "assistant"}])
+
+
+def test_an_assistant_turns_leading_newlines_stay_unless_its_reasoning_is_split_off():
+    # Qwen3's template strips the newlines that follow a </think> (or begin an answer shown
+    # with its reasoning), and no others: the prompt's tokens are the template's.
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "\nHello"},
+            {"role": "user", "content": "Bye"}]
+    assert qwen3_chat(msgs, add_generation_prompt=False) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n\nHello<|im_end|>\n"
+        "<|im_start|>user\nBye<|im_end|>\n")
+
+
+def test_an_answer_shown_with_its_reasoning_content_loses_its_leading_newlines():
+    msgs = [{"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "\n\n4", "reasoning_content": "add them"}]
+    assert qwen3_chat(msgs, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n")
+
+
+def test_without_a_user_query_no_assistant_turn_gets_a_think_block():
+    # Qwen3's template counts every turn as before the last query when there is none.
+    msgs = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]
+    assert qwen3_chat(msgs, add_generation_prompt=False) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n")
