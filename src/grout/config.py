@@ -170,6 +170,14 @@ def _number(path, key: str, value, positive: bool = False) -> float:
     return float(value)
 
 
+def _flag(path, key: str, value) -> bool:
+    """A boolean field of config.json: JSON true or false (the string "false" would read as
+    true and load the model with the wrong head)."""
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r:.60}")
+    return value
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -219,7 +227,8 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads", heads), head_dim=head_dim,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_flag(path, "tie_word_embeddings",
+                                      raw.get("tie_word_embeddings", False)),
             rope_theta=_rope_theta(raw, path),
             rms_norm_eps=_number(path, "rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get("max_position_embeddings", 40960),

@@ -103,8 +103,10 @@ def _edit_config(directory, **fields):
     (dict(hidden_size="64", head_dim=None), "hidden_size"),
     (dict(rms_norm_eps="x"), "rms_norm_eps"),
     (dict(rms_norm_eps=float("inf")), "rms_norm_eps"),
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings"),
 ], ids=["theta NaN", "theta negative", "theta text", "rope_scaling text", "rope_parameters text",
-        "architectures int", "zero heads", "hidden_size text", "eps text", "eps infinite"])
+        "architectures int", "zero heads", "hidden_size text", "eps text", "eps infinite",
+        "tied text"])
 def test_a_bad_config_value_names_the_file_and_field(checkpoint_copy, no_new_holds, fields, field):
     _edit_config(checkpoint_copy, **fields)
     with pytest.raises(grout.CheckpointError, match=rf"config\.json: .*{field}"):
