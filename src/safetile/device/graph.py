@@ -108,9 +108,10 @@ class GraphScope:
                 self.shared_holds[:] = [(h, min(n, before)) for h, n in self.shared_holds]
                 abandon_and_finish(op, ctx)
                 raise
-            ctx.finish()
-            # Until the graph is made, the scope keeps what its launches write from torch.
+            # Until the graph is made, the scope keeps what its launches write from torch
+            # (noted before the launches' borrows end, so no moment leaves the bytes free).
             replayed.note_recorded(self, [a for r in self.records[before:] for a in r.accesses()])
+            ctx.finish()
         self.outputs.append(out)
         return out
 
@@ -166,16 +167,22 @@ def _record(ops, reason: str, single: bool = False) -> GraphScope:
                     else:
                         fail_in_sequence(e, scope.outputs, op, ops[i + 1:])
                     raise
+    except BaseException:
+        replayed.forget_replayed(scope)           # no graph will replay its launches
+        raise
     finally:
         scope._closed = "; record inside the `with` block"
-        replayed.forget_replayed(scope)           # its caller makes the graph, or fails
-    return scope
+    return scope     # the caller makes the graph, then forgets the scope (replayed.py)
 
 
 def record_graph(op: DeviceOp) -> "Graph":
     """``op.graph()``: a graph of one op whose output is that op's output."""
     scope = _record((op,), "op.graph()", single=True)
-    return Graph(scope.records, scope.outputs[0], single=True, shared_holds=scope.shared_holds)
+    try:
+        return Graph(scope.records, scope.outputs[0], single=True,
+                     shared_holds=scope.shared_holds)
+    finally:
+        replayed.forget_replayed(scope)           # the graph, if made, speaks for it now
 
 
 
@@ -353,6 +360,8 @@ class Graph:
         except BaseException as e:
             attach_recovered(e, output, replace=True)
             raise
+        finally:
+            replayed.forget_replayed(scope)       # this graph, updated or not, speaks for it
 
     def _refuse_in_flight(self) -> None:
         if self._in_flight:
