@@ -331,3 +331,25 @@ def test_argmax_reads_the_workspace_it_was_built_with_when_a_field_is_reassigned
     setattr(ws, field, st.zeros(tuple(getattr(ws, field).shape), dtype=getattr(ws, field).dtype,
                                 device="cpu"))
     assert int(op.sync().to_torch()[0]) == int(torch.argmax(x))
+
+
+def test_sample_runs_after_the_caller_moves_the_shared_key_it_was_given():
+    logits, params = wrap(rand(1200, st.f32, 38)), ops.sampling_params(0.9, 20, 0.95, device="cpu")
+    want = int(ops.sample(logits, params, ops.sampling_key(3, device="cpu"), i32(0)).sync()
+               .to_torch()[0])
+    key = ops.sampling_key(3, device="cpu").share()
+    op = ops.sample(logits, params, key, i32(0))
+    elsewhere = ops.copy(key, st.empty((2,), dtype=key.dtype, device="cpu"))   # moves `key`
+    assert int(op.sync().to_torch()[0]) == want
+    elsewhere.sync()
+    key.try_unwrap()                       # the op's own handle of the key is released
+
+
+def test_a_sample_dropped_unrun_releases_its_own_handle_of_a_shared_key():
+    key = ops.sampling_key(3, device="cpu").share()
+    op = ops.sample(wrap(rand(1200, st.f32, 39)), ops.sampling_params(0.9, 20, 0.95, device="cpu"),
+                    key, i32(0))
+    with pytest.warns(st.UnrunOpWarning):
+        del op
+        gc.collect()
+    key.try_unwrap()

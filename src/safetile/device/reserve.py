@@ -21,21 +21,23 @@ from .op import DeviceOp, RunContext, note_built
 class ReservingOp(DeviceOp):
     """``inner`` holding ``hold`` (a write borrow of what its later launches write, a read
     borrow of what they alone read) until the execution that runs it finishes, or until it is
-    abandoned or dropped unrun."""
+    abandoned or dropped unrun; then it releases ``handles``, the ``Shared`` clones its later
+    launches take in (made when it was built, so the caller may move its own meanwhile)."""
 
-    __slots__ = ("inner", "hold", "holder", "reads", "writes", "_consumed")
+    __slots__ = ("inner", "hold", "holder", "reads", "writes", "handles", "_consumed")
 
-    def __init__(self, inner: DeviceOp, holder: str, writes, reads=()):
+    def __init__(self, inner: DeviceOp, holder: str, writes, reads=(), handles=()):
         """Borrow ``writes`` and ``reads`` (``(name, torch tensor)`` pairs) for ``inner``
         (``AliasError`` if an operation in flight writes any of them, or holds any of
         ``writes``: ``inner``, which never runs then, hands its values back)."""
-        self.inner, self.holder = inner, holder
+        self.inner, self.holder, self.handles = inner, holder, tuple(handles)
         self.reads, self.writes = tuple(reads), tuple(writes)
         self._consumed = True                     # nothing to release if acquire fails
         try:
             self.hold = borrows.acquire(holder, self.reads, self.writes)
         except BaseException as e:
             inner._abandon()
+            self._release_handles()
             e.recovered = inner._values()
             raise
         self._consumed = False
@@ -60,12 +62,19 @@ class ReservingOp(DeviceOp):
                     raise
             hold.owner = ctx
             ctx.at_finish(hold.release)
+            if self.handles:                      # once the later launches handed them back
+                ctx.at_finish(lambda: ctx.defer(self._release_handles))
         return self.inner._run(ctx)
+
+    def _release_handles(self) -> None:
+        for h in self.handles:
+            h.release()
 
     def _abandon(self) -> None:
         if not self._consumed:
             self._consumed = True
             self.hold.release()
+            self._release_handles()
         self.inner._abandon()
 
     def _values(self):
@@ -79,4 +88,8 @@ class ReservingOp(DeviceOp):
         # warns that it never ran).
         if not getattr(self, "_consumed", True):
             self._consumed = True
-            finalize(self.hold.release)
+            finalize(self._drop_unrun)
+
+    def _drop_unrun(self) -> None:
+        self.hold.release()
+        self._release_handles()

@@ -310,12 +310,21 @@ def returning(op, value):
 
 def reserving(op, name: str, writes: dict, reads: dict | None = None):
     """``op``, an op of several launches, borrowing from now on the bytes its later launches
-    write (``writes``: name -> Tensor) and the inputs only they read (``reads``: name ->
-    Tensor or Shared), which those launches would borrow only when they run
+    write (``writes``: name -> Tensor) and the inputs only they read (``reads``: name -> what
+    :func:`later_input` gave), which those launches would borrow only when they run
     (``device/reserve.py``); ``AliasError`` if an operation in flight conflicts."""
+    reads = reads or {}
     return ReservingOp(op, f"{name} (a later launch of it)",
                        [(n, t._torch) for n, t in writes.items()],
-                       [(n, t._torch) for n, t in (reads or {}).items()])
+                       [(n, t._torch) for n, t in reads.items()],
+                       [t for t in reads.values() if isinstance(t, Shared)])
+
+
+def later_input(v):
+    """What an op of several launches passes for an input only a later launch reads: a fresh
+    view of a Tensor, a clone of a Shared handle (released by :func:`reserving`'s op once it
+    has run), so that the caller may move its own handle before the launch is built."""
+    return v.clone() if isinstance(v, Shared) else borrow(v)
 
 
 class Configured:

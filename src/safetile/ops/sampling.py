@@ -362,7 +362,8 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
                          "workspace.indices": ws.indices})
     # Every launch is built from handles taken now: the later ones are built when the op runs,
     # and the caller may move its own handles, or reassign workspace fields, meanwhile.
-    logits, params, key, counter = host.inputs(logits, params, key, counter)
+    logits, params = host.inputs(logits, params)
+    key, counter = host.later_input(key), host.later_input(counter)
     ws = host.taken(ws, ("stats", "counts", "masses", "states", "values", "indices"))
     zv = host.owned_view(z, (1,))
     nb, blk = ws.blocks, ws.block
