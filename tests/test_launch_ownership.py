@@ -195,34 +195,31 @@ def test_an_op_built_in_another_executions_callback_is_checked_again_where_it_ru
     assert op.values[0] is w and torch.equal(w.to_torch(), w._torch)   # handed back
 
 
-def test_an_op_checked_again_where_it_runs_keeps_its_bytes_borrowed_until_checked():
+def test_an_op_checked_again_where_it_runs_keeps_its_bytes_borrowed_until_checked(monkeypatch):
     # Between the first check and the second no other thread may take the bytes (hand them
     # to torch): the borrows the op was built with end only once the new ones hold.
     from safetile.tensor import borrows
     x, z, w = st.randn((64,)), st.empty((64,)), st.randn((64,))
     out = st.empty((64,))
-    taken_meanwhile = []
+    tried = []
     kept = []
     real_register = borrows.register
 
     def register(*args, **kw):
         try:
             out.view((64,)).into_torch()
-            taken_meanwhile.append(True)
+            tried.append("handed to torch")
         except BorrowError:
-            pass
+            tried.append("refused")
         return real_register(*args, **kw)
 
     def build(*_):
         kept.append(scale(w, out.view((64,)).partition((16,)), 3.0))
 
     scale(x, z.partition((16,)), 2.0).map(build).sync()
-    borrows.register = register
-    try:
-        kept[0].sync()
-    finally:
-        borrows.register = real_register
-    assert not taken_meanwhile
+    monkeypatch.setattr(borrows, "register", register)
+    kept[0].sync()
+    assert tried == ["refused"]                      # checked again once, the bytes held
 
 
 def test_a_callback_cannot_share_bytes_that_an_op_it_built_will_write():

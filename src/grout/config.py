@@ -170,9 +170,11 @@ def _number(path, key: str, value, positive: bool = False) -> float:
     return float(value)
 
 
-def _flag(path, key: str, value) -> bool:
-    """A boolean field of config.json: JSON true or false (the string "false" would read as
-    true and load the model with the wrong head)."""
+def _flag(path, key: str, value, default: bool = False) -> bool:
+    """A boolean field of config.json: JSON true or false, null for the default (the string
+    "false" would read as true and load the model with the wrong head)."""
+    if value is None:
+        return default
     if not isinstance(value, bool):
         raise CheckpointError(f"{path}: {key} must be true or false, got {value!r:.60}")
     return value

@@ -113,6 +113,13 @@ def test_a_bad_config_value_names_the_file_and_field(checkpoint_copy, no_new_hol
         load(checkpoint_copy)
 
 
+def test_a_null_tie_word_embeddings_means_untied(checkpoint_copy):
+    from grout.config import from_dict
+    raw = json.loads((checkpoint_copy / "config.json").read_text())
+    raw["tie_word_embeddings"] = None
+    assert from_dict(raw, "config.json").tie_word_embeddings is False
+
+
 @pytest.mark.parametrize("entry", [dict(shape="abc"), dict(shape=[-64]), dict(shape=[64.0]),
                                    dict(dtype=["F32"])], ids=["text", "negative", "float",
                                                               "dtype list"])
