@@ -57,14 +57,16 @@ def bytes_per_token(engine, context: float) -> float:
 
 def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int) -> None:
     """``RequestError`` unless a bench of these lengths fits a ``max_seq_len`` cache: the
-    command line checks them against ``--max-seq-len`` before it loads the model (minutes for
-    a real checkpoint), :func:`run` against the engine's cache (the model's context may cap
-    it further)."""
+    command line checks them against ``--max-seq-len`` before it loads the model (which a
+    bench that cannot run should not wait for), :func:`run` against the engine's cache (the
+    model's context may cap it further)."""
     if prompt_len < 1 or gen_len < 2:
-        raise RequestError("bench needs prompt_len >= 1 and gen_len >= 2")
+        raise RequestError(f"bench needs prompt_len >= 1 and gen_len >= 2 (one timed decode "
+                           f"step), got prompt_len {prompt_len} and gen_len {gen_len}")
     if prompt_len + gen_len > max_seq_len:
-        raise RequestError(f"prompt_len + gen_len = {prompt_len + gen_len} exceeds max_seq_len "
-                           f"{max_seq_len}")
+        raise RequestError(f"prompt_len {prompt_len} + gen_len {gen_len} = "
+                           f"{prompt_len + gen_len} exceeds max_seq_len {max_seq_len}: raise "
+                           f"--max-seq-len or shorten the bench")
 
 
 def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:

@@ -68,8 +68,10 @@ def parser() -> argparse.ArgumentParser:
                         "one each run)")
     b = sub.add_parser("bench", help="time to first token, decode tok/s, %% of roofline")
     _common(b)
-    b.add_argument("--prompt-len", type=int, required=True, help="prompt tokens (random ids)")
-    b.add_argument("--gen-len", type=int, required=True, help="tokens generated per request")
+    b.add_argument("--prompt-len", type=_int_in(1, None, "a positive count of tokens"),
+                   required=True, help="prompt tokens (random ids)")
+    b.add_argument("--gen-len", type=_int_in(2, None, "at least 2 tokens (a timed decode step)"),
+                   required=True, help="tokens generated per request")
     b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3,
                    help="timed requests; the figures are their medians (default 3)")
     b.add_argument("--json", default=None, help="also write the figures to this file")

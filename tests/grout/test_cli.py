@@ -249,17 +249,21 @@ def test_enable_thinking_without_chat_is_a_usage_error(capsys):
 
 
 @pytest.mark.parametrize("lengths, message", [
-    (["--prompt-len", "0", "--gen-len", "5"], "prompt_len >= 1"),
-    (["--prompt-len", "4", "--gen-len", "1"], "gen_len >= 2"),
-    (["--prompt-len", "60", "--gen-len", "8", "--max-seq-len", "64"], "exceeds max_seq_len 64")])
-def test_bench_lengths_that_cannot_run_exit_1_before_the_model_loads(capsys, monkeypatch,
-                                                                     lengths, message):
-    # a real checkpoint takes minutes to load on a GPU: a bench that cannot run says so first
+    (["--prompt-len", "0", "--gen-len", "5"], "--prompt-len: 0 is not a positive count"),
+    (["--prompt-len", "4", "--gen-len", "1"], "--gen-len: 1 is not at least 2")])
+def test_bench_lengths_out_of_range_are_usage_errors(capsys, lengths, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--model", "tiny", "--device", "cpu", *lengths])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_lengths_past_the_cache_exit_1_before_the_model_loads(capsys, monkeypatch):
+    # a bench that cannot run says so before the load (long for a real checkpoint on a GPU)
     monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("the model was loaded"))
     assert cli.main(["bench", "--model", "tiny", "--device", "cpu", "--no-progress",
-                     *lengths]) == 1
+                     "--prompt-len", "60", "--gen-len", "8", "--max-seq-len", "64"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("grout: error: ") and message in err
+    assert err.startswith("grout: error: ") and "68 exceeds max_seq_len 64" in err
 
 
 def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
