@@ -38,8 +38,12 @@ def test_generate_in_process_matches_the_engine(capsys):
         + "\n"
 
 
-def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys):
+def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys, monkeypatch):
     import grout
+    import grout.engine
+    seen, real_load = {}, grout.engine.load
+    monkeypatch.setattr(grout.engine, "load", lambda *a, **kw: seen.update(kw) or real_load(
+        *a, **kw))
     assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3",
                      "--device", "cpu", "--dtype", "float32", "--max-seq-len", "64",
                      "--no-progress", "--temperature", "0.9", "--top-k", "5", "--top-p", "0.8",
@@ -48,6 +52,7 @@ def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys):
     eng = grout.load("tiny", device="cpu", dtype="float32", max_seq_len=64, progress=False)
     assert out == eng.generate("Hi", max_new_tokens=3, temperature=0.9, top_k=5, top_p=0.8,
                                seed=2).text + "\n"
+    assert (seen["device"], seen["dtype"], seen["max_seq_len"]) == ("cpu", "float32", 64)
 
 
 @pytest.mark.parametrize("command, extra", [
