@@ -121,15 +121,19 @@ def generate(args) -> int:
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         seed=args.seed, stop=args.stop)
     start, first, n, finish = time.perf_counter(), None, 0, "length"
-    for piece in stream:
-        if first is None:
-            first = time.perf_counter()
-        n += 1
-        finish = piece.finish_reason or finish
-        sys.stdout.write(piece.text)
-        sys.stdout.flush()
-    end = time.perf_counter()
-    sys.stdout.write("\n")
+    try:
+        for piece in stream:
+            if first is None:
+                first = time.perf_counter()
+            n += 1
+            finish = piece.finish_reason or finish
+            sys.stdout.write(piece.text)
+            sys.stdout.flush()
+        end = time.perf_counter()
+        sys.stdout.write("\n")
+    except BrokenPipeError:                          # the reader of stdout left (| head)
+        stream.close()
+        return _reader_left()
     if not n:
         print(f"[0 tokens, finish: {finish}]", file=sys.stderr)
     else:
@@ -202,8 +206,6 @@ def main(argv=None) -> int:
                          "thinking)")
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
-    except BrokenPipeError:
-        return _reader_left()
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write
         print(f"grout: error: {e}", file=sys.stderr)
         return 1
