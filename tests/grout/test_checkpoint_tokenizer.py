@@ -1,0 +1,84 @@
+"""A checkpoint's tokenizer and chat template: tokenizer.json when present, the template from
+chat_template.jinja or tokenizer_config.json, and a template that cannot compile or run."""
+import json
+
+import pytest
+
+import grout
+
+
+def load(path, **kw):
+    return grout.load(path, device="cpu", dtype="float32", max_seq_len=16, progress=False, **kw)
+
+
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_the_checkpoint_tokenizer_json_is_used_when_present(checkpoint_copy):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": TEMPLATE}))
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.source.endswith("tokenizer.json")
+    assert eng.tokenizer.encode("Hello, world!") == [9707, 11, 1879, 0]
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_the_checkpoint_chat_template_is_used_without_a_tokenizer_json(checkpoint_copy, where):
+    text = TEMPLATE if where.endswith(".jinja") else json.dumps({"chat_template": TEMPLATE})
+    (checkpoint_copy / where).write_text(text)
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.source == "qwen-tokenizer ranks"       # Qwen's BPE, built offline
+    assert eng.tokenizer.template_source.endswith(where)
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
+def test_the_default_of_hugging_faces_named_chat_templates_is_used(checkpoint_copy):
+    named = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": TEMPLATE}]
+    (checkpoint_copy / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    eng = load(checkpoint_copy)
+    assert eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == \
+        "[user]hi[assistant]"
+
+
+@pytest.mark.parametrize("template, what", [
+    ("{% for m in messages %}{{ m.content ", "TemplateSyntaxError"),
+    ("{% if %}", "TemplateSyntaxError"),
+    ("{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}", "nosuchfilter"),
+], ids=["syntax error", "empty if", "unknown filter"])
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+@pytest.mark.parametrize("tokenizer_json", [True, False], ids=["tokenizer.json",
+                                                               "no tokenizer.json"])
+def test_a_chat_template_that_does_not_compile_fails_the_load_naming_its_file(
+        checkpoint_copy, no_new_holds, template, what, where, tokenizer_json):
+    from grout.tokenizer import qwen_tokenizer
+    if tokenizer_json:
+        qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    text = template if where.endswith(".jinja") else json.dumps({"chat_template": template})
+    (checkpoint_copy / where).write_text(text)
+    with pytest.raises(grout.CheckpointError, match=rf"{where}: .*{what}"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_is_not_utf8_fails_the_load(checkpoint_copy, no_new_holds):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(grout.CheckpointError, match=r"chat_template\.jinja: .*UTF-8"):
+        load(checkpoint_copy)
+
+
+def test_a_chat_template_that_fails_on_the_messages_is_a_request_error(checkpoint_copy):
+    from grout.tokenizer import qwen_tokenizer
+    qwen_tokenizer()._tok.save(str(checkpoint_copy / "tokenizer.json"))
+    (checkpoint_copy / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m.content.foo.bar }}{% endfor %}")
+    eng = load(checkpoint_copy)
+    with pytest.raises(grout.RequestError, match=r"chat_template\.jinja: .*UndefinedError"):
+        eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=1)
+    assert eng.generate([1, 2, 3], max_new_tokens=1).token_ids
