@@ -286,3 +286,36 @@ def test_the_store_rule_is_documented_where_stores_are():
     for doc in (st.Out.__doc__, st.Out.store.__doc__, sl.__doc__):
         doc = " ".join(doc.split())
         assert "bf16" in doc and "nearest even" in doc and "astype" in doc
+
+
+
+# -- Triton and torch habits inside a kernel body -------------------------------------------------
+
+def test_a_triton_or_torch_function_in_a_kernel_names_the_sl_operation_instead():
+    import triton.language as tl                            # noqa: F401 (a kernel's global)
+    with pytest.raises(st.KernelDefinitionError) as triton_exp:
+        @st.kernel
+        def exp(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(tl.exp(sl.load_like(x, z)))  # triton-exp
+    with pytest.raises(st.KernelDefinitionError) as torch_exp:
+        @st.kernel
+        def exp(x: st.In[st.f32], z: st.Out[st.f32]):  # noqa: F811
+            z.store(torch.exp(sl.load_like(x, z)))
+    assert triton_exp.value.lineno == line_of("triton-exp")
+    for e in (triton_exp, torch_exp):
+        assert e.value.rule == "call" and "not a kernel operation; use sl.exp" in str(e.value)
+        assert "@st.function" not in str(e.value)            # torch.exp cannot be decorated
+
+
+def test_tritons_program_id_is_told_to_use_sl_bid():
+    import triton.language as tl                            # noqa: F401 (a kernel's global)
+    with pytest.raises(st.KernelDefinitionError) as triton_spelling:
+        @st.kernel
+        def first(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(sl.load_like(x, z) + tl.program_id(0))
+    with pytest.raises(st.KernelDefinitionError) as sl_spelling:
+        @st.kernel
+        def first(x: st.In[st.f32], z: st.Out[st.f32]):  # noqa: F811
+            z.store(sl.load_like(x, z) + sl.program_id(0))
+    for e in (triton_spelling, sl_spelling):
+        assert "use sl.bid(axis)" in str(e.value)

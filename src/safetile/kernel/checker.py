@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from ..errors import KernelDefinitionError
 from ..lang.views import (IN_ATTRS, IN_METHODS, OUT_ATTRS, OUT_METHODS, SUB_ATTRS,  # noqa: F401
                           SUB_METHODS, inline_partition, kind_of)
+from .hints import missing_operation_message, unknown_call_message
 from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
@@ -325,9 +326,7 @@ class BodyChecker(ast.NodeVisitor):
             if r is None:
                 base = self.info.scope.resolve(f.value) if isinstance(f.value, ast.Name) else None
                 if base is not None and base.kind == "module":
-                    self.fail(node, "call", f"`{ast.unparse(f)}` does not exist in "
-                                            f"{base.value.__name__}; see its docstring for the "
-                                            f"operations it has")
+                    self.fail(node, "call", missing_operation_message(f, base.value))
                 if f.attr not in TILE_METHODS:
                     self.fail(node, "call", f"`{ast.unparse(f)}(...)` is not a kernel operation "
                                             f"(tiles have .astype(dtype); operations are sl.*)")
@@ -372,9 +371,7 @@ class BodyChecker(ast.NodeVisitor):
             self.fail(node, "call", f"dtypes are not callable; use tile.astype({name})")
         if r.kind == "forbidden_builtin":
             self.fail(node, "call", f"Python builtin '{name}' is not part of the kernel language")
-        self.fail(node, "call", f"call to '{name}', which is not an @st.function nor a "
-                                f"safetile.lang operation; decorate it with @st.function or "
-                                f"inline it")
+        self.fail(node, "call", unknown_call_message(self.info.scope, f))
 
     def check_view_call(self, node, f, kind):
         name, method = ast.unparse(f.value), f.attr

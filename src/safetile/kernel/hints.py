@@ -1,0 +1,77 @@
+"""What to write instead of a call the kernel language does not have.
+
+Kernel bodies are often written from Triton, torch, math or numpy habits (`tl.exp`,
+`torch.exp`, `tl.program_id`). Those modules' functions are not kernel operations (a
+`@st.function` cannot wrap them), so the advice names the `sl` operation that computes the
+same thing, where there is one, rather than suggesting to decorate or inline the callee.
+"""
+from __future__ import annotations
+
+import ast
+import types
+
+# Modules whose functions a kernel author may reach for by habit.
+FOREIGN_MODULES = ("triton", "torch", "math", "numpy", "cmath")
+# Of those, the ones whose calls are scalar host math (math.sqrt(2.0)): often a constant.
+HOST_MATH = ("math", "numpy", "cmath")
+
+# Triton (and torch) spellings whose safetile operation has another name.
+RENAMED = {
+    "program_id": "sl.bid(axis), or the owned tile's index z.index[axis]",
+    "num_programs": "sl.num_blocks(axis)",
+    "dot": "sl.mma(a, b, acc) (acc + a @ b) or sl.matmul(a, b)",
+    "zeros_like": "sl.zeros(t.shape, t.dtype)",
+    "full_like": "sl.full(t.shape, value, t.dtype)",
+    "trans": "sl.transpose(t) (or t.T)",
+    "view": "sl.reshape(t, shape)",
+    "amax": "sl.max(t, axis)",
+    "amin": "sl.min(t, axis)",
+    "clamp": "sl.minimum(sl.maximum(t, lo), hi)",
+    "fdiv": "`a / b`",
+    "store": "z.store(tile) on an st.Out parameter",
+    "load": "x.load(index, shape) or sl.load_like(x, z)",
+}
+
+
+def sl_spelling(attr: str) -> str | None:
+    """The kernel-language spelling of an operation named `attr` elsewhere, if it has one."""
+    from ..lang import __all__ as operations
+    if attr in RENAMED:
+        return RENAMED[attr]
+    if attr in operations and not attr[0].isupper():
+        return f"sl.{attr}"
+    return None
+
+
+def foreign_module(scope, func: ast.AST) -> types.ModuleType | None:
+    """The Triton/torch/math/numpy module a call `mod.name(...)` goes to, else None."""
+    if not isinstance(func, ast.Attribute):
+        return None
+    base = scope.resolve(func.value)
+    if base is None or base.kind != "module":
+        return None
+    if base.value.__name__.split(".")[0] not in FOREIGN_MODULES:
+        return None
+    return base.value
+
+
+def unknown_call_message(scope, func: ast.AST) -> str:
+    """The message for a call to something that is neither a kernel operation nor a helper."""
+    name = ast.unparse(func)
+    module = foreign_module(scope, func)
+    if module is None:
+        return (f"call to '{name}', which is not an @st.function nor a safetile.lang "
+                f"operation; decorate it with @st.function or inline it")
+    instead = sl_spelling(func.attr)
+    use = f"use {instead}" if instead else "kernel bodies call only safetile.lang operations " \
+                                           "(help(safetile.lang)) and @st.function helpers"
+    if module.__name__.split(".")[0] in HOST_MATH:
+        use += "; a value known on the host is computed before the launch and passed in"
+    return f"`{name}` is {module.__name__}'s, not a kernel operation; {use}"
+
+
+def missing_operation_message(func: ast.Attribute, module: types.ModuleType) -> str:
+    """The message for `sl.name` (or another allowed module's name) that does not exist."""
+    instead = sl_spelling(func.attr)
+    hint = f"use {instead}" if instead else "see its docstring for the operations it has"
+    return f"`{ast.unparse(func)}` does not exist in {module.__name__}; {hint}"
