@@ -319,3 +319,16 @@ def test_tritons_program_id_is_told_to_use_sl_bid():
             z.store(sl.load_like(x, z) + sl.program_id(0))
     for e in (triton_spelling, sl_spelling):
         assert "use sl.bid(axis)" in str(e.value)
+
+
+def test_a_runtime_int_parameter_used_as_a_tile_size_is_told_to_become_a_const():
+    @st.kernel
+    def window(x: st.In[st.f32], z: st.Out[st.f32], BLOCK: int):
+        z.store(x.load(z.index[0], (BLOCK,)))  # runtime-block
+
+    x = st.ones((8,))
+    with pytest.raises(st.KernelDefinitionError) as e:
+        window(x, st.empty((8,)).partition((4,)), 4)
+    assert e.value.lineno == line_of("runtime-block")
+    assert "got `BLOCK`, a st.int32 scalar" in str(e.value)
+    assert "declare it `BLOCK: st.Const[int]` (Triton's tl.constexpr)" in str(e.value)

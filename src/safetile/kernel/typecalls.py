@@ -323,7 +323,7 @@ class CallTyper:
     def op_arange(self, node) -> V:
         if self.expr(node.args[0]).kind != "const":
             raise self.fail(node, f"`{ast.unparse(node)}`: sl.arange takes one compile-time "
-                                  f"int, its size")
+                                  f"int, its size{self.runtime_param_hint(node.args[0])}")
         (n,) = self.static_shape(node.args[0], "sl.arange size", 1)
         return tile(_d.int32, (n,), n - 1)
 

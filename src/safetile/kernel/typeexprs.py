@@ -254,14 +254,33 @@ class ExprTyper:
         if v.kind not in ("tuple", "const") or any(
                 x.kind != "const" or isinstance(x.value, bool) or not isinstance(x.value, int)
                 for x in vals):
+            got = v.describe()
+            if v.kind == "tuple" and isinstance(node, ast.Tuple) and len(node.elts) == len(vals):
+                got = ", ".join(f"`{ast.unparse(e)}`, {x.describe()}"
+                                for e, x in zip(node.elts, vals) if x.kind != "const")
             raise self.fail(node, f"{what} `{ast.unparse(node)}` must be compile-time ints "
-                                  f"(literals, Const parameters, z.shape); got "
-                                  f"{v.describe()}")
+                                  f"(literals, Const parameters, z.shape); got {got}"
+                                  f"{self.runtime_param_hint(node)}")
         shape = tuple(x.value for x in vals)
         if rank is not None and len(shape) != rank:
             raise self.fail(node, f"{what} {shape} needs {rank} entries")
         self.check_shape(node, shape, what)
         return shape
+
+    def runtime_param_hint(self, node) -> str:
+        """Names the runtime `int` parameters a shape uses: Triton's `BLOCK: tl.constexpr`
+        is `BLOCK: st.Const[int]` here, while a plain `int` is a runtime int32."""
+        params = getattr(self.scope, "params", {})
+        names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+                        and n.id in params and params[n.id].kind == "int"})
+        if not names:
+            return ""
+        decl = ", ".join(f"{n}: st.Const[int]" for n in names)
+        one = len(names) == 1
+        return (f"; {', '.join(repr(n) for n in names)} "
+                f"{'is a runtime int parameter' if one else 'are runtime int parameters'}, "
+                f"known only when the program runs: declare {'it' if one else 'them'} "
+                f"`{decl}` (Triton's tl.constexpr) to size a tile")
 
     def check_shape(self, node, shape: tuple, what: str) -> None:
         n = 1
