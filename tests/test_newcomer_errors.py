@@ -74,6 +74,16 @@ def test_a_library_op_given_a_torch_tensor_says_the_same():
 
 # -- a Partition asked for a Tensor's methods -----------------------------------------------------
 
+def test_a_handle_given_to_a_torch_function_is_told_to_take_a_copy_with_to_torch():
+    for call in (lambda: torch.add(st.ones((4,)), 1), lambda: torch.ones(4) * st.ones((4,)),
+                 lambda: torch.exp(st.ones((4,)).share())):
+        with pytest.raises(st.errors.ArgumentError) as e:     # not "must be Tensor, not Tensor"
+            call()
+        assert "not a torch.Tensor: take a torch copy with .to_torch()" in str(e.value)
+    with pytest.raises(TypeError, match=r"st.Partition.*\.unpartition\(\)\.to_torch\(\)"):
+        torch.sum(part())
+
+
 def test_partition_to_torch_says_to_unpartition_first():
     p = part()
     with pytest.raises(AttributeError, match=r"call \.unpartition\(\) first") as e:

@@ -26,8 +26,9 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+from typing import NoReturn
 
-from ..errors import CopyError, MovedError
+from ..errors import ArgumentError, CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked",
            "finalize", "run_finalizers", "QUEUED_FINALIZERS", "Walks"]
@@ -120,6 +121,27 @@ class Handle(NoCopies):
         self._state = LIVE
         self._moved_to: str | None = None
         self._hint: str | None = None
+
+    # -- torch functions given a handle ------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None) -> NoReturn:
+        # Without this, torch reports "must be Tensor, not Tensor": both classes have one name.
+        # A handle is not a torch.Tensor, and its storage is not handed to torch: a copy is.
+        name = getattr(func, "__name__", str(func)).strip("_")
+        what = f"torch function {name}()" if func else "host arithmetic (+, *, /, ...)"
+        out = ".unpartition().to_torch()" if cls.__name__ == "Partition" else ".to_torch()"
+        raise ArgumentError(
+            f"{what} was given an st.{cls.__name__}, safetile's handle, not a torch.Tensor: "
+            f"take a torch copy with {out}, or compute on it in a kernel")
+
+    def _no_host_arithmetic(self, *_) -> NoReturn:
+        # torch's own operators turn the TypeError of __torch_function__ into NotImplemented
+        # and land here, so `torch_tensor + handle` says the same as `torch.add`
+        type(self).__torch_function__(None, ())
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_host_arithmetic
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_host_arithmetic
+    __matmul__ = __rmatmul__ = __pow__ = __rpow__ = __mod__ = __rmod__ = _no_host_arithmetic
 
     # -- to be provided by subclasses -------------------------------------------------------
     def _describe(self) -> str:
