@@ -347,3 +347,19 @@ def test_a_cancelled_await_of_a_failing_op_lets_go_of_its_values_once_the_task_i
         return x.try_unwrap()                 # no clone is left alive
 
     assert asyncio.run(main()).to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_an_await_refused_by_a_shut_down_executor_names_the_ops_values_and_leaves_it_runnable():
+    x, z = vec(1, 2, 3, 4), out()
+    op = add(x, vec(1, 1, 1, 1), z)
+
+    async def main():
+        await asyncio.get_running_loop().shutdown_default_executor()
+        with pytest.raises(RuntimeError, match="shutdown") as e:
+            await op
+        return e.value
+
+    error = asyncio.run(main())
+    assert error.recovered[0] is x and error.recovered[2] is z
+    _, _, z = op.sync()                       # the op did not start: it still runs
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]

@@ -95,7 +95,11 @@ def submit(op, stream=None) -> "asyncio.Future":
                 loop.call_soon_threadsafe(_settle, fut, out, error)
             except RuntimeError:              # the loop closed meanwhile: nothing to tell
                 pass
-        loop.run_in_executor(None, contextvars.copy_context().run, work)
+        try:
+            loop.run_in_executor(None, contextvars.copy_context().run, work)
+        except BaseException as e:            # e.g. the loop's executor was shut down
+            refused(e, op)
+            raise
         return fut
     ctx, out = enqueue(op, stream, "await op")
     fut = _OpFuture(loop=loop)
