@@ -1,5 +1,6 @@
 """sync and await on the CPU executor: await runs off the loop thread; errors come back."""
 import asyncio
+import gc
 import time
 
 import pytest
@@ -317,5 +318,48 @@ def test_submit_without_a_running_loop_raises_and_names_the_ops_values():
     with pytest.raises(ExecutionError, match="needs a running event loop") as e:
         st.submit(op)
     assert e.value.recovered[0] is x and e.value.recovered[2] is z
+    _, _, z = op.sync()                       # the op did not start: it still runs
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_a_cancelled_await_of_a_failing_op_lets_go_of_its_values_once_the_task_is_gone():
+    # The error's traceback reaches the frames that delivered it: the outcome kept for a
+    # cancelled future must not keep that future (and so itself and the values) alive.
+    def fail(*values):
+        raise ValueError("in the callback")
+
+    async def main():
+        x = st.ones((4,)).share()
+
+        async def awaiter(op):
+            return await op
+
+        task = asyncio.create_task(awaiter(add(x.clone(), vec(1, 1, 1, 1), out()).map(fail)))
+        await asyncio.sleep(0)                # the task has submitted the op
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as info:
+            await task
+        assert type(info.value.__cause__) is ValueError
+        del task, info
+        # The worker thread that ran the op lets go of its frames once it is joined.
+        await asyncio.get_running_loop().shutdown_default_executor()
+        gc.collect()
+        return x.try_unwrap()                 # no clone is left alive
+
+    assert asyncio.run(main()).to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_an_await_refused_by_a_shut_down_executor_names_the_ops_values_and_leaves_it_runnable():
+    x, z = vec(1, 2, 3, 4), out()
+    op = add(x, vec(1, 1, 1, 1), z)
+
+    async def main():
+        await asyncio.get_running_loop().shutdown_default_executor()
+        with pytest.raises(RuntimeError, match="shutdown") as e:
+            await op
+        return e.value
+
+    error = asyncio.run(main())
+    assert error.recovered[0] is x and error.recovered[2] is z
     _, _, z = op.sync()                       # the op did not start: it still runs
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]

@@ -82,7 +82,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             refused(e, op)
             raise
         # The awaiting code's context (st.backend, st.unsafe) goes with the op to the thread.
-        fut = loop.create_future()
+        fut = _OpFuture(loop=loop)
         marked = in_unsafe_block()
 
         def work():
@@ -95,10 +95,14 @@ def submit(op, stream=None) -> "asyncio.Future":
                 loop.call_soon_threadsafe(_settle, fut, out, error)
             except RuntimeError:              # the loop closed meanwhile: nothing to tell
                 pass
-        loop.run_in_executor(None, contextvars.copy_context().run, work)
+        try:
+            loop.run_in_executor(None, contextvars.copy_context().run, work)
+        except BaseException as e:            # e.g. the loop's executor was shut down
+            refused(e, op)
+            raise
         return fut
     ctx, out = enqueue(op, stream, "await op")
-    fut = loop.create_future()
+    fut = _OpFuture(loop=loop)
     b = _last
     if b is None or b.loop_ref() is not loop:
         b = _batch_for(loop)
@@ -167,9 +171,18 @@ def _complete(entries, error) -> None:
         _settle(fut, out, error)
 
 
-# Cancelled futures whose work completed (fut -> ("done", out, error)) or whose awaiters
-# wait for that (fut -> ("wait", [futures])); weak, so a future nobody holds leaves nothing.
-_late: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+class _OpFuture(asyncio.Future):
+    """The future of a submitted op. ``late``: once it is cancelled, ``("done", out, error)``
+    when its work has completed, or ``("wait", [futures])`` while awaiters of ``recovered``
+    wait for that. Kept on the future, not in a registry keyed by it: the error's traceback
+    reaches the frames that delivered it, which refer to the future, and an entry of a weak
+    registry whose value reaches its own key is never dropped (nor the values it holds)."""
+
+    __slots__ = ("late",)
+
+    def __init__(self, *, loop):
+        super().__init__(loop=loop)
+        self.late = None
 
 
 def _settle(fut, out, error) -> None:
@@ -183,12 +196,12 @@ def _settle(fut, out, error) -> None:
         return
     if not fut.cancelled():
         return
-    rec = _late.get(fut)
+    rec = fut.late
     if rec is not None and rec[0] == "wait":
         for late in rec[1]:
             if not late.done():
                 late.set_result((out, error))
-    _late[fut] = ("done", out, error)
+    fut.late = ("done", out, error)
 
 
 async def recovered(fut):
@@ -211,12 +224,12 @@ async def _outcome(fut):
     if not fut.cancelled():
         error = fut.exception()
         return (None, error) if error is not None else (fut.result(), None)
-    rec = _late.get(fut)
+    rec = fut.late
     if rec is not None and rec[0] == "done":
         return rec[1], rec[2]
     late = asyncio.get_running_loop().create_future()
     if rec is None:
-        _late[fut] = ("wait", [late])
+        fut.late = ("wait", [late])
     else:
         rec[1].append(late)
     while not late.done():
