@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from ..errors import AliasError, BorrowError
-from .ownership import LOCK, QUEUED_FINALIZERS, Walks, run_finalizers
+from .ownership import WALK
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 from .registry import Registry
 from .scoped import Scoped
@@ -135,16 +135,12 @@ class Hold:
 
     def release(self) -> None:
         """Remove this hold's borrows from the registry. Calling it again does nothing."""
-        with LOCK:
+        with WALK:
             if self._released:
                 return
             self._released = True
-            Walks.depth += 1
-            try:
-                for reg in self._regs:
-                    reg.remove(self)
-            finally:
-                _end_walk()
+            for reg in self._regs:
+                reg.remove(self)
             self._regs = []
             self.tensors = ()
 
@@ -196,32 +192,20 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
-    with LOCK:
-        Walks.depth += 1
-        try:
-            for device, mine in groups:
-                reg = _REGISTRIES.get(device)
-                if reg is None:
-                    reg = _REGISTRIES[device] = Registry()   # kept: devices are few
-                if not reg.holds:
-                    continue
-                for x in mine:
-                    found = reg.conflict_except(x, owner, exempt) if exempt else \
-                        reg.conflict(x, owner)
-                    if found is not None:
-                        _raise_external(holder, x, found[0], found[1])
-            _file(hold, groups)
-        finally:
-            _end_walk()
+    with WALK:
+        for device, mine in groups:
+            reg = _REGISTRIES.get(device)
+            if reg is None:
+                reg = _REGISTRIES[device] = Registry()   # kept: devices are few
+            if not reg.holds:
+                continue
+            for x in mine:
+                found = reg.conflict_except(x, owner, exempt) if exempt else \
+                    reg.conflict(x, owner)
+                if found is not None:
+                    _raise_external(holder, x, found[0], found[1])
+        _file(hold, groups)
     return hold
-
-
-def _end_walk() -> None:
-    """End a walk over the registries (``LOCK`` held); the outermost one runs the
-    finalizers that ran into it (``ownership.finalize``)."""
-    Walks.depth -= 1
-    if QUEUED_FINALIZERS and not Walks.depth:
-        run_finalizers()
 
 
 def _file(hold: Hold, groups: tuple) -> None:
@@ -337,18 +321,14 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     x = Extent(t)
     owner = getattr(_owner, "ctx", None)
     unwritten = touches_bytes and _recording(owner)
-    with LOCK:
+    with WALK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
-            Walks.depth += 1
-            try:
-                for e, h in reg.near(x.lo, x.hi):
-                    if (e.write or not writes_only) and h is not exempt and \
-                            (owner is None or h.owner is not owner or (unwritten and e.write)) \
-                            and _overlap(x, e):
-                        return e, h
-            finally:
-                _end_walk()
+            for e, h in reg.near(x.lo, x.hi):
+                if (e.write or not writes_only) and h is not exempt and \
+                        (owner is None or h.owner is not owner or (unwritten and e.write)) \
+                        and _overlap(x, e):
+                    return e, h
     return None
 
 
@@ -371,16 +351,11 @@ def host_read(t: torch.Tensor, what: str):
     """:func:`check_host_read`, then a read borrow of ``t``'s bytes while the block copies
     them: a launch that would write them meanwhile (from another thread) is refused with
     ``AliasError`` instead of tearing the copy."""
-    with LOCK:
+    with WALK:
         check_host_read(t, what)
         hold = Hold(f"a host copy ({what})", (t,))
         hold.remedy = "let the copy finish first"
-        groups = by_device(prepare(what, reads=[("the copied bytes", t)]))
-        Walks.depth += 1
-        try:
-            _file(hold, groups)
-        finally:
-            _end_walk()
+        _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
     try:
         yield
         if t.is_cuda:                      # the copy is enqueued: it must end under the borrow
@@ -407,11 +382,7 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
 
 def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
     """A snapshot ``(holder, name, is_write, tensor)`` of every registered borrow."""
-    with LOCK:
-        Walks.depth += 1
-        try:
-            return [(h.holder, e.name, e.write, e.t)
-                    for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
-                    for e in extents]
-        finally:
-            _end_walk()
+    with WALK:
+        return [(h.holder, e.name, e.write, e.t)
+                for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
+                for e in extents]

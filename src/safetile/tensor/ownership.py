@@ -31,7 +31,7 @@ from typing import NoReturn
 from ..errors import ArgumentError, CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked",
-           "finalize", "run_finalizers", "QUEUED_FINALIZERS", "Walks"]
+           "finalize", "run_finalizers", "QUEUED_FINALIZERS", "WALK"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
 #: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
@@ -40,21 +40,40 @@ LOCK = threading.RLock()
 # A finalizer (``__del__``) may run inside any allocation: a garbage collection can start in
 # the middle of a walk over the borrow registries on this thread, and LOCK, re-entrant, would
 # let the finalizer's release change the holds under that walk (skipping the hold that
-# conflicts). So the walks count themselves in ``Walks.depth`` (under LOCK), a finalizer that
-# runs inside one queues its work here, and the walk runs the queue once it has ended.
+# conflicts). So the walks count themselves (``with WALK:``), a finalizer that runs inside
+# one queues its work here, and the outermost walk runs the queue as it ends.
 QUEUED_FINALIZERS: list = []
 
 
-class Walks:
-    """How many walks over the borrow registries are in progress (changed under LOCK, so
-    only by the thread that holds it)."""
+class Walk:
+    """``with WALK:`` holds LOCK for a walk over the borrow registries and counts it in
+    ``depth`` (changed under LOCK, so only by the thread that holds it); the outermost walk
+    runs, as it ends, the finalizer work queued meanwhile (:func:`finalize`)."""
 
-    depth = 0
+    __slots__ = ("depth",)
+
+    def __init__(self):
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        LOCK.acquire()
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.depth -= 1
+            if QUEUED_FINALIZERS and not self.depth:
+                run_finalizers()
+        finally:
+            LOCK.release()
+
+
+WALK = Walk()
 
 
 def finalize(work) -> None:
     """Run a finalizer's ``work()`` now, or queue it if this thread is inside a walk."""
-    if Walks.depth and LOCK._is_owned():
+    if WALK.depth and LOCK._is_owned():
         QUEUED_FINALIZERS.append(work)
     else:
         work()
@@ -63,7 +82,7 @@ def finalize(work) -> None:
 def run_finalizers() -> None:
     """Run the queued finalizer work (not inside a walk). A failure is reported as Python
     reports one in ``__del__`` (on stderr) and the rest still runs."""
-    while QUEUED_FINALIZERS and not (Walks.depth and LOCK._is_owned()):
+    while QUEUED_FINALIZERS and not (WALK.depth and LOCK._is_owned()):
         try:
             work = QUEUED_FINALIZERS.pop(0)
         except IndexError:                    # another thread took the last one
