@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import RequestError
+from .tokenizer import check_unicode
+
 MAX_TOP_LOGPROBS = 5        # completions' ``logprobs``, as the OpenAI API bounds it
 MAX_TOP_LOGPROBS_CHAT = 20  # chat's ``top_logprobs``, as the OpenAI API bounds it
 SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)    # a signed 64-bit seed, as vLLM takes it
@@ -284,13 +287,10 @@ def _stop(fields: dict[str, Any]) -> list[str]:
                            f"stop[{i}] has {len(s)}", param="stop")
         # Generated text is valid Unicode: a stop string holding a lone surrogate (JSON's
         # "\ud800") could never match, so it is refused as prompts holding one are.
-        if not s.isascii():
-            try:
-                s.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise APIError(f"'stop' strings must be valid Unicode: character {err.start} "
-                               f"of stop[{i}] is a lone surrogate (U+{ord(s[err.start]):04X})",
-                               param="stop") from None
+        try:
+            check_unicode(s)
+        except RequestError as err:
+            raise APIError(f"stop[{i}]: {err}", param="stop") from None
     return [s for s in stop if s]
 
 
