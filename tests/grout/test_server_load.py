@@ -34,8 +34,7 @@ def references(tmp_path_factory):
 
 def test_six_concurrent_clients_are_served_one_at_a_time_in_arrival_order(server):
     """Six async clients send 0.05 s apart, all while the first (a long one) is still
-    generating (its 112 tokens take about 0.5 s on this machine's CPU, so the sends end
-    well inside it); each gets its whole answer, and each answer starts only after the one
+    generating; each gets its whole answer, and each answer starts only after the one
     before it finished."""
     lengths = [112, 4, 4, 4, 4, 4]
 
