@@ -63,7 +63,8 @@ class RunContext:
     list while a graph records (ops append their launches instead of executing them).
     """
 
-    __slots__ = ("stream", "handle", "recording", "last", "_settle", "_finish", "_held")
+    __slots__ = ("stream", "handle", "recording", "last", "_settle", "_finish", "_held",
+                 "_first")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
@@ -72,7 +73,8 @@ class RunContext:
         self.last = UNKNOWN                       # the last KernelOp launched on the stream
         self._settle: list = []
         self._finish: list = []
-        self._held: dict = {}                     # (device, lo, hi) of dense extents -> write
+        self._held = None                         # (device, lo, hi) of dense extents -> write
+        self._first = None                        # the first op's extents, not yet in _held
 
     def keeps(self, extents) -> bool:
         """Whether this execution already borrows, until it finishes, every byte of
@@ -81,14 +83,24 @@ class RunContext:
         piling up borrows that every later launch would walk. Otherwise the extents are noted
         as borrowed (the caller keeps the op's borrow until the execution finishes)."""
         held = self._held
+        if held is None:
+            if self._first is None:               # nothing borrowed yet: most executions
+                self._first = extents             # are one op, so index it only if needed
+                return False
+            held = self._held = {}
+            self._note(held, self._first)
         if all(e.dense and (e.device, e.lo, e.hi) in held and
                held[(e.device, e.lo, e.hi)] >= e.write for e in extents):
             return True
+        self._note(held, extents)
+        return False
+
+    @staticmethod
+    def _note(held: dict, extents) -> None:
         for e in extents:
             if e.dense:
                 key = (e.device, e.lo, e.hi)
                 held[key] = held.get(key, False) or e.write
-        return False
 
     def defer(self, fn) -> None:
         """Run ``fn`` when the work enqueued so far is ordered before host use."""
