@@ -54,7 +54,7 @@ def breakdown(add, state: dict, triples: list) -> dict:
         print(f"  {group:<2} {name:<52} {us:8.2f}  {note}", flush=True)
 
     op = add(*state["v"])
-    d = op.plan.gpu or (op._prepare() or op.plan.gpu)
+    d = op._plan.gpu or (op._prepare() or op._plan.gpu)
     state["v"] = op.sync()
     assert d.c_launch is not None, "the direct C launch path is not in use"
     h = torch.cuda.current_stream().cuda_stream
@@ -66,7 +66,7 @@ def breakdown(add, state: dict, triples: list) -> dict:
             c_launch(gx, gy, gz, h, *tail)
     a_c = timed(c_alone)
     row("a", "C launch, prepared tuple, back-to-back", a_c)
-    targs, _ = pack.pack(d.variant.packing, op.plan.bound(state["v"]))
+    targs, _ = pack.pack(d.variant.packing, op._plan.bound(state["v"]))
     compiled, run = d.compiled, d.compiled.run
 
     def triton_run(n):

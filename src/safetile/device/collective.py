@@ -45,23 +45,24 @@ _HINT = "it comes back when the collective is synchronized (op.sync() or await o
 class CollectiveOp(DeviceOp):
     """One collective on this rank; holds its moved buffers until it has run."""
 
-    __slots__ = ("name", "values", "hold", "call", "single", "reads", "writes", "site",
+    # Private: the checks hold for exactly these buffers and this call.
+    __slots__ = ("_name", "_args", "_hold", "_call", "_single", "_reads", "_writes", "site",
                  "_released", "_consumed")
 
     def __init__(self, name: str, values: tuple, hold, call, single: bool, reads, writes):
-        self.name, self.values, self.hold, self.call, self.single = \
+        self._name, self._args, self._hold, self._call, self._single = \
             name, values, hold, call, single
-        self.reads, self.writes = reads, writes        # (name, torch tensor) pairs
+        self._reads, self._writes = reads, writes        # (name, torch tensor) pairs
         self._released = False
         self._consumed = False
         self.site = building_site(3)
         note_built(self)
 
     def __repr__(self) -> str:
-        return f"<CollectiveOp {self.name}>"
+        return f"<CollectiveOp {self._name}>"
 
     def _output(self):
-        return self.values[0] if self.single else self.values
+        return self._args[0] if self._single else self._args
 
     def _hand_back(self) -> None:
         if self._released:
@@ -69,13 +70,13 @@ class CollectiveOp(DeviceOp):
         self._released = True
         with LOCK:
             try:
-                for v in self.values:
+                for v in self._args:
                     v._restore_locked()
             except MovedError:                    # a Shared clone collected with this op
-                restore_moved_locked(self.values)
+                restore_moved_locked(self._args)
 
     def _release(self) -> None:
-        self.hold.release()
+        self._hold.release()
         self._hand_back()
 
     def _run(self, ctx: RunContext):
@@ -83,15 +84,15 @@ class CollectiveOp(DeviceOp):
         if ctx.recording is not None:
             self._release()                       # refused: the buffers come back now
             err = GraphCaptureError(
-                f"{self.name} cannot be recorded into a graph: graphs replay kernel launches "
+                f"{self._name} cannot be recorded into a graph: graphs replay kernel launches "
                 f"only; run the collective outside the graph scope, between replays")
             err.recovered = self._output()
             raise err
-        hold = self.hold
+        hold = self._hold
         if hold.checked_in is not None and hold.checked_in is not ctx:
             try:                                  # built in another execution's callback
-                hold = self.hold = borrows.borrow_again(hold, ctx, lambda exempt: (
-                    borrows.acquire(self.name, self.reads, self.writes, exempt)))
+                hold = self._hold = borrows.borrow_again(hold, ctx, lambda exempt: (
+                    borrows.acquire(self._name, self._reads, self._writes, exempt)))
             except BaseException as e:
                 self._hand_back()
                 e.recovered = self._output()
@@ -101,14 +102,14 @@ class CollectiveOp(DeviceOp):
         ctx.defer(self._hand_back)
         ctx.last = UNKNOWN                        # not a kernel: later PDL launches go in order
         try:
-            self.call()
+            self._call()
         except SafetileError as e:
             e.recovered = self._output()
             raise
         except (RuntimeError, ValueError) as e:   # gloo/NCCL: a peer left, or timed out
             rank, size = dist.get_rank(), dist.get_world_size()
             err = CollectiveError(
-                f"{self.name} failed on rank {rank} of {size}: {e}. A peer may have exited or "
+                f"{self._name} failed on rank {rank} of {size}: {e}. A peer may have exited or "
                 f"be issuing a different sequence of collectives; every rank must issue the "
                 f"same collectives in the same order")
             err.recovered = self._output()
@@ -125,7 +126,7 @@ class CollectiveOp(DeviceOp):
 
     def _host_bound(self) -> bool:
         # gloo blocks the calling thread until the peers answer; NCCL only enqueues.
-        return self.values[-1]._torch.device.type != "cuda"
+        return self._args[-1]._torch.device.type != "cuda"
 
     def __del__(self):
         if not getattr(self, "_consumed", True):
@@ -134,7 +135,7 @@ class CollectiveOp(DeviceOp):
 
     def _drop_unrun(self) -> None:
         self._release()
-        warn_unrun(self.name, self.site)
+        warn_unrun(self._name, self.site)
 
 
 def _group_size(what: str, group) -> int:

@@ -24,17 +24,18 @@ class ReservingOp(DeviceOp):
     abandoned or dropped unrun; then it releases ``handles``, the ``Shared`` clones its later
     launches take in (made when it was built, so the caller may move its own meanwhile)."""
 
-    __slots__ = ("inner", "hold", "holder", "reads", "writes", "handles", "_consumed")
+    # Private: the reservation covers exactly these launches and bytes.
+    __slots__ = ("_inner", "_hold", "_holder", "_reads", "_writes", "_handles", "_consumed")
 
     def __init__(self, inner: DeviceOp, holder: str, writes, reads=(), handles=()):
         """Borrow ``writes`` and ``reads`` (``(name, torch tensor)`` pairs) for ``inner``
         (``AliasError`` if an operation in flight writes any of them, or holds any of
         ``writes``: ``inner``, which never runs then, hands its values back)."""
-        self.inner, self.holder, self.handles = inner, holder, tuple(handles)
-        self.reads, self.writes = tuple(reads), tuple(writes)
+        self._inner, self._holder, self._handles = inner, holder, tuple(handles)
+        self._reads, self._writes = tuple(reads), tuple(writes)
         self._consumed = True                     # nothing to release if acquire fails
         try:
-            self.hold = borrows.acquire(holder, self.reads, self.writes)
+            self._hold = borrows.acquire(holder, self._reads, self._writes)
         except BaseException as e:
             inner._abandon()
             self._release_handles()
@@ -44,44 +45,44 @@ class ReservingOp(DeviceOp):
         note_built(self)
 
     def __repr__(self) -> str:
-        return repr(self.inner)
+        return repr(self._inner)
 
     def _run(self, ctx: RunContext):
         if not self._consumed:
             self._consumed = True
-            hold = self.hold
+            hold = self._hold
             if hold.checked_in is not None and hold.checked_in is not ctx:
                 # Built in another execution's callback: its borrows were checked with that
                 # execution's own work set aside, and this one is not ordered with it.
                 try:
-                    hold = self.hold = borrows.borrow_again(hold, ctx, lambda exempt: (
-                        borrows.acquire(self.holder, self.reads, self.writes, exempt)))
+                    hold = self._hold = borrows.borrow_again(hold, ctx, lambda exempt: (
+                        borrows.acquire(self._holder, self._reads, self._writes, exempt)))
                 except BaseException as e:
-                    self.inner._abandon()
-                    e.recovered = self.inner._values()
+                    self._inner._abandon()
+                    e.recovered = self._inner._values()
                     raise
             hold.owner = ctx
             ctx.at_finish(hold.release)
-            if self.handles:                      # once the later launches handed them back
+            if self._handles:                      # once the later launches handed them back
                 ctx.at_finish(lambda: ctx.defer(self._release_handles))
-        return self.inner._run(ctx)
+        return self._inner._run(ctx)
 
     def _release_handles(self) -> None:
-        for h in self.handles:
+        for h in self._handles:
             h.release()
 
     def _abandon(self) -> None:
         if not self._consumed:
             self._consumed = True
-            self.hold.release()
+            self._hold.release()
             self._release_handles()
-        self.inner._abandon()
+        self._inner._abandon()
 
     def _values(self):
-        return self.inner._values()
+        return self._inner._values()
 
     def _host_bound(self) -> bool:
-        return self.inner._host_bound()
+        return self._inner._host_bound()
 
     def __del__(self):
         # Dropped unrun: the reservation ends (the inner op hands its own values back and
@@ -91,5 +92,5 @@ class ReservingOp(DeviceOp):
             finalize(self._drop_unrun)
 
     def _drop_unrun(self) -> None:
-        self.hold.release()
+        self._hold.release()
         self._release_handles()

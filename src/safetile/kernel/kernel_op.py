@@ -20,17 +20,19 @@ class KernelOp(DeviceOp):
     a graph replays it through ``_execute``, which launches without touching ownership.
     """
 
-    __slots__ = ("kernel", "plan", "values", "backend", "hold", "serial", "running",
+    # Private and read-only from outside: a launch's checks hold for exactly these arguments,
+    # plan and borrows, so none of them may be swapped after the op is built.
+    __slots__ = ("_kernel", "_plan", "_args", "_backend", "_hold", "_serial", "_running",
                  "_released", "_consumed", "_executed", "site")
 
     def __init__(self, kernel, plan, values, backend, hold):
-        self.kernel, self.plan, self.values, self.backend, self.hold = \
+        self._kernel, self._plan, self._args, self._backend, self._hold = \
             kernel, plan, values, backend, hold
         # Launch without programmatic launch even if the kernel is compiled for it: set by
         # _run when a launch that may still run could write what this one loads before its
         # wait. `running`: the launches that may still run when this one starts.
-        self.serial = False
-        self.running = ()
+        self._serial = False
+        self._running = ()
         self._released = False
         self._consumed = False
         self._executed = False                    # ran outside a recording (_let_go)
@@ -38,25 +40,46 @@ class KernelOp(DeviceOp):
         note_built(self)
 
     def __repr__(self) -> str:
-        return f"<KernelOp {self.kernel.name} grid={self.grid} backend={self.backend.name}>"
+        return f"<KernelOp {self._kernel.name} grid={self.grid} backend={self._backend.name}>"
 
     @property
     def needs_unsafe(self) -> bool:
         """Whether a launch (a graph's replay of it too) needs ``with st.unsafe():``."""
-        return self.kernel.unsafe
+        return self._kernel.unsafe
+
+    @property
+    def kernel(self):
+        """The launched ``Kernel`` (with its options)."""
+        return self._kernel
+
+    @property
+    def values(self) -> tuple:
+        """The arguments it holds, in parameter order (empty once handed back after running)."""
+        return self._args
+
+    @property
+    def backend(self):
+        """The backend it runs on."""
+        return self._backend
+
+    @property
+    def serial(self) -> bool:
+        """Whether it launches without programmatic dependent launch (set when it runs)."""
+        return self._serial
 
     @property
     def grid(self) -> tuple:
-        return self.plan.grid
+        """The launch grid."""
+        return self._plan.grid
 
     @property
     def bound(self) -> list:
         """The arguments as ``BoundArg``s (built on demand: graphs and the backends)."""
-        return self.plan.bound(self.values)
+        return self._plan.bound(self._args)
 
     def variant(self):
         """The kernel's compiled ``Variant`` for these arguments (the Triton backend)."""
-        return self.kernel._launches.variant(self.kernel, self.bound)
+        return self._kernel._launches.variant(self._kernel, self.bound)
 
     def _hand_back(self) -> None:
         """Make the argument handles live again (idempotent). The storage borrows stay until
@@ -64,43 +87,43 @@ class KernelOp(DeviceOp):
         if self._released:
             return
         self._released = True
-        values = self.values
+        values = self._args
         with LOCK:
             try:
-                for i, _ in self.plan.moves:
+                for i, _ in self._plan.moves:
                     values[i]._restore_locked()
             except MovedError:                    # a Shared clone collected with this op
-                restore_moved_locked([values[i] for i, _ in self.plan.moves])
+                restore_moved_locked([values[i] for i, _ in self._plan.moves])
             if self._executed:
                 self._let_go_locked()
 
     def _release(self) -> None:
         """End the borrows, then hand the arguments back (an op that never ran, or failed)."""
-        self.hold.release()
+        self._hold.release()
         self._hand_back()
 
     def _execute(self, stream: int = 0) -> None:
         """Launch on the raw CUDA stream handle ``stream`` (or run on the CPU executor)."""
-        self.backend.execute(self, stream)
+        self._backend.execute(self, stream)
 
     def _prepare(self) -> None:
         """Compile and load the binary without launching (before a graph capture)."""
-        self.backend.prepare(self)
+        self._backend.prepare(self)
 
     def _run(self, ctx: RunContext) -> tuple:
         if self._consumed:
             self._take()                          # raises: an op runs once
         self._consumed = True
-        hold = self.hold
+        hold = self._hold
         if hold.checked_in is not None and hold.checked_in is not ctx:
             hold = self._borrow_again(ctx)
         hold.owner = ctx                          # ordered with the rest of this execution
-        if ctx.keeps(self.plan.extents):
+        if ctx.keeps(self._plan.extents):
             hold.release()                        # the execution already borrows these bytes
         else:
             ctx._finish.append(hold.release)
         ctx._settle.append(self._hand_back)
-        opts = self.kernel.opts
+        opts = self._kernel.opts
         if opts.get("pdl"):
             recording = ctx.recording
             if recording is not None:
@@ -118,45 +141,45 @@ class KernelOp(DeviceOp):
                     opts.get("early") and writes_early_reads(running, self))
                 if serial:
                     running = ()
-            self.serial = serial
+            self._serial = serial
             # only read back when this kernel signals early (may_still_run)
-            self.running = running if opts.get("trigger_early") else ()
+            self._running = running if opts.get("trigger_early") else ()
         ctx.last = self
         if ctx.recording is not None:
             ctx.recording.append(self)
-            return self.values
+            return self._args
         try:
             self._execute(ctx.handle)
         except BaseException as e:
-            e.recovered = self.values             # the arguments are not lost: see e.recovered
+            e.recovered = self._args             # the arguments are not lost: see e.recovered
             raise
         self._executed = True
-        return self.values
+        return self._args
 
     def _let_go_locked(self) -> None:
         """Let go of the handed-back values (under ``LOCK``; after an executed op's hand-back, or
         when an op is collected): an op kept by the caller must not keep, say, a Shared clone
         alive, and the hold takes over the tensors it still borrows. A recorded op keeps them:
         its graph replays it."""
-        hold = self.hold
+        hold = self._hold
         if not hold._released:
-            values = self.values
-            hold.tensors = tuple([values[i]._torch for i, _ in self.plan.moves])
-        self.values = ()
+            values = self._args
+            hold.tensors = tuple([values[i]._torch for i, _ in self._plan.moves])
+        self._args = ()
 
     def _borrow_again(self, ctx):
         """This op was built inside another execution's callback, so its borrows were checked
         with that execution's own in-flight work set aside; it runs in ``ctx``, which is not
         ordered with that work: check them again (``AliasError``, values handed back)."""
-        old, plan = self.hold, self.plan
+        old, plan = self._hold, self._plan
         try:
             new = borrows.borrow_again(old, ctx, lambda exempt: borrows.register(
                 plan.holder, plan.extents, old.tensors, plan.groups, exempt))
         except BaseException as e:
             self._hand_back()
-            e.recovered = self.values
+            e.recovered = self._args
             raise
-        self.hold = new
+        self._hold = new
         return new
 
     def _abandon(self) -> None:
@@ -165,7 +188,7 @@ class KernelOp(DeviceOp):
             self._release()
 
     def _values(self):
-        return self.values
+        return self._args
 
     def __del__(self):
         # An op dropped without running (built, then never synced or awaited) hands its
@@ -181,38 +204,38 @@ class KernelOp(DeviceOp):
         # weakly, and while the op lived it kept them alive: the hold keeps them from now on,
         # so that the bytes stay allocated while borrowed and a strided extent's exact
         # overlap check can still read its layout.
-        hold = getattr(self, "hold", None)
-        if hold is not None and not hold._released and self.values:
+        hold = getattr(self, "_hold", None)
+        if hold is not None and not hold._released and self._args:
             finalize(self._let_go)
 
     def _drop_unrun(self) -> None:
         self._release()
-        warn_unrun(f"kernel '{self.kernel.name}' ({self.kernel.where})", self.site)
+        warn_unrun(f"kernel '{self._kernel.name}' ({self._kernel.where})", self.site)
 
     def _let_go(self) -> None:
         with LOCK:
-            if not self.hold._released and self.values:
+            if not self._hold._released and self._args:
                 self._let_go_locked()
 
     def _host_bound(self) -> bool:
-        return self.backend.host_bound
+        return self._backend.host_bound
 
     # -- what the runtime asks of a launch it records or names (device/graph.py,
     # device/combinators.py): it reads nothing else of a kernel ---------------------------------
     @property
     def name(self) -> str:
         """The kernel's name."""
-        return self.kernel.name
+        return self._kernel.name
 
     @property
     def label(self) -> str:
         """How errors name this launch: ``kernel 'name'``."""
-        return f"kernel '{self.kernel.name}'"
+        return f"kernel '{self._kernel.name}'"
 
     @property
     def backend_name(self) -> str:
         """The name of the backend it runs on."""
-        return self.backend.name
+        return self._backend.name
 
     def accesses(self):
         """``(parameter name, torch tensor, written)`` for each tensor argument."""
@@ -225,17 +248,17 @@ class KernelOp(DeviceOp):
         args = tuple((b.spec.kind, b.torch.dtype, tuple(b.torch.shape), b.tile)
                      if b.torch is not None else (b.spec.kind, type(b.value))
                      for b in self.bound)
-        return (self.kernel.fn, self.kernel.opts, self.grid, self.backend, args)
+        return (self._kernel.fn, self._kernel.opts, self.grid, self._backend, args)
 
     def structure_difference(self, new: "KernelOp") -> str:
         """The first way ``new`` differs from this launch's structure, as the tail of a
         sentence naming this launch ("" if none)."""
-        if self.kernel.fn is not new.kernel.fn:
-            return f" is kernel '{new.kernel.name}' in the new ops"
-        if self.kernel.opts != new.kernel.opts:
-            return f" has options {self.kernel.opts}, the new one {new.kernel.opts}"
-        if self.backend != new.backend:
-            return f" ran on {self.backend.name}, the new one on {new.backend.name}"
+        if self._kernel.fn is not new._kernel.fn:
+            return f" is kernel '{new._kernel.name}' in the new ops"
+        if self._kernel.opts != new._kernel.opts:
+            return f" has options {self._kernel.opts}, the new one {new._kernel.opts}"
+        if self._backend != new._backend:
+            return f" ran on {self._backend.name}, the new one on {new._backend.name}"
         for x, y in zip(self.bound, new.bound):
             if x.torch is None:
                 if type(x.value) is not type(y.value):
@@ -254,12 +277,12 @@ class KernelOp(DeviceOp):
     def borrow(self, reason: str):
         """Register this launch's borrows against those in force (``AliasError`` on a
         conflict); returns the hold."""
-        return borrows.register(reason, self.plan.extents, groups=self.plan.groups)
+        return borrows.register(reason, self._plan.extents, groups=self._plan.groups)
 
     def value_names(self) -> tuple:
         """(names of the values this op hands back, how to describe them)."""
-        names = list(self.kernel.params)
-        return names, (f"every argument of kernel '{self.kernel.name}', in parameter order, "
+        names = list(self._kernel.params)
+        return names, (f"every argument of kernel '{self._kernel.name}', in parameter order, "
                        f"scalars included ({', '.join(names)})")
 
 
@@ -274,16 +297,16 @@ def may_still_run(prev: KernelOp) -> tuple:
     and, if ``prev`` signals at its start (``trigger_early``), whatever may still have run
     when ``prev`` started. (A grid that signals after its wait has passed it in every
     program before the next grid starts, so every grid before it has completed.)"""
-    if prev.kernel.opts.get("trigger_early"):
-        return (prev,) + prev.running
+    if prev._kernel.opts.get("trigger_early"):
+        return (prev,) + prev._running
     return (prev,)
 
 
 def writes_early_reads(running: tuple, op: KernelOp) -> bool:
     """Whether any launch in ``running`` may write bytes that ``op`` loads before its
     programmatic-launch wait (its ``early`` In parameters)."""
-    early = op.kernel.opts["early"]
-    mine = [e for e in op.plan.extents if not e.write and e.name in early]
-    return any(_overlap(w, e) for r in running for w in r.plan.extents if w.write
+    early = op._kernel.opts["early"]
+    mine = [e for e in op._plan.extents if not e.write and e.name in early]
+    return any(_overlap(w, e) for r in running for w in r._plan.extents if w.write
                for e in mine)
 

@@ -59,7 +59,7 @@ class DirectLaunch:
 
 def _direct(op) -> DirectLaunch:
     """The op's plan's ``DirectLaunch`` (made once per plan: variant, arguments, binary)."""
-    plan = op.plan
+    plan = op._plan
     d = plan.gpu
     if d is None:
         variant = op.variant()
@@ -71,14 +71,14 @@ def _direct(op) -> DirectLaunch:
 
 def launch(op, stream: int) -> None:
     """Launch the checked ``op`` on the raw stream handle ``stream`` (without programmatic
-    dependent launch when ``op.serial``)."""
-    d = op.plan.gpu or _direct(op)
+    dependent launch when the op must launch in plain stream order)."""
+    d = op._plan.gpu or _direct(op)
     if d.c_launch is not None and not _hooked():
         gx, gy, gz = d.grid
-        d.c_launch(gx, gy, gz, stream, *(d.serial_tail if op.serial else d.tail))
+        d.c_launch(gx, gy, gz, stream, *(d.serial_tail if op._serial else d.tail))
         return
     args, _ = pack.pack(d.variant.packing, op.bound)
-    _launch_general(d.compiled, op.plan.grid, stream, args, op.serial)
+    _launch_general(d.compiled, op._plan.grid, stream, args, op._serial)
 
 
 def prepare(op) -> None:
