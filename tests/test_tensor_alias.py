@@ -123,6 +123,15 @@ def test_two_in_flight_operations_may_read_the_same_storage():
             assert len(active_holds()) == 2
 
 
+def test_the_snapshot_of_borrows_names_their_bytes_but_hands_out_no_tensor():
+    t = zeros((64,), device="cpu")
+    with acquire("kernel 'a'", writes=[("z", t._torch)]):
+        [(holder, name, write, where)] = active_holds()
+    lo = t._torch.data_ptr()
+    assert (holder, name, write) == ("in-flight kernel 'a'", "z", True)
+    assert where == f"cpu [{lo:#x}, {lo + 256:#x})"
+
+
 def test_in_flight_writes_to_disjoint_halves_coexist():
     t = zeros((64,), device="cpu")
     with acquire("kernel 'a'", writes=[("z", t[:32]._torch)]):

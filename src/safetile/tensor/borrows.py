@@ -380,9 +380,11 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
             f"{_label(e.name, e.write)}; {_remedy(h)}")
 
 
-def active_holds() -> list[tuple[str, str, bool, torch.Tensor]]:
-    """A snapshot ``(holder, name, is_write, tensor)`` of every registered borrow."""
+def active_holds() -> list[tuple[str, str, bool, str]]:
+    """A snapshot ``(holder, name, is_write, bytes)`` of every registered borrow; ``bytes``
+    describes the extent (``"cpu [0x7f..., 0x7f...)"``). It names no tensor: a borrowed
+    tensor handed out here would let its bytes be read or written while they are borrowed."""
     with WALK:
-        return [(h.holder, e.name, e.write, e.t)
+        return [(h.holder, e.name, e.write, f"{e.device} [{e.lo:#x}, {e.hi:#x})")
                 for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
                 for e in extents]
