@@ -161,7 +161,7 @@ def test_a_long_chain_of_early_signalling_launches_is_cut_by_a_plain_launch():
     serial = [r.serial for r in scope.graph.records]
     # the first launch of a graph goes in plain order, then the chain grows to the cut
     assert serial[:MAX_RUNNING + 2] == [True] + [False] * MAX_RUNNING + [True]
-    assert all(len(r.running) <= MAX_RUNNING for r in scope.graph.records)
+    assert all(len(r._running) <= MAX_RUNNING for r in scope.graph.records)
 
 
 def test_a_graph_inlined_into_another_recording_starts_in_plain_order():

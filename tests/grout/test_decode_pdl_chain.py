@@ -44,7 +44,7 @@ def test_every_pdl_launch_of_the_step_keeps_programmatic_launch(gpu_step_records
     pdl = [rec for rec in gpu_step_records if rec.kernel.opts.get("pdl")]
     assert len(pdl) > len(gpu_step_records) // 2
     assert [rec.kernel.name for rec in pdl if rec.serial] == []
-    assert all(len(rec.running) <= MAX_RUNNING for rec in pdl)
+    assert all(len(rec._running) <= MAX_RUNNING for rec in pdl)
 
 
 def test_the_attention_kernels_signal_after_their_wait(gpu_step_records):

@@ -105,7 +105,7 @@ def test_every_launch_of_the_early_attention_step_keeps_programmatic_launch(gpu_
     pdl = [rec for rec in gpu_short_step if rec.kernel.opts.get("pdl")]
     assert len(pdl) > len(gpu_short_step) // 2
     assert [rec.kernel.name for rec in pdl if rec.serial] == []
-    assert all(len(rec.running) <= MAX_RUNNING for rec in pdl)
+    assert all(len(rec._running) <= MAX_RUNNING for rec in pdl)
 
 
 def test_the_early_attention_launches_keep_their_cache_loads_before_the_wait(gpu_short_step):

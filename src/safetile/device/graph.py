@@ -55,15 +55,20 @@ class GraphScope:
 
     def __init__(self, reason: str):
         self.reason = reason
-        self.records: list = []          # KernelOps, in launch order
+        self._records: list = []         # KernelOps, in launch order
         self.outputs: list = []          # one output per record() call
         self.graph: Graph | None = None
         self._closed = None              # why records are refused now, once the scope closed
-        self.shared_holds: list = []     # (read borrow, launches before it) per value shared
+        self._shared_holds: list = []    # (read borrow, launches before it) per value shared
         self._lock = threading.Lock()    # held by the record() in progress
 
     def __repr__(self) -> str:
-        return f"<{self.reason} of {len(self.records)} recorded launches>"
+        return f"<{self.reason} of {len(self._records)} recorded launches>"
+
+    @property
+    def records(self) -> tuple:
+        """The launches recorded so far, in launch order."""
+        return tuple(self._records)
 
     @property
     def recording(self) -> bool:
@@ -72,7 +77,7 @@ class GraphScope:
 
     def count(self) -> int:
         """Launches recorded so far."""
-        return len(self.records)
+        return len(self._records)
 
     def record(self, op: DeviceOp):
         """Record ``op`` and return its output (its values are handed back now)."""
@@ -94,9 +99,9 @@ class GraphScope:
         # appended after its start, which must all be its own.
         with executing(f"a record into {self.reason}"), self._lock, \
                 forbid_allocation(self.reason), \
-                borrows.collect_shared(self.shared_holds, self.count):
-            ctx = RunContext(None, recording=self.records)
-            before = len(self.records)
+                borrows.collect_shared(self._shared_holds, self.count):
+            ctx = RunContext(None, recording=self._records)
+            before = len(self._records)
             try:
                 with borrows.owned_by(ctx):
                     out = op._run(ctx)
@@ -104,13 +109,14 @@ class GraphScope:
                 # The launches a failed record appended are dropped: its values come back to
                 # the caller, so no replay may write them (and a value it shared follows no
                 # launch of it).
-                del self.records[before:]
-                self.shared_holds[:] = [(h, min(n, before)) for h, n in self.shared_holds]
+                del self._records[before:]
+                self._shared_holds[:] = [(h, min(n, before)) for h, n in self._shared_holds]
                 abandon_and_finish(op, ctx)
                 raise
             # Until the graph is made, the scope keeps what its launches write from torch
             # (noted before the launches' borrows end, so no moment leaves the bytes free).
-            replayed.note_recorded(self, [a for r in self.records[before:] for a in r.accesses()])
+            replayed.note_recorded(self, [a for r in self._records[before:]
+                                          for a in r.accesses()])
             ctx.finish()
         self.outputs.append(out)
         return out
@@ -132,7 +138,7 @@ def graph_scope(reason: str = "st.graph_scope()"):
     output) and ``s.launch()`` replays it."""
     scope = GraphScope(reason)
     try:
-        with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
+        with forbid_allocation(reason), borrows.collect_shared(scope._shared_holds, scope.count):
             yield scope
     except BaseException:
         # A scope whose block failed makes no graph, and a later record() into it (from a
@@ -143,7 +149,8 @@ def graph_scope(reason: str = "st.graph_scope()"):
         raise
     scope._closed = "; record inside the `with` block"
     try:
-        scope.graph = Graph(scope.records, tuple(scope.outputs), shared_holds=scope.shared_holds)
+        scope.graph = Graph(scope._records, tuple(scope.outputs),
+                            shared_holds=scope._shared_holds)
     except BaseException:
         scope._closed = ": its graph could not be made (the error raised as its block ended)"
         raise
@@ -157,7 +164,7 @@ def _record(ops, reason: str, single: bool = False) -> GraphScope:
     ``single``, else one entry per op)."""
     scope = GraphScope(reason)
     try:
-        with forbid_allocation(reason), borrows.collect_shared(scope.shared_holds, scope.count):
+        with forbid_allocation(reason), borrows.collect_shared(scope._shared_holds, scope.count):
             for i, op in enumerate(ops):
                 try:
                     scope.record(op)
@@ -179,8 +186,8 @@ def record_graph(op: DeviceOp) -> "Graph":
     """``op.graph()``: a graph of one op whose output is that op's output."""
     scope = _record((op,), "op.graph()", single=True)
     try:
-        return Graph(scope.records, scope.outputs[0], single=True,
-                     shared_holds=scope.shared_holds)
+        return Graph(scope._records, scope.outputs[0], single=True,
+                     shared_holds=scope._shared_holds)
     finally:
         replayed.forget_replayed(scope)           # the graph, if made, speaks for it now
 
@@ -235,18 +242,23 @@ class Graph:
         self._set(records, shared_holds)
         self._note_replayed()
 
+    @property
+    def records(self) -> tuple:
+        """The recorded launches, in launch order (what a replay runs)."""
+        return self._records
+
     def __repr__(self) -> str:
-        return f"<Graph of {len(self.records)} launches on {self.backend}>"
+        return f"<Graph of {len(self._records)} launches on {self.backend}>"
 
     def _set(self, records: list, shared_holds) -> None:
         names = {r.backend_name for r in records}
         if len(names) > 1:
             raise GraphCaptureError(f"a graph cannot mix backends (recorded {sorted(names)}); "
                                     f"record ops of one backend")
-        self.records = list(records)
+        self._records = tuple(records)
         self._unsafe = any(getattr(r, "needs_unsafe", False) for r in records)
         # (name, tensor, written) of each argument, per launch: read once from the records.
-        per_launch = [r.accesses() for r in self.records]
+        per_launch = [r.accesses() for r in self._records]
         self._touched = [a for launch in per_launch for a in launch]
         # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
         # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.
@@ -256,7 +268,7 @@ class Graph:
             if _rewrites(hold.tensors, per_launch[:before]))
         self.backend = names.pop() if names else "none"
         # A graph of host-run launches (the CPU executor) replays them; others are captured.
-        self.host_bound = not self.records or self.records[0]._host_bound()
+        self.host_bound = not self._records or self._records[0]._host_bound()
         # The plan's spans never overlap one another, so their extents are checked and
         # made once here; each replay only registers them against the holds in force.
         reads, writes = self._borrow_plan()
@@ -267,7 +279,7 @@ class Graph:
         # where a CUDA graph replays the recorded addresses: so it first checks that each
         # tensor still has the recorded address, shape, strides and dtype.
         self._layouts = tuple((r.label, name, t, _layout(t))
-                              for r, launch in zip(self.records, per_launch)
+                              for r, launch in zip(self._records, per_launch)
                               for name, t, _ in launch) if self.host_bound else ()
         self._cuda = None
         if not self.host_bound:
@@ -282,14 +294,14 @@ class Graph:
         return covering_views(self._touched)
 
     def _capture(self) -> None:
-        for r in self.records:
+        for r in self._records:
             r._prepare()                          # compile and load outside the capture
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
             handle = side.cuda_stream
-            for r in self.records:
+            for r in self._records:
                 r._execute(handle)
         torch.cuda.current_stream().wait_stream(side)
         self._cuda = graph
@@ -311,7 +323,7 @@ class Graph:
         recording keeps them from writing its bytes: only launches recorded before its share
         may rewrite it (it is not this graph's own, and its replays' exemption does not
         carry over)."""
-        for i, r in enumerate(self.records):
+        for i, r in enumerate(self._records):
             try:
                 r.borrow(f"{r.label} (launch {i} of the inlined {self!r})").release()
             except BaseException as e:
@@ -322,7 +334,7 @@ class Graph:
         if self._cuda is not None:
             self._cuda.replay()                   # on torch's current stream: ctx.stream
         else:
-            for r in self.records:
+            for r in self._records:
                 r._execute(ctx.handle)
 
     def launch(self) -> DeviceOp:
@@ -342,16 +354,16 @@ class Graph:
         outs = tuple(scope.outputs)
         output = outs[0] if self._single and len(outs) == 1 else outs
         try:
-            if _structure(scope.records) != _structure(self.records):
+            if _structure(scope._records) != _structure(self._records):
                 raise GraphCaptureError(
                     f"graph.update() needs ops with the structure of the recorded ones (same "
                     f"kernels, argument dtypes and shapes, grids, in order): "
-                    f"{_difference(self.records, scope.records)}; the graph is unchanged and "
+                    f"{_difference(self._records, scope._records)}; the graph is unchanged and "
                     f"the new ops' values are handed back (e.recovered)")
             self._refuse_in_flight()
             # Made aside and swapped in whole: a failure (a capture that fails) leaves this
             # graph as it was.
-            new = Graph(scope.records, output, self._single, scope.shared_holds).__dict__
+            new = Graph(scope._records, output, self._single, scope._shared_holds).__dict__
             del new["_lock"], new["_in_flight"]
             with self._lock:
                 self._refuse_in_flight()
@@ -402,13 +414,13 @@ class GraphLaunchOp(DeviceOp):
         g = self.replayed
         if ctx.recording is not None:             # a replay inside a recording: inline it
             g.check_inlined()
-            ctx.recording.extend(g.records)
+            ctx.recording.extend(g._records)
             return g.output
         with g._lock:
             g._in_flight += 1                     # before reading any recorded state
         try:
             g.check_layouts()
-            hold = borrows.register(f"graph replay ({len(g.records)} launches)", g._extents,
+            hold = borrows.register(f"graph replay ({len(g._records)} launches)", g._extents,
                                     g._borrowed, groups=g._extent_groups,
                                     exempt=g._own_shared)
         except BaseException:
@@ -418,8 +430,8 @@ class GraphLaunchOp(DeviceOp):
         ctx.at_finish(hold.release)
         ctx.at_finish(g._replay_done)
         g._replay(ctx)
-        if g.records:
-            ctx.last = g.records[-1]
+        if g._records:
+            ctx.last = g._records[-1]
         return g.output
 
     def _host_bound(self) -> bool:
