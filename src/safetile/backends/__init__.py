@@ -60,7 +60,7 @@ class Interpret(Backend):
     host_bound = True
 
     def execute(self, op, stream: int) -> None:
-        _interpret.run(op.kernel, op.bound, op.grid, self.seed)
+        _interpret.run(op.kernel, op._bound, op.grid, self.seed)
 
 
 _KINDS = {"triton": Triton, "interpret": Interpret}

@@ -116,7 +116,7 @@ class GraphScope:
             # Until the graph is made, the scope keeps what its launches write from torch
             # (noted before the launches' borrows end, so no moment leaves the bytes free).
             replayed.note_recorded(self, [a for r in self._records[before:]
-                                          for a in r.accesses()])
+                                          for a in r._accesses()])
             ctx.finish()
         self.outputs.append(out)
         return out
@@ -258,7 +258,7 @@ class Graph:
         self._records = tuple(records)
         self._unsafe = any(getattr(r, "needs_unsafe", False) for r in records)
         # (name, tensor, written) of each argument, per launch: read once from the records.
-        per_launch = [r.accesses() for r in self._records]
+        per_launch = [r._accesses() for r in self._records]
         self._touched = [a for launch in per_launch for a in launch]
         # A value shared after a recorded launch wrote its bytes is the graph's own: a replay
         # may rewrite it (borrows.collect_shared); every other shared value's borrow applies.

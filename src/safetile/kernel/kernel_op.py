@@ -73,13 +73,13 @@ class KernelOp(DeviceOp):
         return self._plan.grid
 
     @property
-    def bound(self) -> list:
+    def _bound(self) -> list:
         """The arguments as ``BoundArg``s (built on demand: graphs and the backends)."""
         return self._plan.bound(self._args)
 
     def variant(self):
         """The kernel's compiled ``Variant`` for these arguments (the Triton backend)."""
-        return self._kernel._launches.variant(self._kernel, self.bound)
+        return self._kernel._launches.variant(self._kernel, self._bound)
 
     def _hand_back(self) -> None:
         """Make the argument handles live again (idempotent). The storage borrows stay until
@@ -237,9 +237,9 @@ class KernelOp(DeviceOp):
         """The name of the backend it runs on."""
         return self._backend.name
 
-    def accesses(self):
+    def _accesses(self):
         """``(parameter name, torch tensor, written)`` for each tensor argument."""
-        return [(b.name, b.torch, b.spec.kind != "In") for b in self.bound
+        return [(b.name, b.torch, b.spec.kind != "In") for b in self._bound
                 if b.torch is not None]
 
     def structure(self) -> tuple:
@@ -247,7 +247,7 @@ class KernelOp(DeviceOp):
         and backend, and each argument's kind, dtype, shape and tile shape."""
         args = tuple((b.spec.kind, b.torch.dtype, tuple(b.torch.shape), b.tile)
                      if b.torch is not None else (b.spec.kind, type(b.value))
-                     for b in self.bound)
+                     for b in self._bound)
         return (self._kernel.fn, self._kernel.opts, self.grid, self._backend, args)
 
     def structure_difference(self, new: "KernelOp") -> str:
@@ -259,7 +259,7 @@ class KernelOp(DeviceOp):
             return f" has options {self._kernel.opts}, the new one {new._kernel.opts}"
         if self._backend != new._backend:
             return f" ran on {self._backend.name}, the new one on {new._backend.name}"
-        for x, y in zip(self.bound, new.bound):
+        for x, y in zip(self._bound, new._bound):
             if x.torch is None:
                 if type(x.value) is not type(y.value):
                     return (f", argument '{x.name}': {type(x.value).__name__} recorded, "

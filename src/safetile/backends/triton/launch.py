@@ -63,7 +63,7 @@ def _direct(op) -> DirectLaunch:
     d = plan.gpu
     if d is None:
         variant = op.variant()
-        args, spec = pack.pack(variant.packing, op.bound)
+        args, spec = pack.pack(variant.packing, op._bound)
         d = plan.gpu = DirectLaunch(variant, variant.binary(spec, args, plan.grid), plan.grid,
                                     args)
     return d
@@ -77,7 +77,7 @@ def launch(op, stream: int) -> None:
         gx, gy, gz = d.grid
         d.c_launch(gx, gy, gz, stream, *(d.serial_tail if op._serial else d.tail))
         return
-    args, _ = pack.pack(d.variant.packing, op.bound)
+    args, _ = pack.pack(d.variant.packing, op._bound)
     _launch_general(d.compiled, op._plan.grid, stream, args, op._serial)
 
 
