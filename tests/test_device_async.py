@@ -309,7 +309,7 @@ def test_a_record_made_by_another_task_still_refuses_allocation():
                 await asyncio.create_task(record())
         return s.graph
 
-    assert asyncio.run(main()).records == []
+    assert asyncio.run(main()).records == ()
 
 
 def test_submit_without_a_running_loop_raises_and_names_the_ops_values():

@@ -1,7 +1,10 @@
 """The memory a graph may replay stays safetile's: ``into_torch`` is refused for the bytes a
 live graph's launches touch, and for those an open graph scope's recorded launches write, from
-the record until the graph is dropped (CPU executor)."""
+the record until the graph is dropped (CPU executor). A graph cannot be copied: a copy
+would replay that memory after the graph itself was dropped and the bytes handed to torch."""
+import copy
 import gc
+import pickle
 
 import pytest
 
@@ -92,3 +95,26 @@ def test_memory_an_op_graph_records_is_not_handed_to_torch_while_the_graph_is_ma
     g = inc(buf.partition((2,))).graph()
     assert tried == ["refused"]
     del g
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps],
+                         ids=["copy", "deepcopy", "pickle"])
+def test_a_graph_cannot_be_copied_so_no_copy_replays_memory_handed_to_torch(how):
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    with pytest.raises(st.errors.CopyError, match="cannot be"):
+        how(g)
+
+
+def test_a_graph_scope_cannot_be_copied():
+    x, y, z = vec(1, 2), vec(3, 4), st.zeros((2,))
+    with st.graph_scope() as s:
+        with pytest.raises(st.errors.CopyError, match="cannot be"):
+            copy.copy(s)
+        s.record(add(x, y, z.partition((2,))))
+    s.launch().sync()
+
+
+def test_the_launches_a_graph_replays_are_fixed_once_it_is_made():
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    with pytest.raises(AttributeError):
+        g.records.append(g.records[0])
