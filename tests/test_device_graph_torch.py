@@ -1,12 +1,14 @@
 """The memory a graph may replay stays safetile's: ``into_torch`` is refused for the bytes a
 live graph's launches touch, and for those an open graph scope's recorded launches write, from
 the record until the graph is dropped (CPU executor). A graph cannot be copied: a copy
-would replay that memory after the graph itself was dropped and the bytes handed to torch."""
+would replay that memory after the graph itself was dropped and the bytes handed to torch.
+DLPack export, an alias of the same bytes, is refused as into_torch is."""
 import copy
 import gc
 import pickle
 
 import pytest
+import torch
 
 import safetile as st
 from safetile.device import graph as graph_module
@@ -46,6 +48,27 @@ def test_an_updated_graph_keeps_its_new_memory_from_torch_and_frees_the_old():
     with pytest.raises(st.BorrowError, match="replays launches that write this memory"):
         new.unpartition().into_torch()
     assert old.unpartition().into_torch().tolist() == [0.0, 0.0]
+
+
+def test_memory_a_live_graph_replays_is_not_exported_through_dlpack():
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    _, _, z = g.output
+    out = z.unpartition()
+    with pytest.raises(st.BorrowError, match="replays launches that write this memory"):
+        torch.from_dlpack(out)
+    del g, z
+    gc.collect()
+    assert torch.from_dlpack(out).tolist() == [0.0, 0.0]
+
+
+def test_memory_a_recorded_launch_writes_is_not_exported_through_dlpack_in_the_scope():
+    buf = st.zeros((4,))
+    with st.graph_scope() as s:
+        (p,) = s.record(inc(buf.partition((2,))))
+        out = p.unpartition()
+        with pytest.raises(st.BorrowError, match="recorded a launch that writes this memory"):
+            out.__dlpack__()
+    s.launch().sync()
 
 
 def test_the_elements_a_graph_does_not_touch_may_be_handed_to_torch():
