@@ -1,5 +1,5 @@
 """The memory a graph may replay stays safetile's: ``into_torch`` is refused for the bytes a
-live graph's launches touch, and for those an open graph scope's recorded launches write, from
+live graph's launches touch, and for those an open graph scope's recorded launches read or write, from
 the record until the graph is dropped (CPU executor). A graph cannot be copied: a copy
 would replay that memory after the graph itself was dropped and the bytes handed to torch.
 DLPack export, an alias of the same bytes, is refused as into_torch is."""
@@ -89,6 +89,25 @@ def test_memory_a_recorded_launch_writes_is_not_handed_to_torch_before_the_scope
             out.into_torch()
     s.launch().sync()
     assert out.to_torch().tolist() == [1.0] * 4          # still safetile's, and the graph's
+
+
+def test_memory_a_recorded_launch_reads_is_not_handed_to_torch_before_the_scope_closes():
+    x, z = vec(1, 2), st.zeros((2,))
+    with st.graph_scope() as s:
+        xs, _, zp = s.record(add(x, vec(3, 4), z.partition((2,))))
+        with pytest.raises(st.BorrowError, match="recorded a launch that reads this memory"):
+            xs.into_torch()
+    s.launch().sync()
+    assert zp.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+def test_memory_an_earlier_launch_of_a_record_reads_is_not_handed_to_torch_in_its_callback():
+    def hand_over(x, y, z):
+        with pytest.raises(st.BorrowError, match="reads these bytes at every replay"):
+            x.into_torch()
+        return inc(z)
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).then(hand_over).graph()
+    g.launch().sync()
 
 
 def test_a_scope_whose_block_failed_keeps_no_memory_from_torch():

@@ -113,7 +113,7 @@ class GraphScope(NoCopies):
                 self.shared_holds[:] = [(h, min(n, before)) for h, n in self.shared_holds]
                 abandon_and_finish(op, ctx)
                 raise
-            # Until the graph is made, the scope keeps what its launches write from torch
+            # Until the graph is made, the scope keeps what its launches touch from torch
             # (noted before the launches' borrows end, so no moment leaves the bytes free).
             replayed.note_recorded(self, [a for r in self.records[before:] for a in r.accesses()])
             ctx.finish()

@@ -233,7 +233,7 @@ class Tensor(Handle):
 
         From then on the storage is torch's: safetile no longer checks it. Refused
         (``BorrowError``) while an operation or a live graph's replays use these bytes, or
-        an open graph scope has recorded a launch that writes them (``replayed.py``).
+        an open graph scope has recorded a launch that reads or writes them (``replayed.py``).
         """
         with LOCK:
             self._check("call .into_torch()")
