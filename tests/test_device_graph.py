@@ -423,8 +423,12 @@ def test_a_callback_may_read_bytes_no_recorded_launch_writes():
     assert g.output[1] == [1, 2, 3, 4]
 
 
-def test_a_callback_may_export_bytes_a_recorded_launch_only_reads():
+def test_a_callback_may_copy_but_not_hand_to_torch_bytes_a_recorded_launch_only_reads():
+    # Every replay reads them again: handed to torch, they would be torch's while it does.
+    def inspect(x, y, z):
+        with pytest.raises(st.BorrowError, match="reads these bytes at every replay"):
+            x.into_torch()
+        return x.to_torch().tolist(), z
     x = vec(1, 2, 3, 4)
-    g = add(x, vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).map(
-        lambda x, y, z: (x.into_torch().tolist(), z)).graph()
+    g = add(x, vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).map(inspect).graph()
     assert g.output[0] == [1, 2, 3, 4]

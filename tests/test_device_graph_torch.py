@@ -1,9 +1,14 @@
 """The memory a graph may replay stays safetile's: ``into_torch`` is refused for the bytes a
-live graph's launches touch, and for those an open graph scope's recorded launches write, from
-the record until the graph is dropped (CPU executor)."""
+live graph's launches touch, and for those an open graph scope's recorded launches read or write, from
+the record until the graph is dropped (CPU executor). A graph cannot be copied: a copy
+would replay that memory after the graph itself was dropped and the bytes handed to torch.
+DLPack export, an alias of the same bytes, is refused as into_torch is."""
+import copy
 import gc
+import pickle
 
 import pytest
+import torch
 
 import safetile as st
 from safetile.device import graph as graph_module
@@ -45,6 +50,27 @@ def test_an_updated_graph_keeps_its_new_memory_from_torch_and_frees_the_old():
     assert old.unpartition().into_torch().tolist() == [0.0, 0.0]
 
 
+def test_memory_a_live_graph_replays_is_not_exported_through_dlpack():
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    _, _, z = g.output
+    out = z.unpartition()
+    with pytest.raises(st.BorrowError, match="replays launches that write this memory"):
+        torch.from_dlpack(out)
+    del g, z
+    gc.collect()
+    assert torch.from_dlpack(out).tolist() == [0.0, 0.0]
+
+
+def test_memory_a_recorded_launch_writes_is_not_exported_through_dlpack_in_the_scope():
+    buf = st.zeros((4,))
+    with st.graph_scope() as s:
+        (p,) = s.record(inc(buf.partition((2,))))
+        out = p.unpartition()
+        with pytest.raises(st.BorrowError, match="recorded a launch that writes this memory"):
+            out.__dlpack__()
+    s.launch().sync()
+
+
 def test_the_elements_a_graph_does_not_touch_may_be_handed_to_torch():
     buf = st.zeros((8,))
     g = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), buf[0::2].partition((4,))).graph()
@@ -63,6 +89,25 @@ def test_memory_a_recorded_launch_writes_is_not_handed_to_torch_before_the_scope
             out.into_torch()
     s.launch().sync()
     assert out.to_torch().tolist() == [1.0] * 4          # still safetile's, and the graph's
+
+
+def test_memory_a_recorded_launch_reads_is_not_handed_to_torch_before_the_scope_closes():
+    x, z = vec(1, 2), st.zeros((2,))
+    with st.graph_scope() as s:
+        xs, _, zp = s.record(add(x, vec(3, 4), z.partition((2,))))
+        with pytest.raises(st.BorrowError, match="recorded a launch that reads this memory"):
+            xs.into_torch()
+    s.launch().sync()
+    assert zp.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+def test_memory_an_earlier_launch_of_a_record_reads_is_not_handed_to_torch_in_its_callback():
+    def hand_over(x, y, z):
+        with pytest.raises(st.BorrowError, match="reads these bytes at every replay"):
+            x.into_torch()
+        return inc(z)
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).then(hand_over).graph()
+    g.launch().sync()
 
 
 def test_a_scope_whose_block_failed_keeps_no_memory_from_torch():
@@ -92,3 +137,20 @@ def test_memory_an_op_graph_records_is_not_handed_to_torch_while_the_graph_is_ma
     g = inc(buf.partition((2,))).graph()
     assert tried == ["refused"]
     del g
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, pickle.dumps],
+                         ids=["copy", "deepcopy", "pickle"])
+def test_a_graph_cannot_be_copied_so_no_copy_replays_memory_handed_to_torch(how):
+    g = add(vec(1, 2), vec(3, 4), st.zeros((2,)).partition((2,))).graph()
+    with pytest.raises(st.errors.CopyError, match="cannot be"):
+        how(g)
+
+
+def test_a_graph_scope_cannot_be_copied():
+    x, y, z = vec(1, 2), vec(3, 4), st.zeros((2,))
+    with st.graph_scope() as s:
+        with pytest.raises(st.errors.CopyError, match="cannot be"):
+            copy.copy(s)
+        s.record(add(x, y, z.partition((2,))))
+    s.launch().sync()

@@ -39,10 +39,10 @@ import threading
 
 import torch
 
-from ..errors import GraphCaptureError, UnsafeError
+from ..errors import CopyError, GraphCaptureError, UnsafeError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
-from ..tensor.ownership import finalize
+from ..tensor.ownership import NoCopies, finalize
 from ..tensor.spans import covering_views
 from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
                  fail_in_sequence)
@@ -50,8 +50,13 @@ from .unrun import building_site, warn_unrun
 from .unsafe_block import in_unsafe_block
 
 
-class GraphScope:
+class GraphScope(NoCopies):
     """Records ops for one graph; ``scope.graph`` is the ``Graph`` once the scope closes."""
+
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self!r} cannot be {how}: a copy would record into the same "
+                        f"launches outside the scope's own bookkeeping; record through the "
+                        f"scope itself")
 
     def __init__(self, reason: str):
         self.reason = reason
@@ -113,7 +118,7 @@ class GraphScope:
                 self._shared_holds[:] = [(h, min(n, before)) for h, n in self._shared_holds]
                 abandon_and_finish(op, ctx)
                 raise
-            # Until the graph is made, the scope keeps what its launches write from torch
+            # Until the graph is made, the scope keeps what its launches touch from torch
             # (noted before the launches' borrows end, so no moment leaves the bytes free).
             replayed.note_recorded(self, [a for r in self._records[before:]
                                           for a in r._accesses()])
@@ -227,8 +232,16 @@ def _describe(layout: tuple) -> str:
     return f"address {ptr:#x}, shape {shape}, strides {stride}, {dtype}"
 
 
-class Graph:
-    """Recorded launches replayed by ``launch()``; ``output`` is the recorded output."""
+class Graph(NoCopies):
+    """Recorded launches replayed by ``launch()``; ``output`` is the recorded output.
+
+    Not copyable: the memory a graph replays is kept from torch while *this* object lives
+    (``replayed.py``), so a copy could replay it after the bytes were handed to torch."""
+
+    def _refuse_copy(self, how: str):
+        raise CopyError(f"{self!r} cannot be {how}: a copy would replay memory that is "
+                        f"handed to torch once this graph is dropped; keep a reference to the "
+                        f"graph itself, or record another one")
 
     def __init__(self, records: list, output, single: bool = False, shared_holds=()):
         self.output = output

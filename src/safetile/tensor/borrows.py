@@ -290,10 +290,14 @@ def _recording(ctx) -> bool:
     return getattr(ctx, "recording", None) is not None
 
 
-def _remedy(hold: Hold) -> str:
-    """What to do about a conflict with ``hold``, met on this thread."""
+def _remedy(hold: Hold, write: bool = True) -> str:
+    """What to do about a conflict with ``hold`` (through a ``write`` of it or a read), met
+    on this thread."""
     ctx = getattr(_owner, "ctx", None)
     if ctx is not None and hold.owner is ctx and _recording(ctx):
+        if not write:
+            return ("the graph being recorded reads these bytes at every replay: hand them to "
+                    "torch before recording, or once the graph is dropped")
         return ("the graph being recorded writes these bytes only when it is replayed: read "
                 "them after a replay (g.launch().sync()), outside the recording")
     if ctx is not None and hold.owner is None and hold.checked_in is ctx:
@@ -315,18 +319,20 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     """The first held ``(extent, hold)`` overlapping ``t`` (only writes if ``writes_only``),
     ``exempt`` aside. The running execution's own holds are ordered before the host's
     access, except, while it records a graph and the host touches the bytes, the writes of
-    its launches: they happen only when the graph is replayed."""
+    its launches (they happen only when the graph is replayed) and, for a host write (the
+    bytes handed to torch), their reads too: every replay reads them again."""
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
     owner = getattr(_owner, "ctx", None)
-    unwritten = touches_bytes and _recording(owner)
+    replayed = touches_bytes and _recording(owner)
     with WALK:
         reg = _REGISTRIES.get(x.device)
         if reg is not None and x.hi > x.lo:
             for e, h in reg.near(x.lo, x.hi):
                 if (e.write or not writes_only) and h is not exempt and \
-                        (owner is None or h.owner is not owner or (unwritten and e.write)) \
+                        (owner is None or h.owner is not owner or
+                         (replayed and (e.write or not writes_only))) \
                         and _overlap(x, e):
                     return e, h
     return None
@@ -377,7 +383,7 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
         verb = "writing" if e.write else "reading"
         raise BorrowError(
             f"cannot {what}: {h.holder} is {verb} this memory through "
-            f"{_label(e.name, e.write)}; {_remedy(h)}")
+            f"{_label(e.name, e.write)}; {_remedy(h, e.write)}")
 
 
 def active_holds() -> list[tuple[str, str, bool, str]]:

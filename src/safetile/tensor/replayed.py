@@ -3,8 +3,8 @@
 A replay borrows the bytes its launches touch only while it runs (``Graph``), but the memory
 must stay safetile's for as long as a graph may replay it: handed to torch, it could be
 read or written there while a later replay writes or reads it. So every live graph lists the
-extents its launches touch, and an open graph scope the extents its recorded launches write
-(the graph it makes will write them; a scope that closes without a graph replays nothing).
+extents its launches touch, and an open graph scope the extents its recorded launches touch
+(the graph it makes will replay them; a scope that closes without a graph replays nothing).
 """
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def note_replayed(graph, accesses) -> None:
 
 
 def note_recorded(scope, accesses) -> None:
-    """Add to what the open graph scope ``scope`` keeps from torch: the writes among the
-    ``(name, tensor, written)`` accesses of the launches it has just recorded."""
-    new = tuple(Extent(t, name, True) for name, t, written in accesses if written)
+    """Add to what the open graph scope ``scope`` keeps from torch: the ``(name, tensor,
+    written)`` accesses of the launches it has just recorded, reads too (every replay of the
+    graph it makes reads them again)."""
+    new = tuple(Extent(t, name, written) for name, t, written in accesses)
     with LOCK:
         _REPLAYED[scope] = _REPLAYED.get(scope, ()) + new
 
@@ -45,7 +46,7 @@ def forget_replayed(owner) -> None:
 
 def check_not_replayed(t: torch.Tensor, what: str) -> None:
     """Raise :class:`BorrowError` if a live graph's replays read or write ``t``'s bytes, or
-    an open graph scope recorded a launch that writes them."""
+    an open graph scope recorded a launch that reads or writes them."""
     if not _REPLAYED:
         return
     x = Extent(t)
@@ -56,9 +57,9 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
                     verb = "write" if e.write else "read"
                     if getattr(graph, "recording", False):
                         raise BorrowError(
-                            f"cannot {what}: {graph!r} recorded a launch that writes this "
-                            f"memory ({_label(e.name, True)}), and the graph's replays will "
-                            f"write it; hand it to torch before recording, or once the graph "
+                            f"cannot {what}: {graph!r} recorded a launch that {verb}s this "
+                            f"memory ({_label(e.name, e.write)}), and the graph's replays will "
+                            f"{verb} it; hand it to torch before recording, or once the graph "
                             f"is dropped")
                     raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
                                       f"this memory ({_label(e.name, e.write)}); drop the "

@@ -233,7 +233,7 @@ class Tensor(Handle):
 
         From then on the storage is torch's: safetile no longer checks it. Refused
         (``BorrowError``) while an operation or a live graph's replays use these bytes, or
-        an open graph scope has recorded a launch that writes them (``replayed.py``).
+        an open graph scope has recorded a launch that reads or writes them (``replayed.py``).
         """
         with LOCK:
             self._check("call .into_torch()")
@@ -349,10 +349,13 @@ class Tensor(Handle):
 
         The consumer gets an alias of storage safetile still owns (outside the guarantee,
         like a torch reference kept after ``st.from_torch``). Raises ``BorrowError`` while
-        an in-flight operation uses these bytes.
+        an in-flight operation uses these bytes, or a graph may replay launches that do, as
+        ``into_torch`` does: the alias would see (or make) the replays' writes.
         """
         self._check("export it through DLPack")
-        borrows.check_host_write(self._torch, f"export {self._describe()} through DLPack")
+        what = f"export {self._describe()} through DLPack"
+        borrows.check_host_write(self._torch, what)
+        replayed.check_not_replayed(self._torch, what)
         return self._torch.__dlpack__(stream=stream, **kwargs)
 
     def __dlpack_device__(self):
