@@ -228,7 +228,9 @@ def test_from_torch_wraps_a_torch_subclass_as_a_plain_tensor_over_the_same_stora
                                              "partition", "share"])
 def test_views_of_a_wrapped_torch_subclass_stay_plain_torch_tensors(derive):
     t = from_torch(torch.arange(8.0).as_subclass(_Elsewhere))
-    assert type(derive(t).into_torch()) is torch.Tensor
+    view = derive(t)
+    del t                                  # (into_torch is refused while another view lives)
+    assert type(view.into_torch()) is torch.Tensor
 
 
 def test_from_torch_wraps_a_parameter_as_a_plain_detached_tensor():

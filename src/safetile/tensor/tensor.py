@@ -16,14 +16,15 @@ The launcher reads the wrapped torch tensor from ``self._torch`` directly.
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ArgumentError, IndexOutOfRangeError
+from ..errors import ArgumentError, BorrowError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows, replayed
-from .overlap import past_storage
+from .overlap import overlaps, past_storage
 from .ownership import LOCK, Handle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +107,10 @@ class Tensor(Handle):
     given to an operation, or turned into a torch tensor with ``into_torch``).
     """
 
-    __slots__ = ("_torch",)
+    # _views: the handles made from this one by view/slice/indexing and from each other (a
+    # weak set shared by all of them; None until the first view), so that into_torch can
+    # refuse while another safetile handle still reaches the bytes it hands to torch.
+    __slots__ = ("_torch", "_views")
     _COPY_HINT = ("a Tensor owns its storage: copy the data with st.from_torch(t.to_torch()), "
                   "or make a zero-copy view with t.view(...) / t.slice(...)")
 
@@ -146,6 +150,7 @@ class Tensor(Handle):
         self = object.__new__(cls)
         Handle.__init__(self)
         self._torch = t
+        self._views = None
         return self
 
     # -- description ----------------------------------------------------------------------
@@ -239,6 +244,9 @@ class Tensor(Handle):
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
             replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
+            self._refuse_live_views(f"turn {self._describe()} into torch")
+            if self._views is not None:
+                self._views.discard(self)
             self._move("torch by into_torch()",
                        hint="use the torch tensor into_torch() returned "
                             "(st.from_torch(t) wraps it again)")
@@ -279,7 +287,29 @@ class Tensor(Handle):
 
     # -- zero-copy views (do not consume) --------------------------------------------------
     def _derive(self, t: torch.Tensor) -> "Tensor":
-        return Tensor._wrap(t)
+        view = Tensor._wrap(t)
+        with LOCK:
+            family = self._views
+            if family is None:
+                family = self._views = weakref.WeakSet((self,))
+            view._views = family
+            family.add(view)
+        return view
+
+    def _refuse_live_views(self, what: str) -> None:
+        """Raise ``BorrowError`` if another live handle made by viewing (this tensor, its
+        views, their Partitions) reaches these bytes: after ``what`` torch owns them, and a
+        kernel writing through that handle would write torch's memory unchecked."""
+        family = self._views
+        if family is None:
+            return
+        for other in list(family):
+            if other is not self and overlaps(other._torch, self._torch):
+                raise BorrowError(
+                    f"cannot {what}: another safetile handle views these bytes "
+                    f"({other._describe()}{other._state_suffix()}), and a launch through it "
+                    f"would write memory torch then owns; drop that handle first (del it), or "
+                    f"copy the data with to_torch()")
 
     def view(self, *shape) -> "Tensor":
         """A view with a new shape over the same bytes (``-1`` infers one dim).

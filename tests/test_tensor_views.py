@@ -1,0 +1,57 @@
+"""Views are separate handles over the same bytes: into_torch hands bytes to torch only when
+no other live safetile handle reaches them (a launch through it would write torch's memory)."""
+import pytest
+
+import safetile as st
+import safetile.lang as sl
+from safetile.errors import BorrowError
+
+from support import cpu_executor, no_leftover_holds
+
+_cpu = cpu_executor(seed=0)
+_holds = no_leftover_holds()
+
+
+@st.kernel
+def fill(z: st.Out[st.f32]):
+    z.store(sl.full(z.shape, 5.0, st.f32))
+
+
+def test_into_torch_is_refused_while_another_view_of_the_bytes_lives():
+    t = st.zeros((8,), device="cpu")
+    view = t.view((8,))
+    with pytest.raises(BorrowError, match="another safetile handle views these bytes"):
+        t.into_torch()
+    (p,) = fill(view.partition((8,))).sync()      # both handles still usable
+    assert t.to_torch().tolist() == [5.0] * 8
+
+
+def test_into_torch_is_refused_while_the_base_of_a_view_lives():
+    t = st.zeros((8,), device="cpu")
+    with pytest.raises(BorrowError, match="Tensor\\(shape=\\(8,\\)"):
+        t[2:6].into_torch()
+
+
+def test_a_partition_of_a_view_keeps_the_bytes_from_torch():
+    t = st.zeros((8,), device="cpu")
+    part = t.slice(0, 0, 4).partition((4,))
+    with pytest.raises(BorrowError, match="moved into Partition"):
+        t.into_torch()
+    del part
+
+
+def test_into_torch_is_allowed_once_the_other_views_are_dropped():
+    t = st.zeros((8,), device="cpu")
+    view = t.view((2, 4))
+    del t
+    assert view.into_torch().shape == (2, 4)
+
+
+def test_views_of_disjoint_bytes_go_to_torch_one_by_one():
+    t = st.zeros((8,), device="cpu")
+    low, high = t[:4], t[4:]
+    del t
+    a = low.into_torch()
+    (p,) = fill(high.partition((4,))).sync()       # high's bytes are not torch's
+    assert a.tolist() == [0.0] * 4 and p.unpartition().into_torch().tolist() == [5.0] * 4
+
