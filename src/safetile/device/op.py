@@ -239,14 +239,26 @@ def abandon_and_finish(op, ctx: RunContext) -> None:
     except BaseException:
         pass
     try:
-        if ctx.stream is not None:
-            ctx.stream.synchronize()
+        finish_when_complete(ctx)
     except BaseException:
         pass
-    try:
-        ctx.finish()
-    except BaseException:
-        pass
+
+
+def finish_when_complete(ctx: RunContext) -> None:
+    """``ctx.finish()`` once the work enqueued on its stream is complete: an execution's
+    borrows may end, and its values come back, only then. An interrupted wait (a
+    ``KeyboardInterrupt`` raised before or during it) waits again; a device error ends it
+    (that work will never complete)."""
+    if ctx.stream is not None:
+        while True:
+            try:
+                ctx.stream.synchronize()
+                break
+            except KeyboardInterrupt:
+                continue
+            except BaseException:
+                break
+    ctx.finish()
 
 
 def refuse_inside_recording(op, what: str) -> None:
@@ -391,11 +403,11 @@ class DeviceOp(NoCopies):
         try:
             if ctx.stream is not None:
                 ctx.stream.synchronize()
-        except BaseException as e:                # e.g. KeyboardInterrupt while waiting
+        except BaseException as e:                # e.g. KeyboardInterrupt before the wait
             attach_recovered(e, out)
+            finish_when_complete(ctx)             # never end borrows of running work
             raise
-        finally:
-            ctx.finish()
+        ctx.finish()
         return out
 
     def __await__(self):
