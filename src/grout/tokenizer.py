@@ -207,6 +207,11 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
         if role in ("system", "user"):
             out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         elif role == "assistant":
+            if messages[i].get("tool_calls"):       # dropping them would change the prompt
+                raise RequestError(f"message {i}: tool_calls are not rendered by grout's Qwen3 "
+                                   f"chat format; write the call into the content as "
+                                   f"<tool_call>...</tool_call>, or load a checkpoint whose "
+                                   f"chat template renders them")
             reasoning = messages[i].get("reasoning_content")
             if not isinstance(reasoning, str):
                 reasoning = ""
