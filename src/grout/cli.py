@@ -112,6 +112,14 @@ def _load(args):
 
 
 def generate(args) -> int:
+    from .engine import check_request
+    from .tokenizer import check_unicode
+    # The request is checked before the model loads (minutes for a large one on a GPU).
+    check_request(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                  args.stop)
+    check_unicode(args.prompt)
+    if not args.prompt and not args.chat:
+        raise GroutError("--prompt is empty: give the text to continue")
     eng = _load(args)
     prompt = args.prompt
     if args.chat:

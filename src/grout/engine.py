@@ -145,6 +145,18 @@ def check_options(gemm, max_seq_len, decode_chunk) -> None:
         raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
 
 
+def check_request(max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs=None):
+    """A request's arguments but the prompt, checked (``RequestError``) without an engine:
+    (max_new_tokens as an int, its SamplingParams, its stop strings)."""
+    n = integer(max_new_tokens)
+    if n is None or n < 0:
+        raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    stops = stop_strings(stop)
+    check_top_logprobs(logprobs)
+    return n, sampling, stops
+
+
 class Engine:
     """A loaded model: ``generate``, ``stream``, ``chat``, ``logits``, ``tokenizer``,
     ``config``."""
@@ -208,13 +220,8 @@ class Engine:
 
         ``logprobs=k`` gives each piece its token's log-probability and the k most likely
         tokens' (grout.logprobs); ``ignore_eos`` generates past end tokens (for benchmarks)."""
-        n = integer(max_new_tokens)
-        if n is None or n < 0:
-            raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        max_new_tokens = n
-        sampling = SamplingParams(temperature, top_k, top_p, seed)
-        stops = stop_strings(stop)
-        check_top_logprobs(logprobs)
+        max_new_tokens, sampling, stops = check_request(max_new_tokens, temperature, top_k,
+                                                        top_p, seed, stop, logprobs)
         ids = self._ids(prompt)
         stream = Stream(len(ids))
         stream._gen = self._generate(ids, max_new_tokens, sampling, stops, logprobs,
