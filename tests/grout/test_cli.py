@@ -189,7 +189,7 @@ def test_bench_repeats_must_be_positive(capsys, repeats):
 
 
 @pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"],
-                                  ["--max-request-bytes", "0"]])
+                                  ["--max-request-bytes", "0"], ["--seed", str(2 ** 64)]])
 def test_serve_options_out_of_range_are_usage_errors(capsys, args):
     with pytest.raises(SystemExit) as e:
         cli.main(["serve", "--model", "tiny", *args])

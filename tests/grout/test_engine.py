@@ -218,6 +218,15 @@ def test_sampling_with_a_seed_repeats_and_other_seeds_differ(eng):
     assert others != {tuple(a)}
 
 
+def test_a_seed_outside_64_bits_is_refused_rather_than_repeating_another_seeds_samples(eng):
+    kw = dict(max_new_tokens=3, temperature=1.5)
+    for seed in (2 ** 64 + 5, -2 ** 63 - 1, 2 ** 200):
+        with pytest.raises(grout.RequestError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
+            eng.generate(PROMPT, seed=seed, **kw)
+    for seed in (2 ** 64 - 1, -2 ** 63):                   # the ends of the range are seeds
+        assert len(eng.generate(PROMPT, seed=seed, **kw).token_ids) == 3
+
+
 def test_a_tiny_top_p_is_greedy_and_the_engine_keeps_a_graph_per_mode(eng, reference):
     assert eng.generate(PROMPT, max_new_tokens=3, temperature=0.8, top_p=1e-6,
                         seed=5).token_ids == reference
