@@ -279,6 +279,20 @@ def test_sampling_parameters_may_be_numpy_numbers(eng):
         eng.generate(PROMPT, temperature=np.bool_(True))      # a truth value is no number
 
 
+def test_logprobs_may_be_a_numpy_integer_like_the_sampling_parameters(eng):
+    import numpy as np
+    got = eng.generate(PROMPT, max_new_tokens=2, logprobs=np.int64(3))
+    assert [len(lp.top_ids) for lp in got.logprobs] == [3, 3]
+    assert all(type(i) is int for lp in got.logprobs for i in lp.top_ids)
+
+
+def test_ignore_eos_must_be_a_bool_so_the_string_false_is_not_read_as_true(eng, reference):
+    for value in ("false", 0, None):
+        with pytest.raises(grout.RequestError, match="ignore_eos must be True or False"):
+            eng.stream(PROMPT, max_new_tokens=3, ignore_eos=value)
+    assert eng.generate(PROMPT, max_new_tokens=3, ignore_eos=False).token_ids == reference
+
+
 def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
     # Hugging Face tokenizers return input_ids of shape (1, n); the message stays short
     with pytest.raises(grout.RequestError, match="one sequence of token ids") as e:
