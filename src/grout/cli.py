@@ -88,8 +88,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
                    default=None, help="largest request body accepted (default 4 MiB); larger "
                                       "ones get HTTP 413")
-    s.add_argument("--seed", type=int, default=None,
-                   help="the sampling seed of every request that sends no \"seed\" of its own, "
+    s.add_argument("--seed", type=_int_in(-2 ** 63, 2 ** 64 - 1, "a seed in [-2**63, 2**64)"),
+                   default=None, help="the sampling seed of every request that sends no \"seed\" of its own, "
                         "so such requests repeat their samples (default: a fresh seed per "
                         "request); a request's \"seed\" wins")
     s.add_argument("--log-level", default="info",
@@ -112,6 +112,14 @@ def _load(args):
 
 
 def generate(args) -> int:
+    from .engine import check_request
+    from .tokenizer import check_unicode
+    # The request is checked before the model loads (minutes for a large one on a GPU).
+    check_request(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                  args.stop)
+    check_unicode(args.prompt)
+    if not args.prompt and not args.chat:
+        raise GroutError("--prompt is empty: give the text to continue")
     eng = _load(args)
     prompt = args.prompt
     if args.chat:

@@ -145,6 +145,21 @@ def check_options(gemm, max_seq_len, decode_chunk) -> None:
         raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
 
 
+def check_request(max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs=None,
+                  ignore_eos=False):
+    """A request's arguments but the prompt, checked (``RequestError``) without an engine:
+    (max_new_tokens as an int, its SamplingParams, its stop strings, logprobs as an int or
+    None)."""
+    n = integer(max_new_tokens)
+    if n is None or n < 0:
+        raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
+    stops = stop_strings(stop)
+    if not isinstance(ignore_eos, bool):          # the string "false" would read as true
+        raise RequestError(f"ignore_eos must be True or False, got {ignore_eos!r:.60}")
+    return n, sampling, stops, check_top_logprobs(logprobs)
+
+
 class Engine:
     """A loaded model: ``generate``, ``stream``, ``chat``, ``logits``, ``tokenizer``,
     ``config``."""
@@ -208,17 +223,12 @@ class Engine:
 
         ``logprobs=k`` gives each piece its token's log-probability and the k most likely
         tokens' (grout.logprobs); ``ignore_eos`` generates past end tokens (for benchmarks)."""
-        n = integer(max_new_tokens)
-        if n is None or n < 0:
-            raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        max_new_tokens = n
-        sampling = SamplingParams(temperature, top_k, top_p, seed)
-        stops = stop_strings(stop)
-        check_top_logprobs(logprobs)
+        max_new_tokens, sampling, stops, logprobs = check_request(
+            max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs, ignore_eos)
         ids = self._ids(prompt)
         stream = Stream(len(ids))
         stream._gen = self._generate(ids, max_new_tokens, sampling, stops, logprobs,
-                                     bool(ignore_eos), stream)
+                                     ignore_eos, stream)
         return stream
 
     def _generate(self, ids, max_new_tokens, sampling, stops, logprobs, ignore_eos,

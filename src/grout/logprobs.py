@@ -7,6 +7,7 @@ k + 1 numbers cross to the host.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +28,16 @@ class TokenLogprobs:
     top_logprobs: tuple[float, ...]
 
 
-def check_top_logprobs(k: int | None) -> None:
-    """``RequestError`` unless ``k`` is None (no logprobs) or an int in [0, MAX_TOP_LOGPROBS]."""
+def check_top_logprobs(k) -> int | None:
+    """``k`` as a plain int (a numpy integer too, as the sampling parameters take), or None (no
+    logprobs); ``RequestError`` unless it is an int in [0, MAX_TOP_LOGPROBS]."""
     if k is None:
-        return
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
+        return None
+    n = None if isinstance(k, bool) or not isinstance(k, numbers.Integral) else int(k)
+    if n is None or not 0 <= n <= MAX_TOP_LOGPROBS:
         raise RequestError(f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}], "
                            f"got {k!r}")
+    return n
 
 
 def step_logprobs(runner: Any, token_id: int, k: int | None) -> TokenLogprobs | None:

@@ -17,6 +17,8 @@ from safetile import ops
 
 from .errors import RequestError
 
+SEED_MIN, SEED_END = -2 ** 63, 2 ** 64
+
 
 def _number(name: str, v) -> float:
     """``v`` as a float: a Python or numpy real number (as safetile's ops take it), finite,
@@ -56,6 +58,10 @@ class SamplingParams:
         seed = None if self.seed is None else integer(self.seed)
         if self.seed is not None and seed is None:
             raise RequestError(f"seed must be an int or None, got {self.seed!r}")
+        if seed is not None and not SEED_MIN <= seed < SEED_END:
+            # the sampler keys on 64 bits: 2**64 + s would draw exactly what s draws
+            raise RequestError(f"seed must be in [-2**63, 2**64) (64 bits, as torch.manual_seed "
+                               f"takes), got an int of {seed.bit_length()} bits")
         for name, value in (("temperature", t), ("top_k", k), ("top_p", p), ("seed", seed)):
             object.__setattr__(self, name, value)      # plain Python numbers from here on
 

@@ -15,6 +15,7 @@ The chat template is the checkpoint's (chat_template.jinja, else tokenizer_confi
 from __future__ import annotations
 
 import base64
+import datetime
 import functools
 import hashlib
 import json
@@ -206,6 +207,11 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
         if role in ("system", "user"):
             out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
         elif role == "assistant":
+            if messages[i].get("tool_calls"):       # dropping them would change the prompt
+                raise RequestError(f"message {i}: tool_calls are not rendered by grout's Qwen3 "
+                                   f"chat format; write the call into the content as "
+                                   f"<tool_call>...</tool_call>, or load a checkpoint whose "
+                                   f"chat template renders them")
             reasoning = messages[i].get("reasoning_content")
             if not isinstance(reasoning, str):
                 reasoning = ""
@@ -301,10 +307,50 @@ class Tokenizer:
 
 @functools.lru_cache(maxsize=4)
 def _jinja(source: str):
+    """``source`` compiled in the environment Hugging Face renders chat templates in
+    (transformers' chat_template_utils), so a template that works there works here and gives
+    the same text: a sandbox with trim_blocks and lstrip_blocks; ``{% break %}`` and
+    ``{% continue %}``; the ``{% generation %}`` block (it marks the assistant's text for
+    training masks and renders its body); ``tojson`` as ``json.dumps`` (no HTML escaping,
+    keys in their order: jinja's own escapes ``<`` and sorts keys); ``raise_exception`` and
+    ``strftime_now``."""
+    import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_generation_tag(), jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _template_error
+    env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
+
+
+@functools.lru_cache(maxsize=1)
+def _generation_tag():
+    """The jinja extension of ``{% generation %} ... {% endgeneration %}``: its body, rendered
+    in a scope of its own (a call block, as Hugging Face's is)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+    return Generation
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _template_error(message):

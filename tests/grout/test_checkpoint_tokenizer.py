@@ -82,3 +82,30 @@ def test_a_chat_template_that_fails_on_the_messages_is_a_request_error(checkpoin
     with pytest.raises(grout.RequestError, match=r"chat_template\.jinja: .*UndefinedError"):
         eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=1)
     assert eng.generate([1, 2, 3], max_new_tokens=1).token_ids
+
+
+# Templates that use what Hugging Face's template environment offers beyond plain jinja.
+HF_TEMPLATES = {
+    "loop controls": "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+                     "[{{ m.role }}]{{ m.content }}{% if loop.index > 2 %}{% break %}{% endif %}"
+                     "{% endfor %}",
+    "generation block": "{% for m in messages %}[{{ m.role }}]{% if m.role == 'assistant' %}"
+                        "{% generation %}{{ m.content }}{% endgeneration %}{% else %}"
+                        "{{ m.content }}{% endif %}{% endfor %}",
+    "tojson": "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+              "{% if m.extra is defined %}{{ m.extra | tojson }}{% endif %}{% endfor %}",
+    "strftime_now": "[date]{{ strftime_now('%Y') }}"
+                    "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("template", HF_TEMPLATES.values(), ids=HF_TEMPLATES.keys())
+def test_a_checkpoint_template_renders_the_text_hugging_face_renders(checkpoint_copy, template):
+    from transformers.utils.chat_template_utils import render_jinja_template
+    (checkpoint_copy / "chat_template.jinja").write_text(template)
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "a <b> & c"},
+                {"role": "assistant", "content": "x", "extra": {"z": 1, "a": "<é>"}},
+                {"role": "user", "content": "d"}]
+    want = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
+                                 bos_token="", eos_token="<|im_end|>")[0][0]
+    assert load(checkpoint_copy).tokenizer.apply_chat_template(messages) == want

@@ -189,7 +189,7 @@ def test_bench_repeats_must_be_positive(capsys, repeats):
 
 
 @pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"],
-                                  ["--max-request-bytes", "0"]])
+                                  ["--max-request-bytes", "0"], ["--seed", str(2 ** 64)]])
 def test_serve_options_out_of_range_are_usage_errors(capsys, args):
     with pytest.raises(SystemExit) as e:
         cli.main(["serve", "--model", "tiny", *args])
@@ -291,3 +291,22 @@ def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
         p.kill()
         p.wait()
     assert err == ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-new-tokens", "-2"], "max_new_tokens"), (["--top-p", "0"], "top_p"),
+    (["--temperature", "-1"], "temperature"), (["--top-k", "-3"], "top_k"),
+    (["--stop", ""], "stop"), (["--prompt", "\udcff"], "valid Unicode"),
+    (["--prompt", ""], "--prompt is empty"),
+])
+def test_generate_refuses_a_bad_request_before_it_loads_the_model(monkeypatch, capsys, args,
+                                                                  message):
+    import grout.engine
+
+    def load(*a, **kw):
+        raise AssertionError("the model was loaded")
+    monkeypatch.setattr(grout.engine, "load", load)
+    assert cli.main(["generate", "--model", "qwen3-32b", "--prompt", "x", "--device", "cpu",
+                     *args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grout: error: ") and message in err and "qwen3-32b runs" not in err

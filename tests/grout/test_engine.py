@@ -218,6 +218,15 @@ def test_sampling_with_a_seed_repeats_and_other_seeds_differ(eng):
     assert others != {tuple(a)}
 
 
+def test_a_seed_outside_64_bits_is_refused_rather_than_repeating_another_seeds_samples(eng):
+    kw = dict(max_new_tokens=3, temperature=1.5)
+    for seed in (2 ** 64 + 5, -2 ** 63 - 1, 2 ** 200):
+        with pytest.raises(grout.RequestError, match=r"seed must be in \[-2\*\*63, 2\*\*64\)"):
+            eng.generate(PROMPT, seed=seed, **kw)
+    for seed in (2 ** 64 - 1, -2 ** 63):                   # the ends of the range are seeds
+        assert len(eng.generate(PROMPT, seed=seed, **kw).token_ids) == 3
+
+
 def test_a_tiny_top_p_is_greedy_and_the_engine_keeps_a_graph_per_mode(eng, reference):
     assert eng.generate(PROMPT, max_new_tokens=3, temperature=0.8, top_p=1e-6,
                         seed=5).token_ids == reference
@@ -268,6 +277,20 @@ def test_sampling_parameters_may_be_numpy_numbers(eng):
     assert got.token_ids == want
     with pytest.raises(grout.RequestError, match="temperature"):
         eng.generate(PROMPT, temperature=np.bool_(True))      # a truth value is no number
+
+
+def test_logprobs_may_be_a_numpy_integer_like_the_sampling_parameters(eng):
+    import numpy as np
+    got = eng.generate(PROMPT, max_new_tokens=2, logprobs=np.int64(3))
+    assert [len(lp.top_ids) for lp in got.logprobs] == [3, 3]
+    assert all(type(i) is int for lp in got.logprobs for i in lp.top_ids)
+
+
+def test_ignore_eos_must_be_a_bool_so_the_string_false_is_not_read_as_true(eng, reference):
+    for value in ("false", 0, None):
+        with pytest.raises(grout.RequestError, match="ignore_eos must be True or False"):
+            eng.stream(PROMPT, max_new_tokens=3, ignore_eos=value)
+    assert eng.generate(PROMPT, max_new_tokens=3, ignore_eos=False).token_ids == reference
 
 
 def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):

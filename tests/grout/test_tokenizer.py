@@ -140,3 +140,14 @@ def test_without_a_user_query_no_assistant_turn_gets_a_think_block():
     msgs = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]
     assert qwen3_chat(msgs, add_generation_prompt=False) == (
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n")
+
+
+def test_an_assistant_turn_with_tool_calls_is_refused_rather_than_rendered_without_them():
+    msgs = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "get", "arguments": "{}"}}]},
+            {"role": "tool", "content": "sunny"}]
+    with pytest.raises(grout.RequestError, match=r"message 1: tool_calls .*<tool_call>"):
+        qwen3_chat(msgs)
+    msgs[1] = {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>", "tool_calls": []}
+    assert "<tool_call>\n{}\n</tool_call><|im_end|>" in qwen3_chat(msgs)
