@@ -54,9 +54,8 @@ class GraphScope(NoCopies):
     """Records ops for one graph; ``scope.graph`` is the ``Graph`` once the scope closes."""
 
     def _refuse_copy(self, how: str):
-        raise CopyError(f"{self!r} cannot be {how}: a copy would record into the same "
-                        f"launches outside the scope's own bookkeeping; record through the "
-                        f"scope itself")
+        raise CopyError(f"{self!r} cannot be {how}: a copy would record launches outside "
+                        f"the scope's own bookkeeping; record through the scope itself")
 
     def __init__(self, reason: str):
         self.reason = reason
