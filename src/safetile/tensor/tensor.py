@@ -9,7 +9,9 @@ keeps its own torch reference). It can be
 * viewed: ``view``, ``reshape``, ``slice`` and ``t[...]`` return new Tensors over the same
   bytes without consuming ``t``. Views are separate handles; the borrow registry
   (``borrows.py``) stops an operation from writing bytes another in-flight operation uses,
-  and stops the host from reading bytes an in-flight operation writes.
+  and stops the host from reading bytes an in-flight operation writes. ``into_torch`` hands
+  bytes to torch only while no other live handle of the same family (the tensor, its views,
+  theirs) reaches them.
 
 The launcher reads the wrapped torch tensor from ``self._torch`` directly.
 """
@@ -237,8 +239,10 @@ class Tensor(Handle):
         """Consume the Tensor and return the underlying torch tensor, zero-copy.
 
         From then on the storage is torch's: safetile no longer checks it. Refused
-        (``BorrowError``) while an operation or a live graph's replays use these bytes, or
-        an open graph scope has recorded a launch that reads or writes them (``replayed.py``).
+        (``BorrowError``) while an operation or a live graph's replays use these bytes, an
+        open graph scope has recorded a launch that reads or writes them (``replayed.py``), or
+        another live handle made by viewing (this tensor, a view, a Partition of one) reaches
+        them.
         """
         with LOCK:
             self._check("call .into_torch()")
