@@ -1,5 +1,6 @@
 """What an op or a graph keeps is private: nothing public swaps its checked arguments or
 hands out a torch alias of the memory it borrows."""
+import ast
 import dataclasses
 
 import pytest
@@ -68,3 +69,11 @@ def test_no_public_attribute_of_an_op_or_graph_is_a_torch_alias_of_its_memory():
     assert leaks == []
     op.sync()
     replay.sync()
+
+
+def test_a_kernel_s_checked_definition_cannot_be_changed_through_its_public_attributes():
+    mutable = [name for name, value in _public_values(add)
+               if isinstance(value, (dict, list, set, ast.AST))]
+    assert mutable == []
+    with pytest.raises(TypeError):
+        add.params["z"] = add.params["x"]         # z an In: stores to a shared input

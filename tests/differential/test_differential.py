@@ -92,7 +92,7 @@ def test_every_generated_case_is_typed_by_the_rules_the_generator_steers_by(kern
         case, kernel = build(20_000 + seed, 1 + seed % 2, 3, 4, 3, kernels_dir)
         program = types.check(kernel, variant_key(kernel, bind(kernel, dc.arguments(case), {})),
                               {})
-        stores = [n for n in kernel.src.tree.body[len(case.inputs):]]
+        stores = [n for n in kernel._src.tree.body[len(case.inputs):]]
         for stmt, want in zip(stores, case.out_dtypes):
             v = program.kernel.types[id(stmt.value.args[0])]
             have = v.dtype if v.runtime else S.weak_dtype(v.value)

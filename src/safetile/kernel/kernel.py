@@ -134,7 +134,7 @@ class Function(_Frozen):
     """An ``@st.function`` helper callable from kernel bodies (and from the CPU executor)."""
 
     __safetile_function__ = True
-    _FROZEN = frozenset({"fn", "name", "src", "info"})
+    _FROZEN = frozenset({"fn", "name", "_src", "_info"})
 
     def __init__(self, fn):
         _plain(fn, "@st.function")
@@ -142,10 +142,10 @@ class Function(_Frozen):
         self.name = fn.__name__
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
-        self.src = KernelSource(fn)
-        self.info = check_function(self.src)
-        check_static_shapes(self.src, {}, self.info)
-        self.bodies: dict = {}         # backend name -> its executable form of the body
+        self._src = KernelSource(fn)
+        self._info = check_function(self._src)
+        check_static_shapes(self._src, {}, self._info)
+        self._bodies: dict = {}         # backend name -> its executable form of the body
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -167,7 +167,7 @@ class Kernel(_Frozen):
     read-only mapping of plain values, checked when the decorator or ``options()`` ran.
     """
 
-    _FROZEN = frozenset({"fn", "name", "unsafe", "src", "params", "info", "opts"})
+    _FROZEN = frozenset({"fn", "name", "unsafe", "_src", "params", "_info", "opts"})
 
     def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
         _plain(fn, "@st.kernel")
@@ -180,38 +180,38 @@ class Kernel(_Frozen):
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         self.unsafe = unsafe
-        self.src = KernelSource(fn)
-        self.params = self._parse_params()
-        self.info = check_kernel(self.src, self.params, unsafe)
-        check_static_shapes(self.src, self.params, self.info)
+        self._src = KernelSource(fn)
+        self.params = MappingProxyType(self._parse_params())   # read-only, as opts
+        self._info = check_kernel(self._src, self.params, unsafe)
+        check_static_shapes(self._src, self.params, self._info)
         # A read-only view of a private checked copy: the variant key (cache.py) and the
         # launcher (kernel_op.py) read these options at different times and must agree.
         self.opts = MappingProxyType(normalized_options(self.name, self.params, options or {}))
         self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
-        self.bodies: dict = {}         # backend name -> its executable form of the body (shared
+        self._bodies: dict = {}         # backend name -> its executable form of the body (shared
                                        # with the options() copies)
 
     @property
     def where(self) -> str:
         """``file:line`` of the kernel's definition (errors and messages name it)."""
-        return f"{self.src.filename}:{self.src.first_line}"
+        return f"{self._src.filename}:{self._src.first_line}"
 
     def _parse_params(self) -> dict:
         try:
             hints = inspect.get_annotations(self.fn, eval_str=True)
         except Exception as e:                      # an annotation that does not evaluate
-            raise self.src.error(self.src.tree, "annotation",
+            raise self._src.error(self._src.tree, "annotation",
                                  f"kernel annotations must evaluate: {e}") from None
         params = {}
-        for arg in self.src.tree.args.args:
+        for arg in self._src.tree.args.args:
             if arg.arg not in hints:
-                raise self.src.error(arg, "annotation",
+                raise self._src.error(arg, "annotation",
                                      f"parameter '{arg.arg}' needs an annotation (st.In[dtype], "
                                      f"st.Out[dtype], st.Const[...], int or float)")
             try:
                 params[arg.arg] = parse_annotation(hints[arg.arg])
             except TypeError as e:
-                raise self.src.error(arg, "annotation", f"parameter '{arg.arg}': {e}") from None
+                raise self._src.error(arg, "annotation", f"parameter '{arg.arg}': {e}") from None
         return params
 
     def options(self, **opts) -> "Kernel":

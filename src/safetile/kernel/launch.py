@@ -192,7 +192,7 @@ def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
             raise LaunchError(f"kernel '{kernel.name}': the grid of a kernel with Out parameters "
                               f"is its Out partition; drop the grid= option")
         if first.persistent is not None and \
-                not any(kind == "tile" for kind, _ in kernel.info.views.values()):
+                not any(kind == "tile" for kind, _ in kernel._info.views.values()):
             raise LaunchError(f"kernel '{kernel.name}': Out '{outs[0].name}' is a persistent "
                               f"partition ({first.persistent} programs), but the kernel never "
                               f"iterates `for t in {outs[0].name}.tiles():`; partition without "

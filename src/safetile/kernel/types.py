@@ -147,7 +147,7 @@ class BodyTyper(ExprTyper, CallTyper, PointerTyper):
 
     # -- helpers ---------------------------------------------------------------------------------
     def call_function(self, node, fn) -> V:
-        params = [a.arg for a in fn.src.tree.args.args]
+        params = [a.arg for a in fn._src.tree.args.args]
         args = [self.value(a, "a helper argument") for a in node.args]
         for k in node.keywords:
             if k.arg not in params or params.index(k.arg) < len(args):
@@ -169,9 +169,9 @@ class BodyTyper(ExprTyper, CallTyper, PointerTyper):
                 raise self.fail(node, f"helper '{fn.name}' calls itself: recursion is not "
                                       f"supported on the GPU")
             inst = HelperInstance(fn, key)
-            sub = BodyTyper(fn.src, fn.info.scope, inst.body, self.program, {},
+            sub = BodyTyper(fn._src, fn._info.scope, inst.body, self.program, {},
                             dict(zip(params, vals)), self.stack + (id(fn),), False)
-            body = fn.src.tree.body
+            body = fn._src.tree.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body = body[1:]
             sub.block(body)
@@ -431,9 +431,9 @@ def check(kernel, key, cache: dict) -> Program:
             else:
                 env[a.name] = scalar(_d.float32)
         lead = next((a for a in key.args if a.kind == "Out"), None)
-        typer = BodyTyper(kernel.src, kernel.info.scope, program.kernel, program, specs, env,
+        typer = BodyTyper(kernel._src, kernel._info.scope, program.kernel, program, specs, env,
                           (), bool(lead and lead.persistent))
-        body = kernel.src.tree.body
+        body = kernel._src.tree.body
         if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             body = body[1:]
         typer.block(body)

@@ -31,9 +31,9 @@ from .tile import Tile, raw, scalar
 
 def executable(obj):
     """The CPU form of a ``Kernel`` or ``@st.function`` ``obj`` (built once, cached)."""
-    fn = obj.bodies.get("interpret")
+    fn = obj._bodies.get("interpret")
     if fn is None:
-        fn = obj.bodies["interpret"] = _build(obj.src, obj.info.scope)
+        fn = obj._bodies["interpret"] = _build(obj._src, obj._info.scope)
     return fn
 
 

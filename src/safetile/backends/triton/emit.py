@@ -44,8 +44,8 @@ def helper_touches_memory(helper, seen=None) -> bool:
     if id(helper) in seen:
         return False
     seen.add(id(helper))
-    scope = helper.info.scope
-    for n in ast.walk(helper.src.tree):
+    scope = helper._info.scope
+    for n in ast.walk(helper._src.tree):
         if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)):
             r = scope.resolve(n.func)
             if r is None:
@@ -62,9 +62,9 @@ class Emitter(ViewEmitter):
 
     def __init__(self, kernel, key: VariantKey, program):
         self.kernel = kernel
-        self.src = kernel.src
-        self.info = kernel.info
-        self.scope = kernel.info.scope
+        self.src = kernel._src
+        self.info = kernel._info
+        self.scope = kernel._info.scope
         self.key = key
         self.specs = {a.name: a for a in key.args}
         self.outs = [a for a in key.args if a.kind == "Out"]
@@ -431,7 +431,7 @@ class FunctionEmitter(Emitter):
     def __init__(self, inst, parent: Emitter):
         fn = inst.fn
         self.kernel = parent.kernel
-        self.src, self.info, self.scope = fn.src, fn.info, fn.info.scope
+        self.src, self.info, self.scope = fn._src, fn._info, fn._info.scope
         self.key, self.specs, self.outs, self.lead, self.persistent = parent.key, {}, [], None, False
         self.helpers, self.descs, self.subs = parent.helpers, {}, {}
         self.tmp, self.accesses, self.in_tile_loop = 0, [], False

@@ -28,7 +28,7 @@ def name_helpers(program, placeholders: dict, source: str) -> str:
             final[p] = same
             source = source.replace(defs[p], "")
             continue
-        base = name = f"_stf_{fn.src.tree.name}"
+        base = name = f"_stf_{fn._src.tree.name}"
         k = 1
         while name in used:
             name, k = f"{base}_{k}", k + 1
