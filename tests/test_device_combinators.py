@@ -390,3 +390,19 @@ def test_a_shared_op_running_on_another_thread_refuses_a_consumer_at_once_instea
     assert seen["waited"] is False
     assert "is running in an execution of another thread" in seen["error"]
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_an_async_then_callback_is_named_as_one_and_the_values_come_back():
+    import warnings
+
+    async def next_op(x, y, z):
+        return add(x, y, z)
+
+    x = vec(1, 2, 3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ExecutionError, match="coroutine function.*plain def") as e:
+            add(x, vec(1, 1, 1, 1), out()).then(next_op).sync()
+        gc.collect()
+    assert e.value.recovered[0] is x
+    assert not [w for w in caught if "never awaited" in str(w.message)]

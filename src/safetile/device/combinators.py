@@ -26,6 +26,20 @@ def _check_op(value, what: str) -> DeviceOp:
     return value
 
 
+def _check_result(value, f) -> None:
+    """Raise for a `then` callback's result that is not an op. An ``async def`` callback
+    returned a coroutine, which can never run here: a callback runs synchronously, inside
+    the execution; it is closed (it was made by this call) and the error says so."""
+    if inspect.iscoroutine(value):
+        value.close()
+        name = getattr(f, "__name__", repr(f))
+        raise ExecutionError(f"the `then` callback {name} is a coroutine function (async "
+                             f"def): a callback runs synchronously, inside the execution, "
+                             f"and cannot await; write it as a plain def that returns the next "
+                             f"op, and await in the coroutine that awaits the op")
+    _check_op(value, "the value returned by a `then` callback")
+
+
 def arity_error(kind: str, f, out, source) -> ArgumentError | None:
     """The error to raise when the ``kind`` callback ``f`` raised a TypeError because it
     cannot take the values ``out`` spreads into (None if the TypeError came from inside f)."""
@@ -83,7 +97,7 @@ class ThenOp(DeviceOp):
             try:
                 nxt = f(*(out if type(out) is tuple else (out,)))
                 if not isinstance(nxt, DeviceOp):
-                    _check_op(nxt, "the value returned by a `then` callback")
+                    _check_result(nxt, f)
             except BaseException as e:
                 for op in built:              # ops the callback built: values come back
                     op._abandon()
