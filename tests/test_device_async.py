@@ -226,6 +226,19 @@ def test_submit_inside_a_then_callback_of_an_awaited_op_names_the_re_entrancy():
     other.sync()
 
 
+def test_a_shared_op_awaited_by_two_tasks_runs_once_and_reaches_both():
+    # As on the GPU, where both run on the loop thread's stream in order: the second
+    # consumer's execution starts once the first's has finished.
+    s = spin(st.ones((64,)), st.empty((64,)).partition((1,)), 40).shared()
+    longer = s.then(lambda x, z, n: spin(x, st.empty((64,)).partition((1,)), 40))
+
+    async def main():
+        return await asyncio.gather(longer.map(lambda x, z, n: "first"), s.last())
+
+    first, n = asyncio.run(main())
+    assert first == "first" and n == 40
+
+
 # ---- a graph scope belongs to the task that opened it ----------------------------------------
 
 def scope_open_across_an_await(other):

@@ -364,3 +364,45 @@ def test_a_shared_op_is_refused_to_another_thread_until_the_execution_that_ran_i
     assert len(errors) == 1 and "has not finished" in errors[0]
     z = s.last().sync()                          # once it finished, its values are back
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_a_shared_op_running_on_another_thread_refuses_a_consumer_at_once_instead_of_waiting():
+    # The run's own callback waits for the other thread: a consumer that waited for the run
+    # to end would never end (nor would the run).
+    import threading
+    seen, ref = {}, []
+
+    def consume_elsewhere_and_wait(x, y, z):
+        def consume():
+            try:
+                ref[0].last().sync()
+            except ExecutionError as e:
+                seen["error"] = str(e)
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        t.join(5)
+        seen["waited"] = t.is_alive()
+        return add(x, y, z)
+
+    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(consume_elsewhere_and_wait).shared()
+    ref.append(s)
+    _, _, z = s.sync()
+    assert seen["waited"] is False
+    assert "is running in an execution of another thread" in seen["error"]
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_an_async_then_callback_is_named_as_one_and_the_values_come_back():
+    import warnings
+
+    async def next_op(x, y, z):
+        return add(x, y, z)
+
+    x = vec(1, 2, 3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ExecutionError, match="coroutine function.*plain def") as e:
+            add(x, vec(1, 1, 1, 1), out()).then(next_op).sync()
+        gc.collect()
+    assert e.value.recovered[0] is x
+    assert not [w for w in caught if "never awaited" in str(w.message)]

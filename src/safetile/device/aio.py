@@ -14,7 +14,8 @@ costs a done-callback per op, while gathering ops (or coroutines) makes a Task p
 costs more than launching the op itself.
 
 CPU path (no CUDA, or work on the CPU executor): the whole execution (``op.sync()``) runs on
-the loop's default executor, off the loop thread, so other coroutines keep running.
+the loop's default executor, off the loop thread, so other coroutines keep running. The
+executions awaited from one loop run one at a time, in submission order (``_Lane``).
 
 Errors raised while running come back to the awaiting coroutine as the same exception,
 after every argument has been handed back (``e.recovered`` holds the values, see op.py).
@@ -30,6 +31,7 @@ output once the work has completed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import queue
 import threading
@@ -96,7 +98,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             except RuntimeError:              # the loop closed meanwhile: nothing to tell
                 pass
         try:
-            loop.run_in_executor(None, contextvars.copy_context().run, work)
+            _lane_of(loop).run(loop, contextvars.copy_context().run, work)
         except BaseException as e:            # e.g. the loop's executor was shut down
             refused(e, op)
             raise
@@ -113,6 +115,58 @@ def submit(op, stream=None) -> "asyncio.Future":
 async def run_async(op, stream=None):
     """Run ``op`` (on ``stream``, default torch's current stream) and return its output."""
     return await submit(op, stream)
+
+
+class _Lane:
+    """The host-run executions submitted from one loop, run one at a time in submission
+    order on the loop's default executor, as the ops awaited on the GPU run in order on one
+    stream. So one task's op never meets another task's unfinished execution on another
+    thread (a shared op two tasks consume runs once and reaches both, as on the GPU)."""
+
+    __slots__ = ("lock", "queue", "busy")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queue: collections.deque = collections.deque()
+        self.busy = False                     # a drain is scheduled or running
+
+    def run(self, loop, *call) -> None:
+        """Run ``call`` after the executions submitted before it (raises, running nothing,
+        if the executor refuses work)."""
+        with self.lock:
+            self.queue.append(call)
+            if self.busy:
+                return
+            self.busy = True
+        try:
+            loop.run_in_executor(None, self.drain)
+        except BaseException:
+            with self.lock:
+                self.queue.remove(call)
+                self.busy = False
+            raise
+
+    def drain(self) -> None:
+        while True:
+            with self.lock:
+                if not self.queue:
+                    self.busy = False
+                    return
+                fn, *args = self.queue.popleft()
+            try:
+                fn(*args)                     # (delivers its own errors to its future)
+            except BaseException:             # never leave the later executions unrun
+                pass
+
+
+_lanes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _lane_of(loop) -> _Lane:
+    lane = _lanes.get(loop)
+    if lane is None:
+        lane = _lanes[loop] = _Lane()
+    return lane
 
 
 class _Batch:

@@ -26,6 +26,20 @@ def _check_op(value, what: str) -> DeviceOp:
     return value
 
 
+def _check_result(value, f) -> None:
+    """Raise for a `then` callback's result that is not an op. An ``async def`` callback
+    returned a coroutine, which can never run here: a callback runs synchronously, inside
+    the execution; it is closed (it was made by this call) and the error says so."""
+    if inspect.iscoroutine(value):
+        value.close()
+        name = getattr(f, "__name__", repr(f))
+        raise ExecutionError(f"the `then` callback {name} is a coroutine function (async "
+                             f"def): a callback runs synchronously, inside the execution, "
+                             f"and cannot await; write it as a plain def that returns the next "
+                             f"op, and await in the coroutine that awaits the op")
+    _check_op(value, "the value returned by a `then` callback")
+
+
 def arity_error(kind: str, f, out, source) -> ArgumentError | None:
     """The error to raise when the ``kind`` callback ``f`` raised a TypeError because it
     cannot take the values ``out`` spreads into (None if the TypeError came from inside f)."""
@@ -83,7 +97,7 @@ class ThenOp(DeviceOp):
             try:
                 nxt = f(*(out if type(out) is tuple else (out,)))
                 if not isinstance(nxt, DeviceOp):
-                    _check_op(nxt, "the value returned by a `then` callback")
+                    _check_result(nxt, f)
             except BaseException as e:
                 for op in built:              # ops the callback built: values come back
                     op._abandon()
@@ -209,7 +223,9 @@ class SharedOp(DeviceOp):
     The first consumer to run it runs the inner op (in its execution, on its stream). Later
     consumers get the same output; on a different CUDA stream they first wait on an event
     recorded after the inner work, so their work is ordered after it. Consumers of one
-    shared op must all run in eager executions, or all inside the same graph recording.
+    shared op must all run in eager executions, or all inside the same graph recording. A
+    consumer on another thread while the execution that ran it is unfinished (running it
+    included) is refused (``ExecutionError``), never kept waiting.
     """
 
     def __init__(self, inner: DeviceOp):
@@ -234,7 +250,18 @@ class SharedOp(DeviceOp):
             raise ExecutionError(f"the shared op {self.inner!r} is consumed by its own run (a "
                                  f"callback of it returns or runs it again); it cannot wait "
                                  f"for itself")
-        with self._lock:
+        # Another thread running the inner op now is in an execution that has not finished,
+        # so this consumer would be refused once it ends: refuse it now, not after a wait
+        # that never ends if that run waits on this thread (a callback joining it).
+        locked = self._lock.acquire(blocking=False)
+        while not locked:                         # (held briefly unless the op is running)
+            if self._runner is not None:
+                raise ExecutionError(
+                    f"the shared op {self.inner!r} is running in an execution of another "
+                    f"thread: its values are in flight there; consume it within that "
+                    f"execution (st.zip, then) or after it finishes")
+            locked = self._lock.acquire(timeout=0.001)
+        try:
             if not self._done:
                 self._done = True
                 self._recording = ctx.recording
@@ -259,6 +286,8 @@ class SharedOp(DeviceOp):
                     self._event.record(ctx.stream)
                     self._stream = ctx.stream
                 return self._out
+        finally:
+            self._lock.release()
         if self._abandoned:
             err = ExecutionError(f"the shared op {self.inner!r} never ran: an execution that "
                                  f"consumed it failed first, and its values were handed back "
@@ -292,11 +321,19 @@ class SharedOp(DeviceOp):
 
     def _abandon(self) -> None:
         # An execution that consumed this op failed before running it. Its values come back
-        # now (the error's `recovered` names them), so no later consumer may run it.
-        with self._lock:
+        # now (the error's `recovered` names them), so no later consumer may run it. A run in
+        # progress (on another thread) keeps its values: nothing to wait for.
+        locked = self._lock.acquire(blocking=False)
+        while not locked:
+            if self._done:
+                return
+            locked = self._lock.acquire(timeout=0.001)
+        try:
             if self._done:
                 return
             self._done = self._abandoned = True
+        finally:
+            self._lock.release()
         self.inner._abandon()
 
     def _values(self):

@@ -44,94 +44,10 @@ from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
 from ..tensor.spans import covering_views
-from .op import (DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing,
-                 fail_in_sequence)
+from .op import DeviceOp, RunContext, attach_recovered, fail_in_sequence
+from .scope import GraphScope
 from .unrun import building_site, warn_unrun
 from .unsafe_block import in_unsafe_block
-
-
-class GraphScope(NoCopies):
-    """Records ops for one graph; ``scope.graph`` is the ``Graph`` once the scope closes."""
-
-    def _refuse_copy(self, how: str):
-        raise CopyError(f"{self!r} cannot be {how}: a copy would record launches outside "
-                        f"the scope's own bookkeeping; record through the scope itself")
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        self._records: list = []         # KernelOps, in launch order
-        self.outputs: list = []          # one output per record() call
-        self.graph: Graph | None = None
-        self._closed = None              # why records are refused now, once the scope closed
-        self._shared_holds: list = []    # (read borrow, launches before it) per value shared
-        self._lock = threading.Lock()    # held by the record() in progress
-
-    def __repr__(self) -> str:
-        return f"<{self.reason} of {len(self._records)} recorded launches>"
-
-    @property
-    def records(self) -> tuple:
-        """The launches recorded so far, in launch order."""
-        return tuple(self._records)
-
-    @property
-    def recording(self) -> bool:
-        """Whether the scope may still become a graph (it has not closed)."""
-        return self._closed is None
-
-    def count(self) -> int:
-        """Launches recorded so far."""
-        return len(self._records)
-
-    def record(self, op: DeviceOp):
-        """Record ``op`` and return its output (its values are handed back now)."""
-        if self._closed is not None or not isinstance(op, DeviceOp):
-            if not isinstance(op, DeviceOp):
-                err = GraphCaptureError(f"record() takes a DeviceOp, got {type(op).__name__}")
-                attach_recovered(err, op)
-                raise err
-            # The op will never be recorded: its values come back with the error.
-            err = GraphCaptureError(f"{self.reason} is closed{self._closed}; the op was not "
-                                    f"recorded and its values are handed back "
-                                    f"(e.recovered)")
-            op._abandon()
-            attach_recovered(err, op._values())
-            raise err
-        # The scope's guards apply to the code a record runs (its callbacks), whichever
-        # thread or task calls record(): they are entered for that caller too.
-        # One record at a time (threads may share a scope): a failed record drops the launches
-        # appended after its start, which must all be its own.
-        with executing(f"a record into {self.reason}"), self._lock, \
-                forbid_allocation(self.reason), \
-                borrows.collect_shared(self._shared_holds, self.count):
-            ctx = RunContext(None, recording=self._records)
-            before = len(self._records)
-            try:
-                with borrows.owned_by(ctx):
-                    out = op._run(ctx)
-            except BaseException:
-                # The launches a failed record appended are dropped: its values come back to
-                # the caller, so no replay may write them (and a value it shared follows no
-                # launch of it).
-                del self._records[before:]
-                self._shared_holds[:] = [(h, min(n, before)) for h, n in self._shared_holds]
-                abandon_and_finish(op, ctx)
-                raise
-            # Until the graph is made, the scope keeps what its launches touch from torch
-            # (noted before the launches' borrows end, so no moment leaves the bytes free).
-            replayed.note_recorded(self, [a for r in self._records[before:]
-                                          for a in r._accesses()])
-            ctx.finish()
-        self.outputs.append(out)
-        return out
-
-    def launch(self) -> DeviceOp:
-        """Replay the scope's graph (after the block): ``self.graph.launch()``."""
-        if self.graph is None:
-            if self._closed is not None:
-                raise GraphCaptureError(f"{self.reason} is closed{self._closed}")
-            raise GraphCaptureError(f"{self.reason} is still recording; launch after the block")
-        return self.graph.launch()
 
 
 @contextlib.contextmanager
@@ -151,13 +67,14 @@ def graph_scope(reason: str = "st.graph_scope()"):
                          "new st.graph_scope()")
         replayed.forget_replayed(scope)
         raise
-    scope._closed = "; record inside the `with` block"
     try:
-        scope.graph = Graph(scope._records, tuple(scope.outputs),
-                            shared_holds=scope._shared_holds)
-    except BaseException:
-        scope._closed = ": its graph could not be made (the error raised as its block ended)"
-        raise
+        scope._close("; record inside the `with` block")
+        try:
+            scope.graph = Graph(scope._records, tuple(scope.outputs),
+                                shared_holds=scope._shared_holds)
+        except BaseException:
+            scope._closed = ": its graph could not be made (the error raised as its block ended)"
+            raise
     finally:
         replayed.forget_replayed(scope)             # the graph, if made, speaks for it now
 

@@ -1,0 +1,93 @@
+"""A graph scope shared by threads: records from several threads, and a block ending while
+another thread's record runs."""
+import threading
+
+import pytest
+
+import safetile as st
+from safetile.errors import GraphCaptureError
+
+import support
+from support import add, vec, out
+
+no_leftover_holds = support.no_leftover_holds()
+
+
+def test_threads_joined_inside_the_block_record_into_one_scope():
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    outs = [out() for _ in range(4)]
+    with st.graph_scope() as s:
+        workers = [threading.Thread(target=lambda o=o: s.record(add(x, y, o))) for o in outs]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    assert len(s.graph.records) == 4 and len(s.graph.output) == 4
+    s.launch().sync()
+    assert all(o.unpartition().to_torch().tolist() == [2, 3, 4, 5] for o in outs)
+
+
+def end_block_during_a_record():
+    """End a scope's block while another thread's record is inside a `then` callback;
+    returns (the block's error, the record's outcome, the record's output partitions)."""
+    x, y, first, second = vec(1, 2, 3, 4), vec(1, 1, 1, 1), out(), out()
+    inside, release, outcome = threading.Event(), threading.Event(), {}
+
+    def pause(x, y, z):
+        inside.set()
+        release.wait(5)
+        return add(x, y, second)
+
+    def record():
+        try:
+            outcome["output"] = s.record(add(x, y, first).then(pause))
+        except GraphCaptureError as e:
+            outcome["error"] = e
+
+    worker = threading.Thread(target=record)
+    try:
+        with st.graph_scope() as s:
+            worker.start()
+            inside.wait(5)
+    except GraphCaptureError as e:
+        block_error = e
+    else:
+        block_error = None
+    release.set()
+    worker.join()
+    return block_error, s, outcome, (first, second)
+
+
+def test_a_scope_whose_block_ends_while_another_thread_records_makes_no_graph():
+    block_error, s, _, _ = end_block_during_a_record()
+    assert block_error is not None and "running on another thread" in str(block_error)
+    assert "join them inside it" in str(block_error)
+    assert s.graph is None and not s.recording
+
+
+def test_a_record_running_when_its_scope_ends_fails_and_hands_its_values_back():
+    _, s, outcome, (first, second) = end_block_during_a_record()
+    assert "output" not in outcome
+    error = outcome["error"]
+    assert "closed on another thread while this record ran" in str(error)
+    rx, _, rz = error.recovered
+    assert rx.to_torch().tolist() == [1, 2, 3, 4] and rz is second
+    # nothing keeps the record's memory from torch: no graph will replay it
+    first.unpartition().into_torch()
+    second.unpartition().into_torch()
+
+
+def test_a_record_after_a_scope_ended_on_another_thread_is_refused():
+    with st.graph_scope() as s:
+        pass
+    z, errors = out(), []
+
+    def record():
+        try:
+            s.record(add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), z))
+        except GraphCaptureError as e:
+            errors.append(e)
+    worker = threading.Thread(target=record)
+    worker.start()
+    worker.join()
+    assert "is closed" in str(errors[0]) and errors[0].recovered[2] is z
