@@ -152,7 +152,9 @@ def test_matrix_products_refuse_an_out_dtype_that_is_not_a_float_st_dtype(out_dt
 @pytest.mark.parametrize("field,value", [("split_k", 0), ("bk", 0), ("bk", 48), ("bk", 8),
                                          ("bm", 3), ("bn", 0), ("group_size", 0),
                                          ("num_stages", 0), ("head_rows", -1),
-                                         ("flatten", "no"), ("pdl", "yes"), ("tail", 3)])
+                                         ("flatten", "no"), ("pdl", "yes"), ("tail", 3),
+                                         ("num_warps", 3), ("num_warps", 64),
+                                         ("num_stages", 65)])
 def test_matmul_config_refuses_a_field_the_kernels_cannot_take(field, value):
     args = dict(bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
     with pytest.raises(st.ArgumentError, match=f"MatmulConfig: {field}"):
@@ -160,7 +162,9 @@ def test_matmul_config_refuses_a_field_the_kernels_cannot_take(field, value):
 
 
 @pytest.mark.parametrize("field,value", [("bn", 3), ("bk", 0), ("bk", 12), ("head", 1),
-                                         ("prefetch", -1), ("num_stages", 0), ("tma", "no")])
+                                         ("prefetch", -1), ("num_stages", 0), ("tma", "no"),
+                                         ("num_warps", 3), ("num_warps", 64),
+                                         ("num_stages", 65)])
 def test_gemv_config_refuses_a_field_the_kernels_cannot_take(field, value):
     args = dict(bn=4, bk=16, num_warps=4, num_stages=2)
     with pytest.raises(st.ArgumentError, match=f"GemvConfig: {field}"):

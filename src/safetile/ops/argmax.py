@@ -68,10 +68,14 @@ def argmax_workspace(n: int, dtype: DType = st.i64, device=None,
     ``block``: logits per stage-1 program, a power of two."""
     n = host.check_int("ops.argmax_workspace: n", n, 1)
     block = host.check_pow2("ops.argmax_workspace: block", block)
+    if dtype not in (st.i32, st.i64):
+        raise ArgumentError(f"ops.argmax_workspace: the index dtype must be st.i32 or st.i64, "
+                            f"got {dtype!r}")
     blocks = -(-n // block)
     if blocks > MAX_BLOCKS:
-        raise ArgumentError(f"argmax over {n} entries in blocks of {block} needs {blocks} partials "
-                         f"(at most {MAX_BLOCKS}); use a larger block")
+        raise ArgumentError(f"ops.argmax_workspace: argmax over {n} entries in blocks of "
+                            f"{block} needs {blocks} partials (at most {MAX_BLOCKS}); use a "
+                            f"larger block")
     return ArgmaxWorkspace(alloc.empty((blocks,), dtype=st.f32, device=device),
                            alloc.empty((blocks,), dtype=dtype, device=device), block)
 
@@ -111,18 +115,22 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
         raise ArgumentError(f"ops.argmax: workspace must be an ArgmaxWorkspace "
                             f"(ops.argmax_workspace), got {type(workspace).__name__}")
     host.check_workspace("ops.argmax", workspace, ("values", "indices"))
-    host.check_pow2("ops.argmax: workspace.block", workspace.block)
-    if workspace.values.ndim != 1 or workspace.indices.ndim != 1 or \
-            workspace.blocks != -(-n // workspace.block) or workspace.indices.dtype is not dtype \
-            or workspace.values.dtype is not st.f32:
-        raise ArgumentError(f"ops.argmax: the workspace holds {workspace.blocks} "
-                         f"{workspace.indices.dtype!r} partials of {workspace.block}; "
-                         f"{n} logits need {-(-n // workspace.block)} of {dtype!r} (and "
-                         f"st.float32 values): build it with ops.argmax_workspace")
+    # A numpy int block is taken as the int it holds (the launches compute with it).
+    ws_block = host.check_pow2("ops.argmax: workspace.block", workspace.block)
+    if workspace.values.ndim != 1 or tuple(workspace.indices.shape) != \
+            tuple(workspace.values.shape) or workspace.blocks != -(-n // ws_block) or \
+            workspace.indices.dtype is not dtype or workspace.values.dtype is not st.f32:
+        raise ArgumentError(f"ops.argmax: the workspace holds values "
+                            f"{tuple(workspace.values.shape)} {workspace.values.dtype!r} and "
+                            f"indices {tuple(workspace.indices.shape)} "
+                            f"{workspace.indices.dtype!r} for blocks of {ws_block}; {n} logits "
+                            f"need ({-(-n // ws_block)},) st.float32 values and {dtype!r} "
+                            f"indices: build it with ops.argmax_workspace")
     z = host.output("ops.argmax: out", out, (1,), dtype, x.device)
     # Two launches: the second writes ``out`` only after the first has run, through views
     # taken now (host.taken).
     ws, zv = host.taken(workspace, ("values", "indices")), host.owned_view(z, (1,))
+    ws.block = ws_block
     host.check_disjoint("ops.argmax", {"x": x}, {"out": z, "workspace.values": ws.values,
                                                  "workspace.indices": ws.indices})
     stage1 = _PARTIAL(host.warps_for(ws.block))(

@@ -272,15 +272,8 @@ def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False,
     return _SPLIT[key]
 
 
-def _check_length(name: str, length) -> None:
-    host.check_value(f"{name}: length", length)
-    if length.dtype is not st.i32 or tuple(length.shape) != (1,):
-        raise ArgumentError(f"{name}: length must be an int32 tensor of shape (1,), got "
-                            f"{length.dtype!r} {tuple(length.shape)}")
-
-
-def _check_workspace(name: str, ws, hkv: int | None = None, group: int = 0, d: int = 0):
-    """``ws`` must be a DecodeWorkspace, and (given ``hkv``) one for that cache and group."""
+def _check_workspace(name: str, ws, hkv=None, group: int = 0, d: int = 0, splits=None):
+    """``ws`` must be a DecodeWorkspace, and (given ``hkv``) one for that cache, group, splits."""
     if not isinstance(ws, DecodeWorkspace):
         raise ArgumentError(f"{name}: workspace must be a DecodeWorkspace (build one with "
                             f"DecodeWorkspace.for_cache(q, k_cache)), got {a_type_name(ws)}")
@@ -291,10 +284,10 @@ def _check_workspace(name: str, ws, hkv: int | None = None, group: int = 0, d: i
         raise ArgumentError(f"{name}: the workspace's fields disagree (partial {p}, lse "
                             f"{ws.lse.shape}, group {ws.group}, rows {ws.rows}, num_splits "
                             f"{ws.num_splits}); build it with DecodeWorkspace.for_cache")
-    if hkv is not None and (p != (hkv, ws.num_splits, group, d) or ws.group != group):
-        raise ArgumentError(f"{name}: the workspace (partial {ws.partial.shape}, group "
-                            f"{ws.group}) does not fit {hkv * group} q heads and the cache "
-                            f"({hkv} kv heads of {d}); build it with DecodeWorkspace.for_cache")
+    if hkv is not None and (p != (hkv, splits or ws.num_splits, group, d) or ws.group != group):
+        raise ArgumentError(f"{name}: the workspace {p} does not fit {hkv * group} q heads, "
+                            f"{hkv} kv heads of {d} in {splits or ws.num_splits} splits: build "
+                            f"it with DecodeWorkspace.for_cache, or omit num_splits")
 
 
 def _options(name: str, d: int, max_seq: int, scale, length_offset, block_n, pdl,
@@ -381,8 +374,9 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     flags are bools (``None`` for a default where stated)."""
     name = "ops.decode_attention_split"
     hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
-    _check_length(name, length)
+    host.check_device_int(f"{name}: length", length)
     _check_workspace(name, workspace, hkv, hq // hkv, d)
+    num_warps, num_stages = host.check_counts(name, num_warps, num_stages)
     o = _options(name, d, k_cache.shape[1], scale, length_offset, block_n, pdl, trigger_early,
                  early, prefetch, cyclic, masked)
     return _launch_split(q, k_cache, v_cache, length, workspace, o, num_warps, num_stages)
@@ -427,14 +421,15 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     """
     name = "ops.decode_attention"
     hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
-    _check_length(name, length)
+    host.check_device_int(f"{name}: length", length)
+    num_warps, num_stages = host.check_counts(name, num_warps, num_stages)
     z = host.output(f"{name}: out", out, (hq, d), q.dtype, q.device)
     o = _options(name, d, k_cache.shape[1], scale, length_offset, block_n, pdl, trigger_early,
                  early, prefetch, cyclic, masked)
     if num_splits is not None:
         num_splits = host.check_int(f"{name}: num_splits", num_splits, 1)
     if workspace is not None:
-        _check_workspace(name, workspace, hkv, hq // hkv, d)
+        _check_workspace(name, workspace, hkv, hq // hkv, d, num_splits)
     splits = workspace.num_splits if workspace is not None else \
         num_splits or default_splits(hkv, k_cache.shape[1], o["block_n"])
     if splits == 1:

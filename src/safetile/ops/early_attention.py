@@ -181,7 +181,7 @@ def early_attention_kernel(k_cache: st.In[st.floats, 3], v_cache: st.In[st.float
 def early_attention_fits(head_dim: int) -> bool:
     """Whether ``qk_norm_rope_attention`` takes heads of ``head_dim``: each half of a head
     must feed the tensor cores."""
-    return head_dim >= MIN_HEAD_DIM
+    return host.check_int("ops.early_attention_fits: head_dim", head_dim, 1) >= MIN_HEAD_DIM
 
 
 def early_blocks(block_n: int, early_positions: int, max_seq: int) -> int:
@@ -240,8 +240,7 @@ def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         raise ArgumentError(f"{name}: early_positions={early_positions} is "
                             f"{-(-early_positions // block_n)} blocks of {block_n} keys; at "
                             f"most {MAX_EARLY_BLOCKS} are loaded before the wait")
-    num_warps = host.check_pow2(f"{name}: num_warps", num_warps, 1, 32)
-    num_stages = host.check_int(f"{name}: num_stages", num_stages, lo=1)
+    num_warps, num_stages = host.check_counts(name, num_warps, num_stages)
     trim = host.check_flag(f"{name}: trim", trim)
     eps = host.check_eps(name, eps)
     pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)

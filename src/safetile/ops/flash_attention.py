@@ -128,8 +128,8 @@ def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: i
     s = q.shape[1]
     bm = min(block_m, max(16, host.next_pow2(s)))
     bn = min(block_n, bm)
-    kern = _configured(host.check_pow2("ops.flash_attention: num_warps", num_warps, 1, 32),
-                       host.check_int("ops.flash_attention: num_stages", num_stages, 1))
+    host.check_tiles("ops.flash_attention", **{"q (block_m x head_dim)": (bm, d)})
+    kern = _configured(*host.check_counts("ops.flash_attention", num_warps, num_stages))
     zv = host.owned_view(z, tuple(z.shape), "ops.flash_attention: out")
     op = kern(*host.inputs(q, k, v), zv.partition((1, bm, d)),
               scale * LOG2E, bn)

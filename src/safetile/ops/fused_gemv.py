@@ -29,6 +29,7 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
+from ..lang.semantics import MAX_TILE_ELEMENTS
 from . import host
 from .gemv import IN_DTYPES, OUT_DTYPES, GemvConfig, choose_config
 
@@ -195,6 +196,15 @@ def check_weight(name: str, w):
     return tuple(w.shape)
 
 
+def check_norm_width(name: str, k: int) -> None:
+    """A fused RMSNorm holds all of x (K,) in one tile, for its mean square, in every
+    program: K is at most ``MAX_TILE_ELEMENTS``."""
+    if host.next_pow2(k) > MAX_TILE_ELEMENTS:
+        raise ArgumentError(f"{name}: x of {k} elements is longer than one tile holds "
+                            f"({MAX_TILE_ELEMENTS}; the fused RMSNorm reads all of x in every "
+                            f"program); use ops.rmsnorm, then ops.gemv")
+
+
 def vector(name: str, v, k: int):
     """``v`` of shape (k,) or (1, k) as a 1-D view the kernel reads."""
     host.check_value(name, v)
@@ -222,6 +232,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
     Returns a ``DeviceOp`` whose output is ``y`` (N,) in w's dtype (``out`` when given);
     ``config`` as ``ops.gemv``'s (default: ``gemv.choose_config(N, K)``)."""
     n, k = check_weight("ops.rmsnorm_gemv", w)
+    check_norm_width("ops.rmsnorm_gemv", k)
     xv = vector("ops.rmsnorm_gemv: x", x, k)
     host.check_value("ops.rmsnorm_gemv: norm_weight", norm_weight)
     if tuple(norm_weight.shape) != (k,):

@@ -56,10 +56,11 @@ class GemvConfig:
 
     def __post_init__(self):
         host.check_fields(self, dict(
-            bn=(host.check_pow2,), bk=(host.check_pow2,), num_warps=(host.check_int, 1),
-            num_stages=(host.check_int, 1), tma=(host.check_flag,), pdl=(host.check_flag,),
+            bn=(host.check_pow2,), bk=(host.check_pow2,), num_warps=(host.check_warps,),
+            num_stages=(host.check_stages,), tma=(host.check_flag,), pdl=(host.check_flag,),
             prefetch=(host.check_int, 0), early=(host.check_flag,),
             trigger_early=(host.check_flag,)))
+        host.check_tiles("GemvConfig", W=(self.bn, self.bk))
         if self.head not in (0, 2) or isinstance(self.head, bool):
             raise ArgumentError(f"GemvConfig: head must be 0 or 2 K blocks loaded ahead of "
                                 f"the loop, got {self.head!r}")

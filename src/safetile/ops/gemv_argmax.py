@@ -24,7 +24,8 @@ from ..errors import ArgumentError
 from ..tensor import alloc
 from . import host
 from .argmax import ArgmaxWorkspace, argmax_final_kernel
-from .fused_gemv import check_weight, configured, normed_block, rms_scale, vector
+from .fused_gemv import (check_norm_width, check_weight, configured, normed_block,
+                         rms_scale, vector)
 from .gemv import IN_DTYPES, OUT_DTYPES, GemvConfig, choose_config
 
 
@@ -98,6 +99,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     n, k = check_weight(name, w)
     if n == 0:
         raise ArgumentError(f"{name}: w has no rows (an empty vocabulary has no argmax)")
+    check_norm_width(name, k)
     xv = vector(f"{name}: x", x, k)
     host.check_value(f"{name}: norm_weight", norm_weight)
     if tuple(norm_weight.shape) != (k,):
@@ -111,17 +113,20 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
     cfg = host.config("ops.rmsnorm_gemv_argmax", config, GemvConfig, lambda: choose_config(n, k))
-    ws = workspace or gemv_argmax_workspace(w, dtype, cfg)
+    ws = gemv_argmax_workspace(w, dtype, cfg) if workspace is None else workspace
     if not isinstance(ws, ArgmaxWorkspace):
         raise ArgumentError(f"{name}: workspace must be an ArgmaxWorkspace "
                             f"(ops.gemv_argmax_workspace), got {type(ws).__name__}")
     host.check_workspace(name, ws, ("values", "indices"))
     blocks = -(-n // cfg.bn)
-    if ws.block != cfg.bn or ws.blocks != blocks or ws.indices.dtype is not dtype:
-        raise ArgumentError(f"{name}: the workspace holds {ws.blocks} {ws.indices.dtype!r} "
-                            f"partials of {ws.block} rows; {n} logits in programs of "
-                            f"{cfg.bn} rows need {blocks} of {dtype!r} "
-                            f"(ops.gemv_argmax_workspace)")
+    if ws.block != cfg.bn or tuple(ws.values.shape) != (blocks,) or \
+            tuple(ws.indices.shape) != (blocks,) or ws.indices.dtype is not dtype or \
+            ws.values.dtype is not st.f32:
+        raise ArgumentError(f"{name}: the workspace holds values {tuple(ws.values.shape)} "
+                            f"{ws.values.dtype!r} and indices {tuple(ws.indices.shape)} "
+                            f"{ws.indices.dtype!r} for programs of {ws.block} rows; {n} logits "
+                            f"in programs of {cfg.bn} rows need ({blocks},) st.float32 values "
+                            f"and {dtype!r} indices (ops.gemv_argmax_workspace)")
     y = host.output(f"{name}: logits", logits, (n,), w.dtype, w.device)
     z = host.output(f"{name}: token", token, (1,), dtype, w.device)
     # Two launches: the second writes ``token`` only after the first has run, through views

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import AliasError, ArgumentError
 from ..device.reserve import ReservingOp
-from ..dtypes import DType
+from ..dtypes import DType, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
@@ -63,6 +63,43 @@ def check_pow2(name: str, v, lo: int = 1, hi: int = MAX_TILE_ELEMENTS) -> int:
             or v & (v - 1):
         raise ArgumentError(f"{name} must be a power of two in [{lo}, {hi}], got {v!r}")
     return int(v)
+
+
+def check_warps(name: str, v) -> int:
+    """``v`` as a launch's ``num_warps``: a power of two up to 32, as ``Kernel.options`` takes."""
+    return check_pow2(name, v, 1, 32)
+
+
+def check_stages(name: str, v) -> int:
+    """``v`` as a launch's ``num_stages``: an int in [1, 64], as ``Kernel.options`` takes."""
+    return check_int(name, v, 1, 64)
+
+
+def check_counts(name: str, num_warps, num_stages) -> tuple:
+    """An op's ``num_warps`` and ``num_stages`` (``None``: the op's default) as plain ints
+    (numpy ints too), named after the op: ``Kernel.options`` takes plain ints only."""
+    return (check_warps(f"{name}: num_warps", num_warps),
+            None if num_stages is None else check_stages(f"{name}: num_stages", num_stages))
+
+
+def check_device_int(name: str, v) -> None:
+    """``v``, a count an op reads on the device (a position, a length), must be an int32
+    Tensor or Shared of shape (1,)."""
+    check_value(name, v)
+    if v.dtype is not int32 or tuple(v.shape) != (1,):
+        raise ArgumentError(f"{name} must be an int32 tensor of shape (1,), got {v.dtype!r} "
+                            f"{tuple(v.shape)}")
+
+
+def check_tiles(name: str, **tiles) -> None:
+    """Each of ``tiles`` (a name -> the tile's sides) must hold at most ``MAX_TILE_ELEMENTS``
+    elements: a config is refused when it is made, not by the launch of a kernel whose body
+    loads such a tile (for a product of two launches, after the first has written)."""
+    for tile, sides in tiles.items():
+        if math.prod(sides) > MAX_TILE_ELEMENTS:
+            raise ArgumentError(f"{name}: the {' x '.join(map(str, sides))} {tile} tile has "
+                                f"{math.prod(sides)} elements, over the {MAX_TILE_ELEMENTS} one "
+                                f"tile may hold; use smaller tile sides")
 
 
 def check_number(name: str, v, lo: float | None = None, above: float | None = None) -> float:

@@ -101,6 +101,7 @@ def max_cache_positions(head_dim: int) -> int:
     """The most cache positions one append program owns at ``head_dim``: a tile holds at
     most ``MAX_TILE_ELEMENTS`` elements. Longer caches are split into blocks of this many
     rows (``kv_append``), and ``qk_norm_rope_kv_append`` runs as two kernels for them."""
+    head_dim = host.check_int("ops.max_cache_positions: head_dim", head_dim, 1)
     return MAX_TILE_ELEMENTS // host.next_pow2(head_dim)
 
 

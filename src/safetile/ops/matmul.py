@@ -73,11 +73,13 @@ class MatmulConfig:
         # Tile sides are powers of two; the K step is the tensor cores' K, at least 16.
         host.check_fields(self, dict(
             bm=(host.check_pow2,), bn=(host.check_pow2,), bk=(host.check_pow2, 16),
-            num_warps=(host.check_int, 1), num_stages=(host.check_int, 1),
+            num_warps=(host.check_warps,), num_stages=(host.check_stages,),
             group_size=(host.check_int, 1), split_k=(host.check_int, 1),
             flatten=(host.check_flag,), warp_specialize=(host.check_flag,),
             pdl=(host.check_flag,), head_rows=(host.check_int, 0),
             tma_store=(host.check_flag,)))
+        host.check_tiles("MatmulConfig", A=(self.bm, self.bk), B=(self.bk, self.bn),
+                         C=(self.bm, self.bn))
         if self.tail is not None and not isinstance(self.tail, MatmulConfig):
             raise ArgumentError(f"MatmulConfig: tail must be a MatmulConfig or None, got "
                                 f"{self.tail!r}")
@@ -382,6 +384,8 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
     sms = num_sms(device if device.type == "cuda" else None)
     cfg = host.config(name, config, MatmulConfig,
                       lambda: choose_config(m, n, k, a.dtype, out_dtype, sms))
+    if workspace is not None:
+        host.check_target(f"{name}: workspace", workspace)
     if cfg.split_k > 1 and workspace is None and out is not None:
         cfg = replace(cfg, split_k=1)
     c = host.output(f"{name}: out", out, (m, n), out_dtype, device)

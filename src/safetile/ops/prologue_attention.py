@@ -149,6 +149,7 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
         host.check_pow2(f"{name}: block_n", block_n, 16)
     eps = host.check_eps(name, eps)
     pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
+    num_warps, num_stages = host.check_counts(name, num_warps, num_stages)
     z = host.output(f"{name}: out", out, (hq, d), qkv.dtype, qkv.device)
     group = hq // hkv
     rows_per_program = max(MIN_GROUP_ROWS, host.next_pow2(group))

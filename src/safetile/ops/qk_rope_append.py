@@ -219,6 +219,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
     block = append_block(name, max_seq, d, block_s)
     eps = host.check_eps(name, eps)
     pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
+    num_warps = host.check_warps(f"{name}: num_warps", num_warps)
     if block < max_seq and not isinstance(qkv, st.Tensor):
         raise ArgumentError(f"{name}: a cache longer than {block} rows takes qkv as an "
                             f"st.Tensor (its v rows are read by a second kernel), got a Shared")
@@ -270,6 +271,7 @@ def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int
     hq, rows = check_rows(name, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads, d)
     eps = host.check_eps(name, eps)
     pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
+    num_warps = host.check_warps(f"{name}: num_warps", num_warps)
     q = host.output(f"{name}: q_out", q_out, (hq, d), qkv.dtype, qkv.device)
     k = host.output(f"{name}: k_out", k_out, (kv_heads, d), qkv.dtype, qkv.device)
     op = _rotate(rows, q_norm_weight, k_norm_weight, pos, inv_freq, eps, q, k, hq, kv_heads,

@@ -38,6 +38,7 @@ masking logit such as ``-1e30`` neither stretches the search range nor changes a
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import safetile as st
@@ -283,13 +284,16 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
 
 def sampling_key(seed: int, device=None) -> Tensor:
     """The ``key`` tensor of :func:`sample` for a seed (any int; its low 64 bits count)."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ArgumentError(f"seed must be an int, got {type(seed).__name__}")
-    s = seed & ((1 << 64) - 1)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ArgumentError(f"ops.sampling_key: seed must be an int (numpy ints too), got "
+                            f"{type(seed).__name__} {seed!r}")
+    s = int(seed) & ((1 << 64) - 1)
     return host.filled([s & MASK32, s >> 32], st.i64, device)
 
 
-def _check(logits, params, key, counter, ws: SamplerWorkspace):
+def _check(logits, params, key, counter, ws: SamplerWorkspace) -> int:
+    """Check the arguments of :func:`sample`; returns the workspace's block as an int (a
+    numpy int too: the launches compute with it)."""
     for name, v in (("logits", logits), ("params", params), ("key", key), ("counter", counter)):
         host.check_value(f"ops.sample: {name}", v)
     if logits.ndim != 1:
@@ -308,11 +312,11 @@ def _check(logits, params, key, counter, ws: SamplerWorkspace):
                             f"{ws.states!r}")
     for i, state in enumerate(ws.states):
         host.check_target(f"ops.sample: workspace.states[{i}]", state)
-    if ws.n != logits.shape[0]:
+    if host.check_int("ops.sample: workspace.n", ws.n) != logits.shape[0]:
         raise ArgumentError(f"ops.sample: the workspace is for {ws.n} logits, got "
                             f"{logits.shape[0]}")
-    host.check_pow2("ops.sample: workspace.block", ws.block, 16)
-    nb = -(-ws.n // ws.block)
+    block = host.check_pow2("ops.sample: workspace.block", ws.block, 16)
+    nb = -(-logits.shape[0] // block)
     want = {"stats": ((nb, 4), st.f32), "counts": ((nb, NT), st.f32),
             "masses": ((nb, NT), st.f32), "values": ((nb,), st.f32),
             "states[0]": ((SLOTS,), st.f32), "states[1]": ((SLOTS,), st.f32),
@@ -326,6 +330,7 @@ def _check(logits, params, key, counter, ws: SamplerWorkspace):
             raise ArgumentError(f"ops.sample: workspace.{name} is {t.dtype!r} {tuple(t.shape)}, "
                                 f"where {ws.n} logits in blocks of {ws.block} need {dtype!r} "
                                 f"{shape}: build the workspace with ops.sampler_workspace")
+    return block
 
 
 def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace | None = None,
@@ -351,7 +356,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
                                 f"{out.dtype!r}")
     ws = workspace if workspace is not None else sampler_workspace(
         n, out.dtype if out is not None else st.i32, logits.device)
-    _check(logits, params, key, counter, ws)
+    block = _check(logits, params, key, counter, ws)
     z = host.output("ops.sample: out", out, (1,), ws.indices.dtype, logits.device)
     # Several launches: an output overlapping an input is refused before the first.
     host.check_disjoint("ops.sample", {"logits": logits, "params": params, "key": key,
@@ -365,6 +370,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     logits, params = host.inputs(logits, params)
     key, counter = host.later_input(key), host.later_input(counter)
     ws = host.taken(ws, ("stats", "counts", "masses", "states", "values", "indices"))
+    ws.block = block
     zv = host.owned_view(z, (1,))
     nb, blk = ws.blocks, ws.block
     warps = host.warps_for(blk)
