@@ -84,6 +84,14 @@ def test_the_packer_passes_tensor_descriptors_where_the_variant_loads_through_tm
     assert [list(d.block_shape) for d in descs] == [[32, 32]]
 
 
+def test_an_input_broadcast_along_rows_is_loaded_without_a_tensor_descriptor():
+    a = st.from_torch(torch.randn(64).expand(64, 64))     # row stride 0
+    z = st.empty((64, 64)).partition((32, 32))
+    bound = bind(mm, (a, z, 5, 16), {})
+    args, _ = pack.pack(_variant(mm, bound).packing, bound)
+    assert not [x for x in args if type(x).__name__ == "TensorDescriptor"]
+
+
 @pytest.mark.parametrize("shape,tile,dtype", [((16,), (4,), st.f32), ((8, 12), (4, 4), st.f32),
                                               ((8, 12), (4, 4), st.bf16)])
 def test_the_variant_cache_returns_the_variant_the_launcher_would_build(shape, tile, dtype):

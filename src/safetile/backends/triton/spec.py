@@ -47,10 +47,11 @@ TMA_MAX_RANK = 5
 
 def tma_ok(t) -> bool:
     """Whether torch tensor ``t`` can be read or written through a tensor descriptor: rank 2
-    to 5, unit last stride, 16-byte aligned base and row strides, and not bool (Triton's
+    to 5, unit last stride, 16-byte aligned base and positive row strides (a broadcast
+    dimension's zero stride is no layout a descriptor describes), and not bool (Triton's
     descriptors have no 1-bit element type)."""
     if not 2 <= t.dim() <= TMA_MAX_RANK or t.stride(-1) != 1 or t.data_ptr() % 16 or \
             t.dtype is torch.bool:
         return False
     size = t.element_size()
-    return all((s * size) % 16 == 0 for s in t.stride()[:-1])
+    return all(s > 0 and (s * size) % 16 == 0 for s in t.stride()[:-1])
