@@ -326,6 +326,14 @@ class ExprTyper:
                                       f"wholly outside every tensor, where a load reads only "
                                       f"padding: build that tile with sl.full(shape, padding, "
                                       f"dtype)")
+            # Python habits read `x.load(-1, ...)` as the last tile; a tile index counts from
+            # the tensor's start, so a negative compile-time one only ever reads padding.
+            if x.kind == "const" and x.value < 0:
+                raise self.fail(node, f"{what} `{ast.unparse(node)}`: tile index {x.value} "
+                                      f"lies before the tensor's start, where a load reads "
+                                      f"only padding; tile indices do not count from the end: "
+                                      f"the last tile along axis a is "
+                                      f"sl.cdiv(x.shape[a], size) - 1")
 
     def padding(self, node, dtype) -> None:
         if node is None:
