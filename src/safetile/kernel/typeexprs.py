@@ -12,6 +12,7 @@ import operator
 from .. import dtypes as _d
 from ..lang import semantics as S
 from ..lang.diagnostics import BROADCAST_HINT, TILE_AS_VALUE_HINT
+from .hints import TILE_ELEMENT_HINT
 from .typevalues import V, bounded, const, merged, operand, runtime
 
 BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
@@ -243,7 +244,7 @@ class ExprTyper:
                 shape.append(dims.pop(0))
             else:
                 raise self.fail(node, f"`{ast.unparse(node)}`: tiles are indexed only with `:` "
-                                      f"and None")
+                                      f"and None{TILE_ELEMENT_HINT}")
         return runtime(base.dtype, tuple(shape + dims), base.bound)
 
     # -- shared by calls -------------------------------------------------------------------------
