@@ -65,6 +65,12 @@ def test_a_numpy_array_is_told_to_use_from_numpy():
         add(st.ones((4,)), np.ones(4, np.float32), part())
 
 
+def test_a_python_list_is_told_to_become_a_tensor_first():
+    with pytest.raises(st.LaunchError, match=r"got a list; build a tensor from it first, "
+                                             r"e\.g\. st\.from_torch\(torch\.tensor\(values"):
+        scale([1.0, 2.0, 3.0, 4.0], part(), 2.0)
+
+
 def test_a_library_op_given_a_torch_tensor_says_the_same():
     with pytest.raises(st.ArgumentError, match=r"got a torch\.Tensor; wrap it with st\.from_torch"):
         ops.add(torch.ones(4), st.ones((4,)))
