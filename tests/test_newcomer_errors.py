@@ -65,6 +65,12 @@ def test_a_numpy_array_is_told_to_use_from_numpy():
         add(st.ones((4,)), np.ones(4, np.float32), part())
 
 
+def test_a_python_list_is_told_to_become_a_tensor_first():
+    with pytest.raises(st.LaunchError, match=r"got a list; build a tensor from it first, "
+                                             r"e\.g\. st\.from_torch\(torch\.tensor\(values"):
+        scale([1.0, 2.0, 3.0, 4.0], part(), 2.0)
+
+
 def test_a_library_op_given_a_torch_tensor_says_the_same():
     with pytest.raises(st.ArgumentError, match=r"got a torch\.Tensor; wrap it with st\.from_torch"):
         ops.add(torch.ones(4), st.ones((4,)))
@@ -342,3 +348,17 @@ def test_a_runtime_int_parameter_used_as_a_tile_size_is_told_to_become_a_const()
     assert e.value.lineno == line_of("runtime-block")
     assert "got `BLOCK`, a st.int32 scalar" in str(e.value)
     assert "declare it `BLOCK: st.Const[int]` (Triton's tl.constexpr)" in str(e.value)
+
+
+def test_indexing_a_tile_by_element_says_how_to_load_or_pick_elements_instead():
+    @st.kernel
+    def last_column(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+        t = x.load((z.index[0], 0), z.shape)
+        z.store(t + t[:, -1][:, None])  # element-index
+
+    with pytest.raises(st.KernelDefinitionError) as e:
+        last_column(st.ones((4, 8)), st.empty((4, 8)).partition((2, 8)))
+    assert e.value.lineno == line_of("element-index")
+    assert "`t[:, -1]`: tiles are indexed only with `:` and None" in str(e.value)
+    assert "x.load_scalar(index)" in str(e.value)
+    assert "sl.sum(sl.where(sl.arange(n) == i, t, 0), 0)" in str(e.value)

@@ -131,3 +131,30 @@ def test_recording_the_building_site_formats_no_traceback():
     source = inspect.getsource(unrun.building_site)
     assert "sys._getframe" in source
     assert "traceback" not in source and "extract_stack" not in source
+
+
+def test_unpacking_an_op_that_was_not_run_says_to_sync_or_await_it():
+    op = add(vec(), vec(), out())
+    with pytest.raises(st.NotRunError, match=r"x, y, z = op\.sync\(\)`, or `x, y, z = await op"):
+        x, y, z = op
+    assert isinstance(op.sync()[0], st.Tensor)          # the refused unpacking ran nothing
+
+
+def test_indexing_an_op_that_was_not_run_is_a_not_run_error_and_a_type_error():
+    op = add(vec(), vec(), out())
+    with pytest.raises(TypeError, match="cannot be indexed: a launch only builds a lazy op"):
+        op[2]
+    op.sync()
+
+
+def test_an_unawaited_op_unpacked_in_a_coroutine_says_to_await_it():
+    async def main():
+        x, y, z = add(vec(), vec(), out())              # forgot `await`
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", st.UnrunOpWarning)
+        with pytest.raises(st.NotRunError, match="await op") as e:
+            asyncio.run(main())
+        del e                                           # the traceback held the dropped op
+        gc.collect()
+    assert [w.category for w in seen] == [st.UnrunOpWarning]

@@ -67,6 +67,17 @@ def test_the_farthest_compile_time_tile_index_within_int32_reads_padding_and_com
 
 
 @st.kernel
+def load_last_python_style(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(x.load((-1,), (64,)))
+
+
+def test_a_negative_compile_time_tile_index_is_refused_naming_the_last_tile():
+    e = refused(load_last_python_style, lambda: (x64(), z64()),
+                r"tile index -1 lies before the tensor's start.*do not count from the end")
+    assert "sl.cdiv(x.shape[a], size) - 1" in str(e)
+
+
+@st.kernel
 def sub_store_outside(z: st.Out[st.f32]):
     z.partition((16,)).store(sl.zeros((16,), st.f32), (4,))
 

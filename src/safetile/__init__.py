@@ -34,7 +34,7 @@ from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
 from .errors import (AliasError, ArgumentError, BorrowError, ExecutionError,  # noqa: F401
                      CollectiveError, CopyError, DivisionByZeroError, FrozenError,
                      GraphCaptureError, HeldInFlightError, IndexOutOfRangeError,
-                     KernelDefinitionError,
+                     KernelDefinitionError, NotRunError,
                      LaunchError, MovedError, OutOfBoundsError, PartitionError, RaceError,
                      SafetileError, UnsafeError)
 from .errors import BlockingSyncWarning, UnrunOpWarning  # noqa: F401
@@ -82,7 +82,7 @@ __all__ = [
     "errors", "SafetileError", "KernelDefinitionError", "LaunchError", "ArgumentError",
     "MovedError", "BorrowError", "AliasError", "UnsafeError", "RaceError", "OutOfBoundsError", "CollectiveError",
     "GraphCaptureError", "ExecutionError", "PartitionError", "IndexOutOfRangeError",
-    "CopyError", "DivisionByZeroError", "FrozenError", "HeldInFlightError",
+    "CopyError", "DivisionByZeroError", "FrozenError", "HeldInFlightError", "NotRunError",
     "UnrunOpWarning",
     "BlockingSyncWarning",
 ]

@@ -71,6 +71,12 @@ class FrozenError(SafetileError, AttributeError):
     body) was assigned after the kernel was defined."""
 
 
+class NotRunError(SafetileError, TypeError):
+    """A lazy ``DeviceOp`` was used as its values (unpacked, indexed, iterated) before it ran:
+    a launch only builds the op; ``op.sync()`` or ``await op`` runs it and returns the
+    values. Also a ``TypeError``, which Python raises for a value that cannot be unpacked."""
+
+
 class GraphCaptureError(SafetileError):
     """An operation that allocates (or cannot be captured) was recorded into a graph."""
 

@@ -54,8 +54,15 @@ from .unsafe_block import in_unsafe_block
 def graph_scope(reason: str = "st.graph_scope()"):
     """Record several ops into one graph: ``with st.graph_scope() as s: s.record(op)``.
 
+    ``s.record(op)`` records the op without running it and hands its values back at once,
+    so the next record can take them (``a, b, zp = s.record(add(a, b, z.partition(...)))``).
+    Nothing may allocate inside the block (``st.zeros``, ``st.empty``, ops that allocate
+    their results raise ``GraphCaptureError``): a replay reuses the recorded addresses, so
+    allocate buffers before the block and partition them inside it. ``op.sync()`` and
+    ``await op`` inside the block raise ``GraphCaptureError`` too.
+
     After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
-    output) and ``s.launch()`` replays it."""
+    output) and ``s.launch()`` replays it: a ``DeviceOp`` to sync, await or chain."""
     scope = GraphScope(reason)
     try:
         with forbid_allocation(reason), borrows.collect_shared(scope._shared_holds, scope.count):

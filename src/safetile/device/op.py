@@ -27,7 +27,8 @@ import threading
 import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
-from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, GraphCaptureError
+from ..errors import (ArgumentError, BlockingSyncWarning, CopyError, ExecutionError,
+                      GraphCaptureError, NotRunError)
 from ..tensor import borrows
 from ..tensor.alloc import FORBIDDING, allocation_forbidden
 from ..tensor.ownership import NoCopies
@@ -334,6 +335,18 @@ class DeviceOp(NoCopies):
                         f"values back once. Build the operation again (call the kernel "
                         f"again), share one run with op.shared(), or replay it with "
                         f"op.graph()")
+
+    # -- a lazy op is not its values: `x, y, z = add(...)` forgot to run it -----------------
+    def _not_run(self, how: str):
+        raise NotRunError(f"{self!r} cannot be {how}: a launch only builds a lazy op, and its "
+                          f"values exist once it has run; run it first: `x, y, z = "
+                          f"op.sync()`, or `x, y, z = await op` in a coroutine")
+
+    def __iter__(self):
+        self._not_run("unpacked or iterated")
+
+    def __getitem__(self, key):
+        self._not_run("indexed")
 
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):

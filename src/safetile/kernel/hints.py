@@ -75,3 +75,10 @@ def missing_operation_message(func: ast.Attribute, module: types.ModuleType) -> 
     instead = sl_spelling(func.attr)
     hint = f"use {instead}" if instead else "see its docstring for the operations it has"
     return f"`{ast.unparse(func)}` does not exist in {module.__name__}; {hint}"
+
+
+# Triton and torch habits index a tile by element (`t[0]`, `t[:, -1]`); a tile holds no
+# per-element access, so the advice names the two ways to get those elements.
+TILE_ELEMENT_HINT = ("; to read a narrower slice or one element, load it from the input "
+                     "(x.load(index, smaller_shape), x.load_scalar(index)); to pick element "
+                     "i of a tile, mask and reduce: sl.sum(sl.where(sl.arange(n) == i, t, 0), 0)")

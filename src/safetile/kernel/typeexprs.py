@@ -12,6 +12,7 @@ import operator
 from .. import dtypes as _d
 from ..lang import semantics as S
 from ..lang.diagnostics import BROADCAST_HINT, TILE_AS_VALUE_HINT
+from .hints import TILE_ELEMENT_HINT
 from .typevalues import V, bounded, const, merged, operand, runtime
 
 BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
@@ -243,7 +244,7 @@ class ExprTyper:
                 shape.append(dims.pop(0))
             else:
                 raise self.fail(node, f"`{ast.unparse(node)}`: tiles are indexed only with `:` "
-                                      f"and None")
+                                      f"and None{TILE_ELEMENT_HINT}")
         return runtime(base.dtype, tuple(shape + dims), base.bound)
 
     # -- shared by calls -------------------------------------------------------------------------
@@ -326,6 +327,14 @@ class ExprTyper:
                                       f"wholly outside every tensor, where a load reads only "
                                       f"padding: build that tile with sl.full(shape, padding, "
                                       f"dtype)")
+            # Python habits read `x.load(-1, ...)` as the last tile; a tile index counts from
+            # the tensor's start, so a negative compile-time one only ever reads padding.
+            if x.kind == "const" and x.value < 0:
+                raise self.fail(node, f"{what} `{ast.unparse(node)}`: tile index {x.value} "
+                                      f"lies before the tensor's start, where a load reads "
+                                      f"only padding; tile indices do not count from the end: "
+                                      f"the last tile along axis a is "
+                                      f"sl.cdiv(x.shape[a], size) - 1")
 
     def padding(self, node, dtype) -> None:
         if node is None:

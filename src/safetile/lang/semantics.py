@@ -113,8 +113,8 @@ Indices and limits
 ------------------
 A tile index ``i`` with shape ``t`` reads elements ``i*t + [0, t)``, computed exactly: any
 element outside the tensor reads the padding, whatever ``i`` (no wrap-around); a
-compile-time ``i`` whose box passes the int32 range (wholly outside every tensor) is
-refused. A sub-tile index outside the owned slab's sub-grid is refused: by the type check
+compile-time ``i`` that is negative or whose box passes the int32 range (either way wholly
+outside every tensor) is refused. A sub-tile index outside the owned slab's sub-grid is refused: by the type check
 when it is compile-time, else by the CPU executor (``OutOfBoundsError``); the GPU masks it
 off. Tensors whose dimensions exceed ``MAX_DIM`` or whose elements lie past offset
 2**31 - 1, tiles over ``MAX_TILE_ELEMENTS`` elements, and launches of more than

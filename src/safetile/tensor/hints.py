@@ -47,6 +47,10 @@ def how_to_pass(v, want: str) -> str:
                 f"st.from_torch(t.clone()) leaves t to you)")
     if _is_numpy(v):
         return f"copy it in with st.from_numpy(a){then}"
+    if isinstance(v, (list, tuple)) and not any(isinstance(e, Tensor) for e in v):
+        # Host data enters a launch only as a Tensor the caller holds, to get it back from.
+        return (f"build a tensor from it first, e.g. st.from_torch(torch.tensor(values, "
+                f"dtype=torch.float32)){then}")
     if want == "output" and isinstance(v, Tensor):
         return "partition it first: tensor.partition(tile_shape)"
     if want == "output" and isinstance(v, Shared):
