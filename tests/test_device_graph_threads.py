@@ -91,3 +91,26 @@ def test_a_record_after_a_scope_ended_on_another_thread_is_refused():
     worker.start()
     worker.join()
     assert "is closed" in str(errors[0]) and errors[0].recovered[2] is z
+
+
+def test_a_replay_inlined_while_another_thread_updates_the_graph_records_the_launches_it_checked(
+        monkeypatch):
+    from safetile.kernel.kernel_op import KernelOp
+    x, y, z1, z2 = vec(1, 2, 3, 4), vec(1, 1, 1, 1), out(), out()
+    g = add(x, y, z1).graph()
+    old = g.records
+    x, y, _ = g.output
+    check = KernelOp.borrow
+    updated = []
+
+    def update_meanwhile(self, reason):           # another thread updates the graph between
+        if not updated:                           # the inlining's check and its recording
+            updated.append(True)
+            worker = threading.Thread(target=lambda: g.update(add(x, y, z2)))
+            worker.start()
+            worker.join()
+        return check(self, reason)
+    monkeypatch.setattr(KernelOp, "borrow", update_meanwhile)
+    with st.graph_scope() as s:
+        s.record(g.launch())
+    assert s.graph.records == old and g.records != old

@@ -252,19 +252,22 @@ class Graph(NoCopies):
                     f"through a torch alias since it was recorded ({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
 
-    def check_inlined(self) -> None:
-        """Check the launches of this graph, inlined into a recording, against the borrows in
-        force, one by one as recording them directly would (``AliasError``, with the
-        graph's output as ``e.recovered``). In particular a value shared earlier in the
-        recording keeps them from writing its bytes: only launches recorded before its share
-        may rewrite it (it is not this graph's own, and its replays' exemption does not
-        carry over)."""
-        for i, r in enumerate(self._records):
+    def inline(self) -> tuple:
+        """``(records, output)`` of one state of this graph (an update swaps both at once),
+        its launches checked, as recording them directly would, against the borrows in force
+        (``AliasError``, with the output as ``e.recovered``). In particular a value shared
+        earlier in the recording keeps them from writing its bytes: only launches recorded
+        before its share may rewrite it (it is not this graph's own, and its replays'
+        exemption does not carry over)."""
+        with self._lock:
+            records, output = self._records, self.output
+        for i, r in enumerate(records):
             try:
                 r.borrow(f"{r.label} (launch {i} of the inlined {self!r})").release()
             except BaseException as e:
-                attach_recovered(e, self.output, replace=True)
+                attach_recovered(e, output, replace=True)
                 raise
+        return records, output
 
     def _replay(self, ctx: RunContext) -> None:
         if self._cuda is not None:
@@ -349,9 +352,9 @@ class GraphLaunchOp(DeviceOp):
         self._take()
         g = self.replayed
         if ctx.recording is not None:             # a replay inside a recording: inline it
-            g.check_inlined()
-            ctx.recording.extend(g._records)
-            return g.output
+            records, output = g.inline()
+            ctx.recording.extend(records)
+            return output
         with g._lock:
             g._in_flight += 1                     # before reading any recorded state
         try:
