@@ -253,14 +253,11 @@ class SharedOp(DeviceOp):
         # Another thread running the inner op now is in an execution that has not finished,
         # so this consumer would be refused once it ends: refuse it now, not after a wait
         # that never ends if that run waits on this thread (a callback joining it).
-        locked = self._lock.acquire(blocking=False)
-        while not locked:                         # (held briefly unless the op is running)
-            if self._runner is not None:
-                raise ExecutionError(
-                    f"the shared op {self.inner!r} is running in an execution of another "
-                    f"thread: its values are in flight there; consume it within that "
-                    f"execution (st.zip, then) or after it finishes")
-            locked = self._lock.acquire(timeout=0.001)
+        if not self._lock_unless(lambda: self._runner is not None):
+            raise ExecutionError(
+                f"the shared op {self.inner!r} is running in an execution of another "
+                f"thread: its values are in flight there; consume it within that "
+                f"execution (st.zip, then) or after it finishes")
         try:
             if not self._done:
                 self._done = True
@@ -316,6 +313,17 @@ class SharedOp(DeviceOp):
             ctx.stream.wait_event(self._event)
         return self._out
 
+    def _lock_unless(self, stop) -> bool:
+        """Take ``_lock``, or return False once ``stop()`` is true while another thread holds
+        it: a run holds it for as long as it runs, and may wait on this thread meanwhile. The
+        lock is otherwise held only briefly, so waiting for it is polled."""
+        locked = self._lock.acquire(blocking=False)
+        while not locked:
+            if stop():
+                return False
+            locked = self._lock.acquire(timeout=0.001)
+        return True
+
     def _settled(self) -> None:
         self._ran_in = None
 
@@ -323,11 +331,8 @@ class SharedOp(DeviceOp):
         # An execution that consumed this op failed before running it. Its values come back
         # now (the error's `recovered` names them), so no later consumer may run it. A run in
         # progress (on another thread) keeps its values: nothing to wait for.
-        locked = self._lock.acquire(blocking=False)
-        while not locked:
-            if self._done:
-                return
-            locked = self._lock.acquire(timeout=0.001)
+        if not self._lock_unless(lambda: self._done):
+            return
         try:
             if self._done:
                 return
