@@ -172,9 +172,7 @@ def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv:
     for what, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         if tuple(w.shape) != (d,):
             raise ArgumentError(f"{name}: {what} must have shape ({d},), got {tuple(w.shape)}")
-    if pos.dtype is not st.i32 or tuple(pos.shape) != (1,):
-        raise ArgumentError(f"{name}: pos must be an int32 tensor of shape (1,), got "
-                            f"{pos.dtype!r} {tuple(pos.shape)}")
+    host.check_device_int(f"{name}: pos", pos)
     if inv_freq.dtype is not st.f32 or tuple(inv_freq.shape) != (d // 2,):
         raise ArgumentError(f"{name}: inv_freq must be an fp32 tensor of shape ({d // 2},) "
                             f"(ops.inv_freq_table), got {inv_freq.dtype!r} "

@@ -32,10 +32,11 @@ Logits that are not finite: a NaN logit is never drawn (as ``ops.argmax``, NaN n
 a ``-inf`` logit has probability 0 and is never drawn; a ``+inf`` logit takes all the
 probability (``z = 0`` for it, ``-inf`` for the finite ones), so it is drawn, the first of
 several at temperature 0. When no logit is finite or ``+inf`` there is nothing to draw: the
-token is then any index (index 0 at temperature 0, as ``ops.argmax``). The searches start at ``z = -Z_FLOOR``, not at the smallest
-logit: a token further below the maximum can never win the draw (the Gumbel noise spans
-less than ``Z_FLOOR``) and its mass is below float32's resolution of the top token's, so a
-masking logit such as ``-1e30`` neither stretches the search range nor changes a draw.
+token is then any index (index 0 at temperature 0, as ``ops.argmax``). The searches start at
+``z = -Z_FLOOR``, not at the smallest logit: a token further below the maximum can never win
+the draw (the Gumbel noise spans less than ``Z_FLOOR``) and its mass is below float32's
+resolution of the top token's, so a masking logit such as ``-1e30`` neither stretches the
+search range nor changes a draw.
 """
 from __future__ import annotations
 
