@@ -74,8 +74,7 @@ class ReservingOp(DeviceOp):
     def _abandon(self) -> None:
         if not self._consumed:
             self._consumed = True
-            self._hold.release()
-            self._release_handles()
+            self._end()
         self._inner._abandon()
 
     def _values(self):
@@ -89,8 +88,9 @@ class ReservingOp(DeviceOp):
         # warns that it never ran).
         if not getattr(self, "_consumed", True):
             self._consumed = True
-            finalize(self._drop_unrun)
+            finalize(self._end)
 
-    def _drop_unrun(self) -> None:
+    def _end(self) -> None:
+        """End the reservation of an op that never runs."""
         self._hold.release()
         self._release_handles()
