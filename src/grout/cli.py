@@ -89,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
                    default=None, help="largest request body accepted (default 4 MiB); larger "
                                       "ones get HTTP 413")
     s.add_argument("--seed", type=_int_in(-2 ** 63, 2 ** 64 - 1, "a seed in [-2**63, 2**64)"),
-                   default=None, help="the sampling seed of every request that sends no \"seed\" of its own, "
+                   default=None,
+                   help="the sampling seed of every request that sends no \"seed\" of its own, "
                         "so such requests repeat their samples (default: a fresh seed per "
                         "request); a request's \"seed\" wins")
     s.add_argument("--log-level", default="info",
