@@ -7,13 +7,13 @@ k + 1 numbers cross to the host.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .errors import RequestError
+from .sampler import integer
 
 MAX_TOP_LOGPROBS = 20
 
@@ -33,7 +33,7 @@ def check_top_logprobs(k) -> int | None:
     logprobs); ``RequestError`` unless it is an int in [0, MAX_TOP_LOGPROBS]."""
     if k is None:
         return None
-    n = None if isinstance(k, bool) or not isinstance(k, numbers.Integral) else int(k)
+    n = integer(k)
     if n is None or not 0 <= n <= MAX_TOP_LOGPROBS:
         raise RequestError(f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}], "
                            f"got {k!r}")

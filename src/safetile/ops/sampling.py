@@ -40,7 +40,6 @@ search range nor changes a draw.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import safetile as st
@@ -286,10 +285,7 @@ def sampling_params(temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0
 
 def sampling_key(seed: int, device=None) -> Tensor:
     """The ``key`` tensor of :func:`sample` for a seed (any int; its low 64 bits count)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ArgumentError(f"ops.sampling_key: seed must be an int (numpy ints too), got "
-                            f"{type(seed).__name__} {seed!r}")
-    s = int(seed) & ((1 << 64) - 1)
+    s = host.check_int("ops.sampling_key: seed", seed) & ((1 << 64) - 1)
     return host.filled([s & MASK32, s >> 32], st.i64, device)
 
 
