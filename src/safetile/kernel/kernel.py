@@ -145,7 +145,7 @@ class Function(_Frozen):
         self._src = KernelSource(fn)
         self._info = check_function(self._src)
         check_static_shapes(self._src, {}, self._info)
-        self._bodies: dict = {}         # backend name -> its executable form of the body
+        self._bodies: dict = {}        # backend name -> its executable form of the body
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -188,7 +188,7 @@ class Kernel(_Frozen):
         # launcher (kernel_op.py) read these options at different times and must agree.
         self.opts = MappingProxyType(normalized_options(self.name, self.params, options or {}))
         self._launches = LaunchCache(self)   # every launch cache of this kernel (kernel/cache.py)
-        self._bodies: dict = {}         # backend name -> its executable form of the body (shared
+        self._bodies: dict = {}        # backend name -> its executable form of the body (shared
                                        # with the options() copies)
 
     @property

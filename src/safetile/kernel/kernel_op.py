@@ -151,7 +151,7 @@ class KernelOp(DeviceOp):
         try:
             self._execute(ctx.handle)
         except BaseException as e:
-            e.recovered = self._args             # the arguments are not lost: see e.recovered
+            e.recovered = self._args              # the arguments are not lost: see e.recovered
             raise
         self._executed = True
         return self._args
