@@ -380,13 +380,11 @@ class DeviceOp(NoCopies):
 
         This op's values are handed back before ``f`` is called, so ``f`` may pass them on to
         the next launch. ``f`` must return a ``DeviceOp`` and must not start execution."""
-        from .combinators import ThenOp
-        return ThenOp(self, f)
+        return _combinators.ThenOp(self, f)
 
     def map(self, f) -> "DeviceOp":
         """An op whose output is ``f(*outputs)`` (a host-side transform; no device work)."""
-        from .combinators import MapOp
-        return MapOp(self, f)
+        return _combinators.MapOp(self, f)
 
     def first(self) -> "DeviceOp":
         """An op whose output is the first of this op's output values."""
@@ -398,8 +396,7 @@ class DeviceOp(NoCopies):
 
     def shared(self) -> "DeviceOp":
         """A handle that runs this op at most once, however many consumers run it."""
-        from .combinators import SharedOp
-        return SharedOp(self)
+        return _combinators.SharedOp(self)
 
     # -- execution ------------------------------------------------------------------------
     def sync(self, stream=None):
@@ -435,8 +432,10 @@ class DeviceOp(NoCopies):
 
         Nothing runs now: ``g.launch()`` replays the recorded launches; ``g.output`` is the
         output values (valid after a replay has been synchronized)."""
-        from .graph import record_graph
-        return record_graph(self)
+        return _graph.record_graph(self)
 
 
-from . import aio as _aio  # noqa: E402  (aio imports this module; bound at the end)
+# These modules import this one, so they are bound once it is defined.
+from . import aio as _aio  # noqa: E402
+from . import combinators as _combinators  # noqa: E402
+from . import graph as _graph  # noqa: E402

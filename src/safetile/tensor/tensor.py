@@ -28,9 +28,9 @@ from .. import dtypes as _dtypes
 from . import borrows, replayed
 from .overlap import overlaps, past_storage
 from .ownership import LOCK, Handle
+from .partition import Partition, _validate
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .partition import Partition
     from .shared import Shared
 
 __all__ = ["Tensor"]
@@ -266,7 +266,6 @@ class Tensor(Handle):
         :class:`~safetile.tensor.partition.ProgramOrder`. ``p.unpartition()`` gives the
         tensor back.
         """
-        from .partition import Partition, _validate       # local: partition imports tensor
         self._check("call .partition()")
         tiles, prog_order = _validate(tuple(self._torch.shape), tile_shape, order,
                                       group_size, persistent)
@@ -277,7 +276,6 @@ class Tensor(Handle):
 
     def share(self) -> "Shared":
         """Consume the tensor and return a read-only, cloneable :class:`Shared` handle."""
-        from .shared import Shared
         self._check("share it")
         hold = borrows.hold_shared(self._torch, self._describe())   # AliasError if written
         try:
@@ -287,7 +285,7 @@ class Tensor(Handle):
         except BaseException:
             hold.release()
             raise
-        return Shared._create(self, hold)
+        return _shared.Shared._create(self, hold)
 
     # -- zero-copy views (do not consume) --------------------------------------------------
     def _derive(self, t: torch.Tensor) -> "Tensor":
@@ -396,3 +394,6 @@ class Tensor(Handle):
         """The DLPack ``(device_type, device_id)`` pair."""
         self._check("export it through DLPack")
         return self._torch.__dlpack_device__()
+
+
+from . import shared as _shared  # noqa: E402  (shared imports this module)
