@@ -49,3 +49,12 @@ def test_a_cached_launch_refuses_an_input_whose_storage_shrank_at_the_same_addre
     shrink_at_the_same_address(t)
     with pytest.raises(st.LaunchError, match="past the end of its storage"):
         scale(x, z, a)
+
+
+@pytest.mark.parametrize("copy", ["to_torch", "numpy"])
+def test_a_shared_value_whose_storage_shrank_is_not_copied_past_its_end(copy):
+    t = torch.zeros(1 << 16)
+    s = st.from_torch(t).share()
+    t.untyped_storage().resize_(16)             # 16 bytes left of 256 KiB
+    with pytest.raises(st.ArgumentError, match="past the end of its storage"):
+        getattr(s, copy)()

@@ -83,6 +83,22 @@ def _to_numpy(t: torch.Tensor):
     return t.numpy()
 
 
+def within_storage(t: torch.Tensor, what: str) -> None:
+    """Raise ``ArgumentError`` if ``t`` reaches past the end of its storage (shrunk through a
+    torch alias since the handle was made): reading, writing or exporting it would touch
+    memory past the storage's block. ``what`` completes "cannot ..."."""
+    if past_storage(t):
+        raise ArgumentError(f"cannot {what}: it reaches past the end of its storage, which was "
+                            f"shrunk through a torch alias; make the tensor again")
+
+
+def host_read(t: torch.Tensor, described: str, how: str):
+    """The checks of a host copy of ``t`` (the handle ``described``) with ``how``, and its read
+    borrow while it copies (``borrows.host_read``)."""
+    within_storage(t, f"read {described} with {how}")
+    return borrows.host_read(t, f"read {described} with {how}")
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a torch.Tensor subclass) as a plain ``torch.Tensor`` over the same storage.
     ``torch.Tensor.as_subclass`` is torch's own method, not one the subclass overrides; a
@@ -226,13 +242,8 @@ class Tensor(Handle):
             return _to_numpy(self._torch)
 
     def _host_read(self, how: str):
-        """The checks of a host copy, and its read borrow while it copies
-        (``borrows.host_read``)."""
-        if past_storage(self._torch):
-            raise ArgumentError(f"cannot read {self._describe()} with {how}: it reaches past the "
-                                f"end of its storage, which was shrunk through a torch alias; "
-                                f"make the tensor again")
-        return borrows.host_read(self._torch, f"read {self._describe()} with {how}")
+        """The checks of a host copy, and its read borrow while it copies."""
+        return host_read(self._torch, self._describe(), how)
 
     # -- moves -------------------------------------------------------------------------------
     def into_torch(self) -> torch.Tensor:
