@@ -58,3 +58,20 @@ def test_a_shared_value_whose_storage_shrank_is_not_copied_past_its_end(copy):
     t.untyped_storage().resize_(16)             # 16 bytes left of 256 KiB
     with pytest.raises(st.ArgumentError, match="past the end of its storage"):
         getattr(s, copy)()
+
+
+def test_a_host_replay_refuses_a_tensor_whose_storage_shrank_at_the_same_address():
+    t = torch.zeros(1024)
+    g = scale(st.ones((1024,)), st.from_torch(t).partition((256,)), 2.0).graph()
+    g.launch().sync()
+    shrink_at_the_same_address(t)
+    with pytest.raises(st.GraphCaptureError, match="past the end of its storage"):
+        g.launch().sync()
+
+
+def test_dlpack_export_refuses_a_tensor_whose_storage_shrank():
+    t = torch.zeros(1 << 16)
+    h = st.from_torch(t)
+    t.untyped_storage().resize_(16)
+    with pytest.raises(st.ArgumentError, match="past the end of its storage"):
+        torch.from_dlpack(h)                    # a capsule of 256 KiB over a 16-byte block

@@ -43,6 +43,7 @@ from ..errors import CopyError, GraphCaptureError, UnsafeError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
+from ..tensor.overlap import past_storage
 from ..tensor.spans import covering_views
 from .op import DeviceOp, RunContext, attach_recovered, fail_in_sequence
 from .scope import GraphScope
@@ -244,13 +245,20 @@ class Graph(NoCopies):
 
     def check_layouts(self) -> None:
         """Raise ``GraphCaptureError`` if a tensor of a host replay was changed through a
-        torch alias since it was recorded (its memory is no longer what the graph borrows)."""
+        torch alias since it was recorded (its memory is no longer what the graph borrows),
+        its storage shrunk included: the allocator may give the smaller block the old
+        address, which the layout alone does not tell."""
         for label, name, t, recorded in self._layouts:
             if _layout(t) != recorded:
                 raise GraphCaptureError(
                     f"{self!r}: the tensor passed to {label} as '{name}' was changed "
                     f"through a torch alias since it was recorded ({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
+            if past_storage(t):
+                raise GraphCaptureError(
+                    f"{self!r}: the tensor passed to {label} as '{name}' reaches past the end "
+                    f"of its storage, which was shrunk through a torch alias since it was "
+                    f"recorded; record the graph again with tensors made anew")
 
     def inline(self) -> tuple:
         """``(records, output)`` of one state of this graph (an update swaps both at once),

@@ -399,6 +399,7 @@ class Tensor(Handle):
         """
         self._check("export it through DLPack")
         what = f"export {self._describe()} through DLPack"
+        within_storage(self._torch, what)          # the capsule would describe freed bytes
         borrows.check_host_write(self._torch, what)
         replayed.check_not_replayed(self._torch, what)
         return self._torch.__dlpack__(stream=stream, **kwargs)
