@@ -75,3 +75,12 @@ def test_dlpack_export_refuses_a_tensor_whose_storage_shrank():
     t.untyped_storage().resize_(16)
     with pytest.raises(st.ArgumentError, match="past the end of its storage"):
         torch.from_dlpack(h)                    # a capsule of 256 KiB over a 16-byte block
+
+
+def test_a_collective_refuses_a_buffer_whose_storage_shrank():
+    t = torch.zeros(1 << 16)
+    buf = st.from_torch(t)
+    t.untyped_storage().resize_(16)
+    with pytest.raises(st.ArgumentError, match="past the end of its storage") as e:
+        st.all_reduce(buf)                      # checked before the process group is asked
+    assert e.value.recovered is buf
