@@ -1,5 +1,7 @@
 """Views are separate handles over the same bytes: into_torch hands bytes to torch only when
 no other live safetile handle reaches them (a launch through it would write torch's memory)."""
+import threading
+
 import pytest
 
 import safetile as st
@@ -55,3 +57,35 @@ def test_views_of_disjoint_bytes_go_to_torch_one_by_one():
     (p,) = fill(high.partition((4,))).sync()       # high's bytes are not torch's
     assert a.tolist() == [0.0] * 4 and p.unpartition().into_torch().tolist() == [5.0] * 4
 
+
+
+def test_a_view_made_while_another_thread_hands_the_tensor_to_torch_is_refused(monkeypatch):
+    """The view's torch tensor is made before the view joins the family that into_torch
+    checks: a tensor handed to torch in between must not leave the view live over its bytes."""
+    t = st.zeros((8,), device="cpu")
+    made, go, got = threading.Event(), threading.Event(), {}
+    wrap = st.Tensor._wrap.__func__
+
+    def paused_wrap(cls, raw):
+        view = wrap(cls, raw)
+        made.set()
+        go.wait(10)                                # into_torch runs on the main thread now
+        return view
+
+    def make_view():
+        try:
+            got["view"] = t.view((2, 4))
+        except st.MovedError as e:
+            got["error"] = e
+
+    monkeypatch.setattr(st.Tensor, "_wrap", classmethod(paused_wrap))
+    thread = threading.Thread(target=make_view)
+    thread.start()
+    assert made.wait(10)
+    monkeypatch.undo()
+    owned = t.into_torch()
+    go.set()
+    thread.join(10)
+    assert "view" not in got, "a live safetile view of bytes torch now owns"
+    assert "into torch" in str(got["error"])
+    owned.fill_(1.0)

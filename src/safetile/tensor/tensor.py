@@ -301,9 +301,13 @@ class Tensor(Handle):
         return Shared._create(self, hold)
 
     # -- zero-copy views (do not consume) --------------------------------------------------
-    def _derive(self, t: torch.Tensor) -> "Tensor":
+    def _derive(self, t: torch.Tensor, action: str) -> "Tensor":
         view = Tensor._wrap(t)
         with LOCK:
+            # Checked again where into_torch checks the family (under LOCK): another thread
+            # may have handed this tensor to torch since the caller's check, and the view,
+            # not yet in the family then, would be a live handle over torch's memory.
+            self._check(action)
             family = self._views
             if family is None:
                 family = self._views = weakref.WeakSet((self,))
@@ -335,7 +339,7 @@ class Tensor(Handle):
         self._check("call .view()")
         shp = _shape_tuple(shape[0] if len(shape) == 1 else shape)
         try:
-            return self._derive(self._torch.view(shp))
+            return self._derive(self._torch.view(shp), "call .view()")
         except RuntimeError as e:
             raise ArgumentError(
                 f"cannot view {self._describe()} (strides {tuple(self._torch.stride())}) as "
@@ -358,7 +362,7 @@ class Tensor(Handle):
                                        f"(dims {-nd} to {nd - 1})")
         part = _checked_slice(slice(start, stop, step), "slice")
         index = (slice(None),) * (dim % nd) + (part,)
-        return self._derive(self._torch[index])
+        return self._derive(self._torch[index], "call .slice()")
 
     def __getitem__(self, index) -> "Tensor":
         """Basic indexing (ints, slices with positive step, ``...``) as a zero-copy view."""
@@ -386,7 +390,7 @@ class Tensor(Handle):
         except IndexError as e:
             raise IndexOutOfRangeError(f"index {index!r} is out of range for "
                                        f"{self._describe()}: {e}") from None
-        return self._derive(view)
+        return self._derive(view, "index it")
 
     # -- DLPack --------------------------------------------------------------------------
     def __dlpack__(self, stream=None, **kwargs):
