@@ -89,3 +89,14 @@ def test_a_view_made_while_another_thread_hands_the_tensor_to_torch_is_refused(m
     assert "view" not in got, "a live safetile view of bytes torch now owns"
     assert "into torch" in str(got["error"])
     owned.fill_(1.0)
+
+
+@pytest.mark.parametrize("index", ["torch", "numpy"])
+def test_an_index_array_of_one_int_is_refused_as_advanced_indexing(index):
+    import numpy as np
+    import torch
+    t = st.zeros((8,), device="cpu")
+    one = torch.tensor([3]) if index == "torch" else np.array([3])
+    with pytest.raises(st.ArgumentError, match="advanced indexing would copy"):
+        t[one]                                  # torch would copy: no view of t's bytes
+    assert t[torch.tensor(3)].shape == ()       # a 0-d int is an int index: a view

@@ -374,12 +374,13 @@ class Tensor(Handle):
             if isinstance(it, slice):
                 _checked_slice(it, "Tensor indexing")
                 continue
-            # A bool (torch reads it as a mask) or a non-int index is advanced indexing,
-            # which copies: the result would not be a view of these bytes.
+            # A bool (torch reads it as a mask), a non-int index, or an array of ints (one
+            # element passes operator.index) is advanced indexing, which copies: the result
+            # would not be a view of these bytes.
             try:
                 operator.index(it)
                 if isinstance(it, bool) or (isinstance(it, torch.Tensor) and
-                                            it.dtype == torch.bool):
+                                            it.dtype == torch.bool) or getattr(it, "ndim", 0):
                     raise TypeError
             except TypeError:
                 raise ArgumentError(
