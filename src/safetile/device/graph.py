@@ -340,25 +340,32 @@ class GraphLaunchOp(DeviceOp):
     captures this replay into a new graph)."""
 
     def __init__(self, graph: Graph):
-        self.replayed = graph
+        # Private and read-only from outside: Graph.launch() checked this very graph (a graph
+        # of unsafe=True kernels is replayed only inside `with st.unsafe():`).
+        self._graph = graph
         self.site = None
+
+    @property
+    def replayed(self) -> Graph:
+        """The graph this op replays."""
+        return self._graph
 
     def _abandon(self) -> None:
         self._consumed = True
 
     def __del__(self):
         if not self._consumed:
-            finalize(lambda: warn_unrun(f"a replay of {self.replayed!r}", self.site))
+            finalize(lambda: warn_unrun(f"a replay of {self._graph!r}", self.site))
 
     def __repr__(self) -> str:
-        return f"<GraphLaunchOp {self.replayed!r}>"
+        return f"<GraphLaunchOp {self._graph!r}>"
 
     def _values(self):
-        return self.replayed.output
+        return self._graph.output
 
     def _run(self, ctx: RunContext):
         self._take()
-        g = self.replayed
+        g = self._graph
         if ctx.recording is not None:             # a replay inside a recording: inline it
             records, output = g.inline()
             ctx.recording.extend(records)
@@ -382,4 +389,4 @@ class GraphLaunchOp(DeviceOp):
         return g.output
 
     def _host_bound(self) -> bool:
-        return self.replayed.host_bound
+        return self._graph.host_bound
