@@ -118,8 +118,7 @@ class CollectiveOp(DeviceOp):
         return self._output()
 
     def _abandon(self) -> None:
-        if not self._consumed:
-            self._consumed = True
+        if self._claim():
             self._release()
 
     def _values(self):
