@@ -100,3 +100,15 @@ def test_an_index_array_of_one_int_is_refused_as_advanced_indexing(index):
     with pytest.raises(st.ArgumentError, match="advanced indexing would copy"):
         t[one]                                  # torch would copy: no view of t's bytes
     assert t[torch.tensor(3)].shape == ()       # a 0-d int is an int index: a view
+
+
+def test_a_tensor_wrapped_again_through_dlpack_keeps_its_bytes_from_torch():
+    """st.from_dlpack(t) of a safetile Tensor is a view of t: a handle made from t's DLPack
+    alias would be outside t's family, and into_torch of it would hand torch bytes that a
+    launch through t then writes."""
+    t = st.zeros((8,), device="cpu")
+    again = st.from_dlpack(t)
+    with pytest.raises(BorrowError, match="another safetile handle views these bytes"):
+        again.into_torch()
+    (p,) = fill(t.partition((8,))).sync()
+    assert again.to_torch().tolist() == [5.0] * 8
