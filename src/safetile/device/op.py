@@ -368,10 +368,8 @@ class DeviceOp(NoCopies):
         return True
 
     def _claim(self) -> bool:
-        """Mark this op consumed (it runs, or is abandoned, from now on); False if it already
-        was. Atomic: two threads syncing one op (or one running it while another abandons
-        it) must not both pass, or the op would run twice on one borrow, the first to finish
-        ending it and handing the values back while the other still writes them."""
+        """Mark this op consumed (to run, or abandoned); False if it already was. Atomic: two
+        threads syncing one op must not both run it on its one borrow."""
         with LOCK:
             if self._consumed:
                 return False
