@@ -1,5 +1,7 @@
 """Views are separate handles over the same bytes: into_torch hands bytes to torch only when
 no other live safetile handle reaches them (a launch through it would write torch's memory)."""
+import threading
+
 import pytest
 
 import safetile as st
@@ -55,3 +57,58 @@ def test_views_of_disjoint_bytes_go_to_torch_one_by_one():
     (p,) = fill(high.partition((4,))).sync()       # high's bytes are not torch's
     assert a.tolist() == [0.0] * 4 and p.unpartition().into_torch().tolist() == [5.0] * 4
 
+
+
+def test_a_view_made_while_another_thread_hands_the_tensor_to_torch_is_refused(monkeypatch):
+    """The view's torch tensor is made before the view joins the family that into_torch
+    checks: a tensor handed to torch in between must not leave the view live over its bytes."""
+    t = st.zeros((8,), device="cpu")
+    made, go, got = threading.Event(), threading.Event(), {}
+    wrap = st.Tensor._wrap.__func__
+
+    def paused_wrap(cls, raw):
+        view = wrap(cls, raw)
+        made.set()
+        go.wait(10)                                # into_torch runs on the main thread now
+        return view
+
+    def make_view():
+        try:
+            got["view"] = t.view((2, 4))
+        except st.MovedError as e:
+            got["error"] = e
+
+    monkeypatch.setattr(st.Tensor, "_wrap", classmethod(paused_wrap))
+    thread = threading.Thread(target=make_view)
+    thread.start()
+    assert made.wait(10)
+    monkeypatch.undo()
+    owned = t.into_torch()
+    go.set()
+    thread.join(10)
+    assert "view" not in got, "a live safetile view of bytes torch now owns"
+    assert "into torch" in str(got["error"])
+    owned.fill_(1.0)
+
+
+@pytest.mark.parametrize("index", ["torch", "numpy"])
+def test_an_index_array_of_one_int_is_refused_as_advanced_indexing(index):
+    import numpy as np
+    import torch
+    t = st.zeros((8,), device="cpu")
+    one = torch.tensor([3]) if index == "torch" else np.array([3])
+    with pytest.raises(st.ArgumentError, match="advanced indexing would copy"):
+        t[one]                                  # torch would copy: no view of t's bytes
+    assert t[torch.tensor(3)].shape == ()       # a 0-d int is an int index: a view
+
+
+def test_a_tensor_wrapped_again_through_dlpack_keeps_its_bytes_from_torch():
+    """st.from_dlpack(t) of a safetile Tensor is a view of t: a handle made from t's DLPack
+    alias would be outside t's family, and into_torch of it would hand torch bytes that a
+    launch through t then writes."""
+    t = st.zeros((8,), device="cpu")
+    again = st.from_dlpack(t)
+    with pytest.raises(BorrowError, match="another safetile handle views these bytes"):
+        again.into_torch()
+    (p,) = fill(t.partition((8,))).sync()
+    assert again.to_torch().tolist() == [5.0] * 8

@@ -135,3 +135,20 @@ def test_a_graph_of_unsafe_kernels_is_replayed_only_inside_an_unsafe_block():
         g.launch().sync()
     with st.backend("interpret"), pytest.raises(st.UnsafeError, match="replays unsafe=True"):
         g.launch()
+
+
+@st.kernel
+def fill_twos(z: st.Out[st.f32]):
+    z.store(sl.full(z.shape, 2.0, st.f32))
+
+
+def test_a_replay_cannot_be_pointed_at_a_graph_of_unsafe_kernels_after_its_check():
+    buf = st.zeros((8,), device="cpu")
+    with st.backend("interpret"):
+        with st.unsafe():
+            unsafe_graph = scatter_ones.options(grid=(1,))(buf, 5).graph()
+        replay = fill_twos(st.empty((2,), device="cpu").partition((2,))).graph().launch()
+        with pytest.raises(AttributeError):
+            replay.replayed = unsafe_graph        # launch() checked the safe graph only
+        replay.sync()
+    assert buf.to_torch().sum().item() == 0        # the unsafe graph never ran

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ..errors import ArgumentError, CollectiveError, GraphCaptureError, MovedError, SafetileError
 from ..tensor import LOCK, Partition, Shared, Tensor, borrows
 from ..tensor.ownership import LIVE, finalize, restore_moved_locked
+from ..tensor.tensor import within_storage
 from .op import UNKNOWN, DeviceOp, RunContext, note_built
 from .unrun import building_site, warn_unrun
 
@@ -117,8 +118,7 @@ class CollectiveOp(DeviceOp):
         return self._output()
 
     def _abandon(self) -> None:
-        if not self._consumed:
-            self._consumed = True
+        if self._claim():
             self._release()
 
     def _values(self):
@@ -160,6 +160,7 @@ def _buffer(what: str, name: str, v, kinds=(Tensor,)) -> torch.Tensor:
         raise ArgumentError(f"{what}: '{name}' expects {want}, got {type(v).__name__}")
     v._check(f"pass it to {what}")
     t = v._torch
+    within_storage(t, f"pass '{name}' to {what}")    # the peers would read or write past it
     if not t.is_contiguous():
         raise ArgumentError(f"{what}: '{name}' has strides {t.stride()}; collectives send a "
                             f"contiguous buffer: make it contiguous first")

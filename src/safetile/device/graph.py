@@ -43,6 +43,7 @@ from ..errors import CopyError, GraphCaptureError, UnsafeError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
+from ..tensor.overlap import past_storage
 from ..tensor.spans import covering_views
 from .op import DeviceOp, RunContext, attach_recovered, fail_in_sequence
 from .scope import GraphScope
@@ -244,13 +245,20 @@ class Graph(NoCopies):
 
     def check_layouts(self) -> None:
         """Raise ``GraphCaptureError`` if a tensor of a host replay was changed through a
-        torch alias since it was recorded (its memory is no longer what the graph borrows)."""
+        torch alias since it was recorded (its memory is no longer what the graph borrows),
+        its storage shrunk included: the allocator may give the smaller block the old
+        address, which the layout alone does not tell."""
         for label, name, t, recorded in self._layouts:
             if _layout(t) != recorded:
                 raise GraphCaptureError(
                     f"{self!r}: the tensor passed to {label} as '{name}' was changed "
                     f"through a torch alias since it was recorded ({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
+            if past_storage(t):
+                raise GraphCaptureError(
+                    f"{self!r}: the tensor passed to {label} as '{name}' reaches past the end "
+                    f"of its storage, which was shrunk through a torch alias since it was "
+                    f"recorded; record the graph again with tensors made anew")
 
     def inline(self) -> tuple:
         """``(records, output)`` of one state of this graph (an update swaps both at once),
@@ -332,25 +340,32 @@ class GraphLaunchOp(DeviceOp):
     captures this replay into a new graph)."""
 
     def __init__(self, graph: Graph):
-        self.replayed = graph
+        # Private and read-only from outside: Graph.launch() checked this very graph (a graph
+        # of unsafe=True kernels is replayed only inside `with st.unsafe():`).
+        self._graph = graph
         self.site = None
+
+    @property
+    def replayed(self) -> Graph:
+        """The graph this op replays."""
+        return self._graph
 
     def _abandon(self) -> None:
         self._consumed = True
 
     def __del__(self):
         if not self._consumed:
-            finalize(lambda: warn_unrun(f"a replay of {self.replayed!r}", self.site))
+            finalize(lambda: warn_unrun(f"a replay of {self._graph!r}", self.site))
 
     def __repr__(self) -> str:
-        return f"<GraphLaunchOp {self.replayed!r}>"
+        return f"<GraphLaunchOp {self._graph!r}>"
 
     def _values(self):
-        return self.replayed.output
+        return self._graph.output
 
     def _run(self, ctx: RunContext):
         self._take()
-        g = self.replayed
+        g = self._graph
         if ctx.recording is not None:             # a replay inside a recording: inline it
             records, output = g.inline()
             ctx.recording.extend(records)
@@ -374,4 +389,4 @@ class GraphLaunchOp(DeviceOp):
         return g.output
 
     def _host_bound(self) -> bool:
-        return self.replayed.host_bound
+        return self._graph.host_bound

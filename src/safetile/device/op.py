@@ -31,7 +31,7 @@ from ..errors import (ArgumentError, BlockingSyncWarning, CopyError, ExecutionEr
                       GraphCaptureError, NotRunError)
 from ..tensor import borrows
 from ..tensor.alloc import FORBIDDING, allocation_forbidden
-from ..tensor.ownership import NoCopies
+from ..tensor.ownership import LOCK, NoCopies
 from . import streams
 
 _state = threading.local()
@@ -367,12 +367,20 @@ class DeviceOp(NoCopies):
         so that ``await`` must run it off the event-loop thread."""
         return True
 
+    def _claim(self) -> bool:
+        """Mark this op consumed (to run, or abandoned); False if it already was. Atomic: two
+        threads syncing one op must not both run it on its one borrow."""
+        with LOCK:
+            if self._consumed:
+                return False
+            self._consumed = True
+            return True
+
     def _take(self) -> None:
         """Mark this op as executed; an op runs once (its arguments come back once)."""
-        if self._consumed:
+        if not self._claim():
             raise ExecutionError(f"{self!r} has already run; its values were handed back then. "
                                  f"Capture it with op.graph() to run work repeatedly")
-        self._consumed = True
 
     # -- combinators ----------------------------------------------------------------------
     def then(self, f) -> "DeviceOp":

@@ -48,23 +48,24 @@ class ReservingOp(DeviceOp):
         return repr(self._inner)
 
     def _run(self, ctx: RunContext):
-        if not self._consumed:
-            self._consumed = True
-            hold = self._hold
-            if hold.checked_in is not None and hold.checked_in is not ctx:
-                # Built in another execution's callback: its borrows were checked with that
-                # execution's own work set aside, and this one is not ordered with it.
-                try:
-                    hold = self._hold = borrows.borrow_again(hold, ctx, lambda exempt: (
-                        borrows.acquire(self._holder, self._reads, self._writes, exempt)))
-                except BaseException as e:
-                    self._inner._abandon()
-                    e.recovered = self._inner._values()
-                    raise
-            hold.owner = ctx
-            ctx.at_finish(hold.release)
-            if self._handles:                      # once the later launches handed them back
-                ctx.at_finish(lambda: ctx.defer(self._release_handles))
+        # Claimed once (atomically): only the execution that set the reservation up may run
+        # the inner op, whose later launches the reservation covers in that execution.
+        self._take()
+        hold = self._hold
+        if hold.checked_in is not None and hold.checked_in is not ctx:
+            # Built in another execution's callback: its borrows were checked with that
+            # execution's own work set aside, and this one is not ordered with it.
+            try:
+                hold = self._hold = borrows.borrow_again(hold, ctx, lambda exempt: (
+                    borrows.acquire(self._holder, self._reads, self._writes, exempt)))
+            except BaseException as e:
+                self._inner._abandon()
+                e.recovered = self._inner._values()
+                raise
+        hold.owner = ctx
+        ctx.at_finish(hold.release)
+        if self._handles:                      # once the later launches handed them back
+            ctx.at_finish(lambda: ctx.defer(self._release_handles))
         return self._inner._run(ctx)
 
     def _release_handles(self) -> None:
@@ -72,8 +73,7 @@ class ReservingOp(DeviceOp):
             h.release()
 
     def _abandon(self) -> None:
-        if not self._consumed:
-            self._consumed = True
+        if self._claim():
             self._end()
         self._inner._abandon()
 

@@ -111,9 +111,7 @@ class KernelOp(DeviceOp):
         self._backend.prepare(self)
 
     def _run(self, ctx: RunContext) -> tuple:
-        if self._consumed:
-            self._take()                          # raises: an op runs once
-        self._consumed = True
+        self._take()                              # an op runs once (raises if it ran)
         hold = self._hold
         if hold.checked_in is not None and hold.checked_in is not ctx:
             hold = self._borrow_again(ctx)
@@ -183,8 +181,7 @@ class KernelOp(DeviceOp):
         return new
 
     def _abandon(self) -> None:
-        if not self._consumed:
-            self._consumed = True
+        if self._claim():
             self._release()
 
     def _values(self):

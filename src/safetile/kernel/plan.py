@@ -12,7 +12,10 @@ binary), for the exact arguments of one launch. A later launch reuses a plan onl
   program order never change for the handle's life, so the handle decides them;
 * each torch tensor still has the data pointer, shape, strides and dtype the plan saw (a
   torch alias kept by the user could have been resized, restrided or given another dtype
-  through ``.data`` since; with the element size the byte extents change too);
+  through ``.data`` since; with the element size the byte extents change too), and its
+  storage still reaches the plan's last byte: a storage shrunk through a torch alias is
+  reallocated, and the allocator may hand the new, smaller block the old address, so the
+  pointer alone cannot tell (the launch would write past the block's end);
 * every scalar is the same value of the same type (``-0.0`` and ``0.0`` differ; NaN never
   matches), so a plan's recovered values are the arguments themselves;
 * the backend and the kernel's options are the same objects.
@@ -28,6 +31,7 @@ import weakref
 from dataclasses import dataclass
 
 from ..tensor.borrows import by_device
+from ..tensor.overlap import Extent
 
 
 @dataclass(slots=True)
@@ -46,7 +50,7 @@ class LaunchPlan:
     """The checked facts of one launch's arguments, and caches derived from them.
 
     ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
-    strides, dtype)``; ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
+    strides, dtype, end)``, ``end`` the address past its last byte (0 for an empty tensor); ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
     text)`` per handle, at its first position (a Shared handle passed for several ``In``
     parameters is moved in, and handed back, once); ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
     ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
@@ -69,8 +73,9 @@ variant, binary and packed arguments).
             if t is None:
                 scalars.append((i, b.value))
             else:
+                end = Extent(t).hi if t.numel() else 0
                 tensors.append((i, weakref.ref(b.value, self._forget), weakref.ref(t),
-                                t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
+                                t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, end))
                 if id(b.value) not in moved:
                     moved.add(id(b.value))
                     moves.append((i, where[b.name]))
@@ -96,13 +101,17 @@ variant, binary and packed arguments).
         """Whether this plan provably applies to ``args`` (see the module docstring)."""
         if len(args) != self.n:
             return False
-        for i, href, tref, ptr, shape, stride, dtype in self.tensors:
+        for i, href, tref, ptr, shape, stride, dtype, end in self.tensors:
             if href() is not args[i]:
                 return False
             t = tref()                    # alive: the handle (alive, just compared) holds it
             if t.data_ptr() != ptr or t.shape != shape or t.stride() != stride or \
                     t.dtype is not dtype:
                 return False
+            if end:                       # (the full checks say what is wrong)
+                s = t.untyped_storage()
+                if s.data_ptr() + s.nbytes() < end:
+                    return False
         for i, v in self.scalars:
             a = args[i]
             if a is not v and (type(a) is not type(v) or a != v or

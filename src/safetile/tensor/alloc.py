@@ -27,6 +27,7 @@ import torch
 
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, GraphCaptureError
+from .ownership import Handle
 from .scoped import Scoped
 from .tensor import Tensor
 from .tensor import _shape_tuple as _any_shape
@@ -307,10 +308,21 @@ def from_dlpack(x) -> Tensor:
     """Wrap any DLPack producer (numpy array, CuPy/JAX array, torch tensor) zero-copy.
 
     As with :func:`from_torch`, the producer's own references still alias the memory. A
+    safetile Tensor gives a zero-copy view of itself (``t.view(t.shape)``: a handle whose
+    bytes ``into_torch`` knows); a Shared or Partition is refused. A
     numpy-style array marked read-only (``flags.writeable``: kernels would write memory its
     owner promised not to change) and one with negative strides (torch cannot take it) are
     refused; copy them first. Other producers' read-only memory is not detected.
     """
+    if isinstance(x, Tensor):
+        # A view, in x's family: a handle made from x's DLPack alias would be outside it, so
+        # into_torch of either would not see the other, and a launch through the other would
+        # then write memory torch owns.
+        x._check("wrap it with st.from_dlpack")
+        return x._derive(x._torch, "wrap it with st.from_dlpack")
+    if isinstance(x, Handle):
+        raise ArgumentError(f"st.from_dlpack: {x._describe()} is a safetile handle, not a "
+                            f"DLPack producer; pass a Tensor (its zero-copy view comes back)")
     flags = getattr(x, "flags", None)             # numpy's (and numpy-like) arrays
     if flags is not None and getattr(flags, "writeable", True) is False:
         raise ArgumentError("st.from_dlpack: the array is read-only (writeable=False); a kernel "

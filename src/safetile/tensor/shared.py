@@ -22,7 +22,7 @@ from .. import dtypes as _dtypes
 from ..errors import ArgumentError, BorrowError, HeldInFlightError
 from . import borrows
 from .ownership import LOCK, MOVED, RELEASED, Handle, finalize
-from .tensor import _to_numpy
+from .tensor import _to_numpy, host_read
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -150,14 +150,13 @@ class Shared(Handle):
         """A *copy* of the data as a torch tensor on the same device (for inspection)."""
         self._check("call .to_torch()")
         t = self._core.tensor._torch
-        with borrows.host_read(t, f"read {self._describe()} with to_torch()"):
+        with host_read(t, self._describe(), "to_torch()"):
             return t.clone()
 
     def numpy(self):
         """A *copy* of the data as a numpy array (bfloat16 comes back as float32)."""
         self._check("call .numpy()")
-        with borrows.host_read(self._core.tensor._torch,
-                               f"read {self._describe()} with numpy()"):
+        with host_read(self._core.tensor._torch, self._describe(), "numpy()"):
             return _to_numpy(self._core.tensor._torch)
 
     # -- handles ---------------------------------------------------------------------------

@@ -83,6 +83,22 @@ def _to_numpy(t: torch.Tensor):
     return t.numpy()
 
 
+def within_storage(t: torch.Tensor, what: str) -> None:
+    """Raise ``ArgumentError`` if ``t`` reaches past the end of its storage (shrunk through a
+    torch alias since the handle was made): reading, writing or exporting it would touch
+    memory past the storage's block. ``what`` completes "cannot ..."."""
+    if past_storage(t):
+        raise ArgumentError(f"cannot {what}: it reaches past the end of its storage, which was "
+                            f"shrunk through a torch alias; make the tensor again")
+
+
+def host_read(t: torch.Tensor, described: str, how: str):
+    """The checks of a host copy of ``t`` (the handle ``described``) with ``how``, and its read
+    borrow while it copies (``borrows.host_read``)."""
+    within_storage(t, f"read {described} with {how}")
+    return borrows.host_read(t, f"read {described} with {how}")
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """``t`` (a torch.Tensor subclass) as a plain ``torch.Tensor`` over the same storage.
     ``torch.Tensor.as_subclass`` is torch's own method, not one the subclass overrides; a
@@ -226,13 +242,8 @@ class Tensor(Handle):
             return _to_numpy(self._torch)
 
     def _host_read(self, how: str):
-        """The checks of a host copy, and its read borrow while it copies
-        (``borrows.host_read``)."""
-        if past_storage(self._torch):
-            raise ArgumentError(f"cannot read {self._describe()} with {how}: it reaches past the "
-                                f"end of its storage, which was shrunk through a torch alias; "
-                                f"make the tensor again")
-        return borrows.host_read(self._torch, f"read {self._describe()} with {how}")
+        """The checks of a host copy, and its read borrow while it copies."""
+        return host_read(self._torch, self._describe(), how)
 
     # -- moves -------------------------------------------------------------------------------
     def into_torch(self) -> torch.Tensor:
@@ -288,9 +299,13 @@ class Tensor(Handle):
         return _shared.Shared._create(self, hold)
 
     # -- zero-copy views (do not consume) --------------------------------------------------
-    def _derive(self, t: torch.Tensor) -> "Tensor":
+    def _derive(self, t: torch.Tensor, action: str) -> "Tensor":
         view = Tensor._wrap(t)
         with LOCK:
+            # Checked again where into_torch checks the family (under LOCK): another thread
+            # may have handed this tensor to torch since the caller's check, and the view,
+            # not yet in the family then, would be a live handle over torch's memory.
+            self._check(action)
             family = self._views
             if family is None:
                 family = self._views = weakref.WeakSet((self,))
@@ -322,7 +337,7 @@ class Tensor(Handle):
         self._check("call .view()")
         shp = _shape_tuple(shape[0] if len(shape) == 1 else shape)
         try:
-            return self._derive(self._torch.view(shp))
+            return self._derive(self._torch.view(shp), "call .view()")
         except RuntimeError as e:
             raise ArgumentError(
                 f"cannot view {self._describe()} (strides {tuple(self._torch.stride())}) as "
@@ -345,7 +360,7 @@ class Tensor(Handle):
                                        f"(dims {-nd} to {nd - 1})")
         part = _checked_slice(slice(start, stop, step), "slice")
         index = (slice(None),) * (dim % nd) + (part,)
-        return self._derive(self._torch[index])
+        return self._derive(self._torch[index], "call .slice()")
 
     def __getitem__(self, index) -> "Tensor":
         """Basic indexing (ints, slices with positive step, ``...``) as a zero-copy view."""
@@ -357,12 +372,13 @@ class Tensor(Handle):
             if isinstance(it, slice):
                 _checked_slice(it, "Tensor indexing")
                 continue
-            # A bool (torch reads it as a mask) or a non-int index is advanced indexing,
-            # which copies: the result would not be a view of these bytes.
+            # A bool (torch reads it as a mask), a non-int index, or an array of ints (one
+            # element passes operator.index) is advanced indexing, which copies: the result
+            # would not be a view of these bytes.
             try:
                 operator.index(it)
                 if isinstance(it, bool) or (isinstance(it, torch.Tensor) and
-                                            it.dtype == torch.bool):
+                                            it.dtype == torch.bool) or getattr(it, "ndim", 0):
                     raise TypeError
             except TypeError:
                 raise ArgumentError(
@@ -373,7 +389,7 @@ class Tensor(Handle):
         except IndexError as e:
             raise IndexOutOfRangeError(f"index {index!r} is out of range for "
                                        f"{self._describe()}: {e}") from None
-        return self._derive(view)
+        return self._derive(view, "index it")
 
     # -- DLPack --------------------------------------------------------------------------
     def __dlpack__(self, stream=None, **kwargs):
@@ -386,6 +402,7 @@ class Tensor(Handle):
         """
         self._check("export it through DLPack")
         what = f"export {self._describe()} through DLPack"
+        within_storage(self._torch, what)          # the capsule would describe freed bytes
         borrows.check_host_write(self._torch, what)
         replayed.check_not_replayed(self._torch, what)
         return self._torch.__dlpack__(stream=stream, **kwargs)
