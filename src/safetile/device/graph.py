@@ -218,6 +218,11 @@ class Graph(NoCopies):
         self._layouts = tuple((r.label, name, t, _layout(t))
                               for r, launch in zip(self._records, per_launch)
                               for name, t, _ in launch) if self.host_bound else ()
+        # A CUDA graph replays the recorded addresses: each span it borrows must still lie
+        # at its address, within its storage (a storage resized through a torch alias moves,
+        # or frees the bytes past its new end).
+        self._spans = () if self.host_bound else tuple((t, t.data_ptr())
+                                                        for t in self._borrowed)
         self._cuda = None
         if not self.host_bound:
             self._capture()
@@ -247,7 +252,8 @@ class Graph(NoCopies):
         """Raise ``GraphCaptureError`` if a tensor of a host replay was changed through a
         torch alias since it was recorded (its memory is no longer what the graph borrows),
         its storage shrunk included: the allocator may give the smaller block the old
-        address, which the layout alone does not tell."""
+        address, which the layout alone does not tell; or if memory a CUDA graph replays was
+        moved or freed by a storage resize."""
         for label, name, t, recorded in self._layouts:
             if _layout(t) != recorded:
                 raise GraphCaptureError(
@@ -259,6 +265,12 @@ class Graph(NoCopies):
                     f"{self!r}: the tensor passed to {label} as '{name}' reaches past the end "
                     f"of its storage, which was shrunk through a torch alias since it was "
                     f"recorded; record the graph again with tensors made anew")
+        for t, ptr in self._spans:
+            if t.data_ptr() != ptr or past_storage(t):
+                raise GraphCaptureError(
+                    f"{self!r}: memory it replays ({_describe(_layout(t))}, recorded at "
+                    f"{ptr:#x}) was moved or freed since it was recorded: its storage was "
+                    f"resized through a torch alias; record the graph again")
 
     def inline(self) -> tuple:
         """``(records, output)`` of one state of this graph (an update swaps both at once),

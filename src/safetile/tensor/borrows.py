@@ -321,10 +321,12 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
     access, except, while it records a graph and the host touches the bytes, the writes of
     its launches (they happen only when the graph is replayed) and, for a host write (the
     bytes handed to torch), their reads too: every replay reads them again."""
+    owner = getattr(_owner, "ctx", None)
+    if owner is not None and t.is_cuda and not _recording(owner):
+        _order_after(owner, t)
     if not any(reg.holds for reg in list(_REGISTRIES.values())):   # fast path: none in flight
         return None
     x = Extent(t)
-    owner = getattr(_owner, "ctx", None)
     replayed = touches_bytes and _recording(owner)
     with WALK:
         reg = _REGISTRIES.get(x.device)
@@ -336,6 +338,17 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
                         and _overlap(x, e):
                     return e, h
     return None
+
+
+def _order_after(ctx, t: torch.Tensor) -> None:
+    """The host touches ``t`` while the execution ``ctx`` runs (in a ``then`` callback), whose
+    own borrows count as ordered before the access: make that true on the stream torch uses
+    for it, should the callback have switched streams (``with torch.cuda.stream(other)``)."""
+    stream = getattr(ctx, "stream", None)
+    if stream is not None:
+        current = torch.cuda.current_stream(t.device)
+        if current != stream:
+            current.wait_stream(stream)
 
 
 def check_host_read(t: torch.Tensor, what: str) -> None:
