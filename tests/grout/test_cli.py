@@ -55,6 +55,13 @@ def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys, monkey
     assert (seen["device"], seen["dtype"], seen["max_seq_len"]) == ("cpu", "float32", 64)
 
 
+def test_generate_stops_where_prompt_and_output_fill_max_seq_len(capsys):
+    # "Hello, world" is 3 tokens: 5 more fill an 8-position context, as in the engine
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hello, world", "--max-seq-len",
+                     "8", "--max-new-tokens", "64", "--device", "cpu", "--no-progress"]) == 0
+    assert "[5 tokens, finish: length;" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command, extra", [
     ("generate", ["--prompt", "x"]), ("bench", ["--prompt-len", "4", "--gen-len", "2"]),
     ("serve", [])])
