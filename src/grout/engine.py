@@ -28,7 +28,7 @@ from .config import Qwen3Config
 from .errors import CheckpointError, RequestError, drop_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
-from .sampler import SamplingParams, integer
+from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
 from .stops import StopTail, stop_strings
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
@@ -357,7 +357,7 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise RequestError(f"model must be a checkpoint directory or a named shape "
                            f"({', '.join(config_mod.SHAPES)}), got {model!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed < SEED_END:
         got = repr(seed) if isinstance(seed, bool) or not isinstance(seed, int) else \
             f"an int of {seed.bit_length()} bits"
         raise RequestError(f"seed (of a named shape's random weights) must be an int in "
