@@ -18,6 +18,7 @@ import torch
 
 import safetile as st
 
+from .engine import token_budget
 from .errors import RequestError
 from .sampler import SamplingParams
 
@@ -63,7 +64,7 @@ def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int) -> None:
     if prompt_len < 1 or gen_len < 2:
         raise RequestError(f"bench needs prompt_len >= 1 and gen_len >= 2 (one timed decode "
                            f"step), got prompt_len {prompt_len} and gen_len {gen_len}")
-    if prompt_len + gen_len > max_seq_len:
+    if gen_len > token_budget(max_seq_len, prompt_len):
         raise RequestError(f"prompt_len {prompt_len} + gen_len {gen_len} = "
                            f"{prompt_len + gen_len} exceeds max_seq_len {max_seq_len}: raise "
                            f"--max-seq-len or shorten the bench")

@@ -1,10 +1,13 @@
 """The ``grout`` command line: ``generate``, ``bench`` and ``serve`` (``python -m grout`` too).
 
 Every subcommand takes ``--device cpu|cuda``, ``--dtype`` and ``--max-seq-len``. Text goes to
-stdout as it is produced; progress bars and statistics go to stderr. A bad request or
-checkpoint, a file that cannot be written or an address ``serve`` cannot listen on exits
-with status 1 and a one-line error; bad usage (an option out of range) with 2; Ctrl-C with
-130; a closed stdout (``| head``) quietly with 141.
+stdout as it is produced; progress bars and statistics go to stderr. Bad usage exits with
+status 2 and argparse's usage message, before anything loads: an option out of range (each
+sampling option checked as the engine checks a request, so the flags take exactly what
+``generate`` takes), or options in conflict. What only loading can tell (a checkpoint or
+model name, a device, a prompt too long for the model's context), a file that cannot be
+written or an address ``serve`` cannot listen on exits with status 1 and a one-line error;
+Ctrl-C with 130; a closed stdout (``| head``) quietly with 141.
 """
 from __future__ import annotations
 
@@ -15,7 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+from .engine import check_request, resolve_dtype
 from .errors import GroutError
+from .tokenizer import check_unicode
+
+# A request's neutral arguments, beside which one flag's value is checked.
+_NEUTRAL = dict(max_new_tokens=0, temperature=0.0, top_k=0, top_p=1.0, seed=None, stop=None)
 
 
 def _int_in(low: int, high: int | None, what: str):
@@ -31,21 +39,55 @@ def _int_in(low: int, high: int | None, what: str):
     return parse
 
 
+def _checked(check):
+    """An argparse type: ``check(text)``, whose GroutError becomes a usage error."""
+    def parse(text: str):
+        try:
+            return check(text)
+        except GroutError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def _request(name: str, convert=str):
+    """An argparse type: the request argument ``name`` as ``convert`` reads it, checked as
+    the engine checks it (engine.check_request)."""
+    def check(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            kind = "an integer" if convert is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+        if isinstance(value, str):
+            check_unicode(value)
+        check_request(**{**_NEUTRAL, name: value})
+        return value
+    return _checked(check)
+
+
+def _text(text: str) -> str:
+    """An argparse type: text that is valid Unicode (argv need not be UTF-8)."""
+    check_unicode(text)
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
                         "qwen3-32b: random weights)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when a GPU is present, else cpu")
-    p.add_argument("--dtype", default=None,
-                   help="float32, bfloat16 or float16 (default: the checkpoint's)")
-    p.add_argument("--max-seq-len", type=int, default=4096,
-                   help="KV cache positions (default 4096; at most the model's context)")
+    p.add_argument("--dtype", type=_checked(lambda text: resolve_dtype(text, None)),
+                   default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    p.add_argument("--max-seq-len", type=_int_in(1, None, "a positive count of positions"),
+                   default=4096, help="KV cache positions, the context: prompt and generated "
+                                      "tokens together (default 4096; at most the model's)")
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
-    p.add_argument("--weights-seed", type=int, default=0,
+    p.add_argument("--weights-seed", type=_request("seed", int), default=0,
                    help="seed of a named shape's random weights")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(usage_error=p.error)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,17 +95,19 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text, streamed as it is produced")
     _common(g)
-    g.add_argument("--prompt", required=True, help="the prompt text")
+    g.add_argument("--prompt", type=_checked(_text), required=True, help="the prompt text")
     g.add_argument("--chat", action="store_true", help="apply the chat template to the prompt")
     g.add_argument("--enable-thinking", action="store_true",
                    help="with --chat: let the model think first (<think> ... </think>)")
-    g.set_defaults(usage_error=g.error)
-    g.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=0, help="0 is off")
-    g.add_argument("--top-p", type=float, default=1.0, help="1 is off")
-    g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
-    g.add_argument("--seed", type=int, default=None,
+    g.add_argument("--max-new-tokens", type=_request("max_new_tokens", int), default=64,
+                   help="default 64")
+    g.add_argument("--temperature", type=_request("temperature", float), default=0.0,
+                   help="0 is greedy")
+    g.add_argument("--top-k", type=_request("top_k", int), default=0, help="0 is off")
+    g.add_argument("--top-p", type=_request("top_p", float), default=1.0, help="1 is off")
+    g.add_argument("--stop", type=_request("stop"), action="append", default=None,
+                   help="a stop string (repeatable)")
+    g.add_argument("--seed", type=_request("seed", int), default=None,
                    help="sampling seed: the same seed gives the same tokens (default: a fresh "
                         "one each run)")
     b = sub.add_parser("bench", help="time to first token, decode tok/s, %% of roofline")
@@ -88,8 +132,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
                    default=None, help="largest request body accepted (default 4 MiB); larger "
                                       "ones get HTTP 413")
-    s.add_argument("--seed", type=_int_in(-2 ** 63, 2 ** 64 - 1, "a seed in [-2**63, 2**64)"),
-                   default=None,
+    s.add_argument("--seed", type=_request("seed", int), default=None,
                    help="the sampling seed of every request that sends no \"seed\" of its own, "
                         "so such requests repeat their samples (default: a fresh seed per "
                         "request); a request's \"seed\" wins")
@@ -113,14 +156,6 @@ def _load(args):
 
 
 def generate(args) -> int:
-    from .engine import check_request
-    from .tokenizer import check_unicode
-    # The request is checked before the model loads (minutes for a large one on a GPU).
-    check_request(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                  args.stop)
-    check_unicode(args.prompt)
-    if not args.prompt and not args.chat:
-        raise GroutError("--prompt is empty: give the text to continue")
     eng = _load(args)
     prompt = args.prompt
     if args.chat:
@@ -170,7 +205,6 @@ def _check_writable(path: str) -> None:
 
 def bench(args) -> int:
     from . import bench as measure
-    measure.check_lengths(args.prompt_len, args.gen_len, args.max_seq_len)
     if args.json:
         _check_writable(args.json)
     eng = _load(args)
@@ -208,11 +242,25 @@ def _reader_left() -> int:
     return 128 + 13                                  # 13: SIGPIPE
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+def _check_usage(args) -> None:
+    """Usage errors between options, found before anything loads (minutes for a large model
+    on a GPU)."""
+    if args.command == "generate" and not args.prompt and not args.chat:
+        args.usage_error("--prompt is empty: give the text to continue")
     if getattr(args, "enable_thinking", False) and not args.chat:
         args.usage_error("--enable-thinking applies to a --chat prompt (the chat template's "
                          "thinking)")
+    if args.command == "bench":
+        from .bench import check_lengths
+        try:
+            check_lengths(args.prompt_len, args.gen_len, args.max_seq_len)
+        except GroutError as e:
+            args.usage_error(str(e))
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    _check_usage(args)
     try:
         return {"generate": generate, "bench": bench, "serve": serve}[args.command](args)
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write

@@ -28,7 +28,7 @@ from .config import Qwen3Config
 from .errors import CheckpointError, RequestError, drop_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
 from .runner import Runner
-from .sampler import SamplingParams, integer
+from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
 from .stops import StopTail, stop_strings
 from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
@@ -43,7 +43,7 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32",
 @dataclass
 class Completion:
     """A finished generation: ``finish_reason`` is "stop" (an eos token or a stop string)
-    or "length" (``max_new_tokens`` or a full cache)."""
+    or "length" (``max_new_tokens``, or the context full: :func:`token_budget`)."""
 
     text: str
     token_ids: list
@@ -132,6 +132,14 @@ def resolve_dtype(dtype, default: str) -> str:
     if name is None:
         raise RequestError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
     return name
+
+
+def token_budget(max_seq_len: int, prompt_tokens: int) -> int:
+    """The most tokens a request may generate: prompt and output together fit max_seq_len."""
+    # One rule for the engine, the command line, bench and the server. The context counts
+    # every token of the sequence, as vLLM's max_model_len and transformers' max_length do,
+    # though the last token generated is never fed back and so needs no cache row.
+    return max(0, max_seq_len - prompt_tokens)
 
 
 def check_options(gemm, max_seq_len, decode_chunk) -> None:
@@ -226,6 +234,7 @@ class Engine:
         max_new_tokens, sampling, stops, logprobs = check_request(
             max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs, ignore_eos)
         ids = self._ids(prompt)
+        max_new_tokens = min(max_new_tokens, token_budget(self.max_seq_len, len(ids)))
         stream = Stream(len(ids))
         stream._gen = self._generate(ids, max_new_tokens, sampling, stops, logprobs,
                                      ignore_eos, stream)
@@ -249,10 +258,10 @@ class Engine:
             stream.decoded = 1
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         tail = StopTail(stops)
-        position = len(ids)                      # where the token just sampled goes
         # Tokens decoded ahead in one chunk of graph replays (runner.steps). A chunk never
-        # runs past max_new_tokens or the cache; tokens after a stop are dropped, and what
-        # they wrote (cache rows, the cursor) the next request's prefill starts over.
+        # runs past max_new_tokens, which the token budget keeps inside the cache; tokens
+        # after a stop are dropped, and what they wrote (cache rows, the cursor) the next
+        # request's prefill starts over.
         ahead: list = []
         for n in range(1, max_new_tokens + 1):
             finish, start = None, len(text)
@@ -266,7 +275,7 @@ class Engine:
                        if i >= 0), default=-1)
             if hit >= 0:
                 finish, end = "stop", hit
-            elif finish is None and (n == max_new_tokens or position >= self.max_seq_len):
+            elif finish is None and n == max_new_tokens:
                 finish = "length"
             if finish is not None and hit < 0:
                 text += decoder.flush()
@@ -284,14 +293,12 @@ class Engine:
                 with st.backend(self.backend):
                     if not ahead:
                         # logprobs read each step's logits: one step at a time then
-                        wanted = 1 if logprobs is not None else min(
-                            max_new_tokens - n, self.max_seq_len - position)
+                        wanted = 1 if logprobs is not None else max_new_tokens - n
                         ahead = self.runner.steps(sampling.greedy,
                                                   self.runner.chunk_size(wanted))
                         stream.decoded += len(ahead)
                     token = ahead.pop(0)
                     lp = step_logprobs(self.runner, token, logprobs)
-            position += 1
 
     def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -350,7 +357,7 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise RequestError(f"model must be a checkpoint directory or a named shape "
                            f"({', '.join(config_mod.SHAPES)}), got {model!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not -2 ** 63 <= seed < 2 ** 64:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_MIN <= seed < SEED_END:
         got = repr(seed) if isinstance(seed, bool) or not isinstance(seed, int) else \
             f"an int of {seed.bit_length()} bits"
         raise RequestError(f"seed (of a named shape's random weights) must be an int in "
@@ -413,4 +420,4 @@ def from_tensors(config: Qwen3Config, tensors, device=None, dtype=None,
                    max_seq_len, gemm, progress, fused, decode_chunk)
 
 
-__all__ = ["Engine", "Completion", "Piece", "Stream", "load", "from_tensors"]
+__all__ = ["Engine", "Completion", "Piece", "Stream", "load", "from_tensors", "token_budget"]

@@ -250,13 +250,19 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
             raise APIError(f"{where}.tool_calls: tool calls are not supported",
                            param=f"{where}.tool_calls", code="unsupported_parameter")
         out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(message.get("content"), f"{where}.content")})
+                    "content": _content(message, role, f"{where}.content")})
     return out
 
 
-def _content(content: Any, where: str) -> str:
+def _content(message: dict[str, Any], role: str, where: str) -> str:
+    """A message's text, its string or text parts joined; only an assistant's may be null."""
+    content = message.get("content")
     if content is None:
-        return ""
+        if role == "assistant":
+            return ""
+        got = "null" if "content" in message else "no 'content'"
+        raise APIError(f"{where}: a {role} message needs its content (a string or a list of "
+                       f"text parts), got {got}", param=where)
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -264,11 +270,12 @@ def _content(content: Any, where: str) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or \
                     not isinstance(part.get("text"), str):
-                raise APIError(f"{where}: only text content parts are supported", param=where,
-                               code="unsupported_parameter")
+                raise APIError(f"{where}: only text content parts are supported (in a {role} "
+                               f"message)", param=where, code="unsupported_parameter")
             texts.append(part["text"])
         return "".join(texts)
-    raise APIError(f"{where} must be a string or a list of text parts", param=where)
+    raise APIError(f"{where}: a {role} message's content must be a string or a list of text "
+                   f"parts, got {shown(content)}", param=where)
 
 
 def _stop(fields: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import grout
+from grout.engine import token_budget
 from grout.logprobs import TokenLogprobs
 from grout.protocol import APIError, GenerationRequest, shown
 from grout.scheduler import Delta, Failed, Finished, Job
@@ -33,7 +34,7 @@ def warm_up(engine: Any) -> Any:
 
 
 def max_model_len(engine: Any) -> int:
-    """The context length: prompt plus generated tokens."""
+    """The context length: prompt plus generated tokens (grout.engine.token_budget)."""
     return int(engine.max_seq_len)
 
 
@@ -57,6 +58,9 @@ def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
 
 def prepare(engine: Any, job: Job) -> None:
     """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
+    # The budget is the engine's (token_budget). Where the engine would cut a generation
+    # short, the server refuses the request instead, as vLLM does: a prompt that leaves no
+    # room, or a max_tokens past the budget.
     req = job.request
     param = "messages" if req.kind == "chat" else "prompt"
     try:
@@ -64,11 +68,11 @@ def prepare(engine: Any, job: Job) -> None:
     except grout.RequestError as err:
         raise APIError(str(err), param=param) from None
     context = max_model_len(engine)
-    if len(ids) >= context:
+    budget = token_budget(context, len(ids))
+    if budget == 0:
         raise APIError(f"this model's maximum context length is {context} tokens, and the "
                        f"prompt has {len(ids)}: shorten it", param=param,
                        code="context_length_exceeded")
-    budget = context - len(ids)
     if req.max_tokens is not None and req.max_tokens > budget:
         raise APIError(f"this model's maximum context length is {context} tokens: the prompt "
                        f"has {len(ids)} and {shown(req.max_tokens)} more were asked for; ask "

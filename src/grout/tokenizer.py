@@ -170,14 +170,14 @@ def _token_ids(ids) -> list[int]:
 
 def _message_text(m, i: int) -> tuple[str, str]:
     if not isinstance(m, dict) or m.get("role") not in ROLES:
-        raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r}")
-    if "content" not in m and m["role"] != "assistant":     # (an assistant turn may be empty)
-        raise RequestError(f"message {i}: a {m['role']} message needs its 'content'")
-    content = m.get("content")
-    content = "" if content is None else content
-    if not isinstance(content, str):
-        raise RequestError(f"message {i}: content must be a string, got {type(content).__name__}")
-    return m["role"], content
+        raise RequestError(f"message {i}: expected a dict with a role in {ROLES}, got {m!r:.80}")
+    role, content = m["role"], m.get("content")
+    if isinstance(content, str) or (content is None and role == "assistant"):  # empty turn
+        return role, content or ""
+    got = "no 'content'" if "content" not in m else \
+        "None" if content is None else type(content).__name__
+    raise RequestError(f"message {i} ({role}): a {role} message needs its 'content' as a "
+                       f"string, got {got}")
 
 
 def _is_tool_result(role: str, content: str) -> bool:
@@ -292,11 +292,11 @@ class Tokenizer:
                 raise RequestError(f"{name} must be True or False, got {value!r:.60}")
         if self._template is None:
             return qwen3_chat(messages, add_generation_prompt, enable_thinking)
-        for i, m in enumerate(messages):
-            _message_text(m, i)
+        # Checked; an assistant's None content renders as "" (as the server sends it), not "None".
+        turns = [dict(m, content=_message_text(m, i)[1]) for i, m in enumerate(messages)]
         try:
             return _jinja(self._template).render(
-                messages=list(messages), add_generation_prompt=add_generation_prompt,
+                messages=turns, add_generation_prompt=add_generation_prompt,
                 enable_thinking=enable_thinking, bos_token="", eos_token="<|im_end|>")
         except GroutError:
             raise

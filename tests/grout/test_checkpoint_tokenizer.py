@@ -84,6 +84,25 @@ def test_a_chat_template_that_fails_on_the_messages_is_a_request_error(checkpoin
     assert eng.generate([1, 2, 3], max_new_tokens=1).token_ids
 
 
+@pytest.mark.parametrize("message", [{"role": "system", "content": None}, {"role": "user"}],
+                         ids=["None", "missing"])
+def test_a_checkpoint_template_never_sees_a_message_without_text(checkpoint_copy, message):
+    (checkpoint_copy / "chat_template.jinja").write_text(TEMPLATE)
+    eng = load(checkpoint_copy)
+    role = message["role"]
+    with pytest.raises(grout.RequestError, match=rf"message 1 \({role}\): a {role} message "
+                                                 rf"needs its 'content'"):
+        eng.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, message])
+
+
+def test_a_checkpoint_template_renders_an_empty_assistant_turn_as_no_text(checkpoint_copy):
+    (checkpoint_copy / "chat_template.jinja").write_text(TEMPLATE)
+    eng = load(checkpoint_copy)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    assert eng.tokenizer.apply_chat_template(messages, add_generation_prompt=False) == \
+        "[user]hi[assistant]"
+
+
 # Templates that use what Hugging Face's template environment offers beyond plain jinja.
 HF_TEMPLATES = {
     "loop controls": "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"

@@ -55,6 +55,13 @@ def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys, monkey
     assert (seen["device"], seen["dtype"], seen["max_seq_len"]) == ("cpu", "float32", 64)
 
 
+def test_generate_stops_where_prompt_and_output_fill_max_seq_len(capsys):
+    # "Hello, world" is 3 tokens: 5 more fill an 8-position context, as in the engine
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hello, world", "--max-seq-len",
+                     "8", "--max-new-tokens", "64", "--device", "cpu", "--no-progress"]) == 0
+    assert "[5 tokens, finish: length;" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command, extra", [
     ("generate", ["--prompt", "x"]), ("bench", ["--prompt-len", "4", "--gen-len", "2"]),
     ("serve", [])])
@@ -68,13 +75,9 @@ def test_every_subcommand_takes_device_dtype_and_max_seq_len(command, extra):
 
 @pytest.mark.parametrize("args,message", [
     (["--model", "qwen5-7b"], "unknown model"),
-    (["--model", "tiny", "--max-new-tokens", "-2"], "max_new_tokens"),
-    (["--model", "tiny", "--top-p", "0"], "top_p"),
-    (["--model", "tiny", "--temperature", "-1"], "temperature"),
     (["--model", "./missing/dir"], "no such checkpoint"),
-    (["--model", "tiny", "--prompt", "\udcff\udcfe"], "valid Unicode"),   # argv not UTF-8
 ])
-def test_bad_arguments_exit_1_with_a_one_line_error(capsys, args, message):
+def test_a_model_that_cannot_load_exits_1_with_a_one_line_error(capsys, args, message):
     assert cli.main(["generate", "--prompt", "x", "--device", "cpu", "--no-progress",
                      *args]) == 1
     err = capsys.readouterr().err
@@ -188,12 +191,31 @@ def test_bench_repeats_must_be_positive(capsys, repeats):
     assert e.value.code == 2 and "is not a positive count" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"],
-                                  ["--max-request-bytes", "0"], ["--seed", str(2 ** 64)]])
-def test_serve_options_out_of_range_are_usage_errors(capsys, args):
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "--port: 99999 is not a port"), (["--port", "-1"], "--port: -1"),
+    (["--max-request-bytes", "0"], "--max-request-bytes: 0 is not a positive size"),
+    (["--seed", str(2 ** 64)], "--seed: seed must be in [-2**63, 2**64)"),
+    (["--max-seq-len", "0"], "--max-seq-len: 0 is not a positive count"),
+    (["--dtype", "int8"], "--dtype: unsupported dtype 'int8'; use float32"),
+    (["--weights-seed", "-" + str(2 ** 63 + 1)], "--weights-seed: seed must be in"),
+])
+def test_serve_options_out_of_range_are_usage_errors(capsys, args, message):
     with pytest.raises(SystemExit) as e:
         cli.main(["serve", "--model", "tiny", *args])
-    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage: grout serve" in err and message in err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_the_seed_options_take_exactly_the_samplers_seeds(capsys, command):
+    from grout.sampler import SEED_END, SEED_MIN
+    base = [command, "--model", "tiny"] + (["--prompt", "x"] if command == "generate" else [])
+    for seed in (SEED_MIN, SEED_END - 1):
+        assert cli.parser().parse_args([*base, f"--seed={seed}"]).seed == seed
+    for seed in (SEED_MIN - 1, SEED_END):
+        with pytest.raises(SystemExit) as e:
+            cli.parser().parse_args([*base, f"--seed={seed}"])
+        assert e.value.code == 2 and "--seed: seed must be in" in capsys.readouterr().err
 
 
 def test_serve_on_an_address_it_cannot_listen_on_exits_1_before_loading():
@@ -262,13 +284,16 @@ def test_bench_lengths_out_of_range_are_usage_errors(capsys, lengths, message):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_bench_lengths_past_the_cache_exit_1_before_the_model_loads(capsys, monkeypatch):
+def test_bench_lengths_past_the_cache_are_a_usage_error_before_the_model_loads(capsys,
+                                                                             monkeypatch):
     # a bench that cannot run says so before the load (long for a real checkpoint on a GPU)
     monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("the model was loaded"))
-    assert cli.main(["bench", "--model", "tiny", "--device", "cpu", "--no-progress",
-                     "--prompt-len", "60", "--gen-len", "8", "--max-seq-len", "64"]) == 1
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--model", "tiny", "--device", "cpu", "--no-progress",
+                  "--prompt-len", "60", "--gen-len", "8", "--max-seq-len", "64"])
     err = capsys.readouterr().err
-    assert err.startswith("grout: error: ") and "68 exceeds max_seq_len 64" in err
+    assert e.value.code == 2 and "usage: grout bench" in err
+    assert "grout bench: error: " in err and "68 exceeds max_seq_len 64" in err
 
 
 def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
@@ -294,19 +319,31 @@ def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--max-new-tokens", "-2"], "max_new_tokens"), (["--top-p", "0"], "top_p"),
-    (["--temperature", "-1"], "temperature"), (["--top-k", "-3"], "top_k"),
-    (["--stop", ""], "stop"), (["--prompt", "\udcff"], "valid Unicode"),
+    (["--max-new-tokens", "-2"], "--max-new-tokens: max_new_tokens must be an int >= 0"),
+    (["--top-p", "0"], "--top-p: top_p must be in (0, 1]"),
+    (["--top-p", "2"], "--top-p: top_p must be in (0, 1]"),
+    (["--temperature", "-1"], "--temperature: temperature must be >= 0"),
+    (["--temperature", "nan"], "--temperature: temperature must be a finite number"),
+    (["--top-k", "-3"], "--top-k: top_k must be an int >= 0"),
+    (["--top-k", "2.5"], "--top-k: '2.5' is not an integer"),
+    (["--seed", str(2 ** 64)], "--seed: seed must be in [-2**63, 2**64)"),
+    (["--seed", "x"], "--seed: 'x' is not an integer"),
+    (["--stop", ""], "--stop: stop must be a non-empty string"),
+    (["--prompt", "\udcff"], "--prompt: text must be valid Unicode"),    # argv not UTF-8
     (["--prompt", ""], "--prompt is empty"),
+    (["--max-seq-len", "0"], "--max-seq-len: 0 is not a positive count"),
+    (["--dtype", "int8"], "--dtype: unsupported dtype 'int8'; use float32"),
 ])
-def test_generate_refuses_a_bad_request_before_it_loads_the_model(monkeypatch, capsys, args,
-                                                                  message):
+def test_generate_options_out_of_range_are_usage_errors_before_the_model_loads(
+        monkeypatch, capsys, args, message):
     import grout.engine
 
     def load(*a, **kw):
         raise AssertionError("the model was loaded")
     monkeypatch.setattr(grout.engine, "load", load)
-    assert cli.main(["generate", "--model", "qwen3-32b", "--prompt", "x", "--device", "cpu",
-                     *args]) == 1
+    with pytest.raises(SystemExit) as e:
+        cli.main(["generate", "--model", "qwen3-32b", "--prompt", "x", "--device", "cpu",
+                  *args])
     err = capsys.readouterr().err
-    assert err.startswith("grout: error: ") and message in err and "qwen3-32b runs" not in err
+    assert e.value.code == 2 and "usage: grout generate" in err
+    assert "grout generate: error: " in err and message in err and "qwen3-32b runs" not in err

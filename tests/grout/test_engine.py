@@ -70,9 +70,19 @@ def test_text_prompts_with_ids_outside_a_small_vocabulary_are_rejected(eng):
         eng.logits("Hello, world!")              # Qwen ids 9707, 1879 > 384
 
 
-def test_a_prompt_that_fills_the_cache_generates_until_it_is_full(eng):
-    c = eng.generate(list(range(60)), max_new_tokens=10)
-    assert len(c.token_ids) == 5 and c.finish_reason == "length"
+@pytest.mark.parametrize("logprobs", [None, 0], ids=["in chunks", "step by step"])
+def test_prompt_and_generated_tokens_together_fit_max_seq_len(eng, logprobs):
+    c = eng.generate(list(range(60)), max_new_tokens=10, ignore_eos=True, logprobs=logprobs)
+    assert c.prompt_tokens + len(c.token_ids) == eng.max_seq_len == 64
+    assert c.finish_reason == "length"
+    pieces = list(eng.stream(list(range(60)), max_new_tokens=10, ignore_eos=True))
+    assert [p.token_id for p in pieces] == c.token_ids and pieces[-1].finish_reason == "length"
+
+
+def test_a_prompt_that_fills_max_seq_len_generates_nothing(eng):
+    c = eng.generate(list(range(64)), max_new_tokens=10)
+    assert (c.token_ids, c.finish_reason, c.prompt_tokens) == ([], "length", 64)
+    assert list(eng.stream(list(range(64)), max_new_tokens=10)) == []
 
 
 def test_zero_new_tokens(eng):

@@ -104,13 +104,13 @@ def test_a_stop_string_inside_a_chunk_ends_the_completion_where_single_steps_end
 
 
 def test_a_chunk_never_runs_past_the_cache(engines, single):
-    """A full cache ends generation with "length"; the CPU executor raises on a write past
+    """A full context ends generation with "length"; the CPU executor raises on a write past
     the cache, so a chunk that overran would fail here."""
     prompt = (PROMPT * 10)[:53]                    # 11 positions left of 64
     got = engines["tied"].generate(prompt, max_new_tokens=40)
     want = single.generate(prompt, max_new_tokens=40)
     assert got.finish_reason == want.finish_reason == "length"
-    assert got.token_ids == want.token_ids and len(got.token_ids) == 12
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 64 - 53
 
 
 def test_logprobs_decode_one_step_at_a_time_with_the_same_tokens(engines, single):

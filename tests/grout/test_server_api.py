@@ -3,6 +3,7 @@ logprobs, seeds and exact usage, each checked against the engine itself."""
 import asyncio
 
 import httpx
+import openai
 import pytest
 import torch
 
@@ -237,6 +238,48 @@ def test_max_tokens_zero_generates_nothing(client):
     r = complete(client, max_tokens=0)
     assert r.choices[0].text == "" and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens > 0
+
+
+def _chat_leaving(engine, room):
+    """A user message whose chat prompt (no thinking) leaves ``room`` tokens of the context."""
+    words = []
+    while True:
+        messages = [{"role": "user", "content": " ".join(words)}]
+        prompt = engine.tokenizer.apply_chat_template(messages, enable_thinking=False)
+        if MAX_SEQ_LEN - len(engine.tokenizer.encode(prompt)) <= room:
+            return messages
+        words.append("fox")
+
+
+def test_max_tokens_may_fill_the_context_exactly_as_the_engine_does(client, engine):
+    ids = (engine.tokenizer.encode("The quick brown fox jumps. ") * MAX_SEQ_LEN)[:MAX_SEQ_LEN - 6]
+    ref = engine.generate(ids, max_new_tokens=MAX_SEQ_LEN, ignore_eos=True)
+    assert len(ref.token_ids) == 6 and ref.finish_reason == "length"
+    r = complete(client, ids, max_tokens=6, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == ref.text and r.choices[0].finish_reason == "length"
+    assert r.usage.total_tokens == MAX_SEQ_LEN
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, ids, max_tokens=7, extra_body={"ignore_eos": True})
+    assert info.value.body["code"] == "context_length_exceeded"
+    assert "ask for at most 6" in info.value.body["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_without_max_tokens_generates_what_the_engine_would(client, engine, stream):
+    messages = _chat_leaving(engine, 5)
+    ref = engine.chat(messages, max_new_tokens=MAX_SEQ_LEN, ignore_eos=True)
+    kw = dict(messages=messages, temperature=0.0, extra_body={"ignore_eos": True, **NO_THINKING})
+    if stream:
+        chunks = streamed(client, client.chat.completions.create,
+                          stream_options={"include_usage": True}, **kw)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish, usage = chunks[-2].choices[0].finish_reason, chunks[-1].usage
+    else:
+        r = client.chat.completions.create(model="tiny", **kw)
+        text, finish, usage = r.choices[0].message.content, r.choices[0].finish_reason, r.usage
+    assert (text, finish) == (ref.text, ref.finish_reason) == (ref.text, "length")
+    assert usage.completion_tokens == len(ref.token_ids)
+    assert usage.total_tokens == MAX_SEQ_LEN
 
 
 def test_serve_seed_is_the_seed_of_requests_that_send_none(tmp_path_factory, client):

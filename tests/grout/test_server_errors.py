@@ -188,7 +188,10 @@ def test_an_unknown_model_is_a_404_and_the_next_is_served(client):
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"messages": [{"role": "user", "content": "fox " * 400}]}, "messages"),
-], ids=["unknown role", "top_logprobs without logprobs", "tools", "too long"])
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "system"}, {"role": "user", "content": "Hi"}]}, "messages[0].content"),
+], ids=["unknown role", "top_logprobs without logprobs", "tools", "too long", "null content",
+        "no content"])
 def test_a_bad_chat_request_is_a_400_and_the_next_is_served(client, fields, param):
     args = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 4, **fields}

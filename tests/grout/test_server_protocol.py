@@ -81,6 +81,29 @@ def test_developer_role_and_text_parts_are_understood():
                             {"role": "user", "content": "ab"}]
 
 
+@pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
+@pytest.mark.parametrize("message, got", [({"content": None}, "got null"),
+                                          ({}, "got no 'content'"), ({"content": 5}, "got 5")],
+                         ids=["null", "missing", "a number"])
+def test_a_message_without_text_is_a_400_naming_its_index_and_role(role, message, got):
+    err = refused(chat, messages=[*USER, {"role": role, **message}])
+    assert err.param == "messages[1].content" and err.type == "invalid_request_error"
+    assert err.message.startswith("messages[1].content: a ") and f"a {role} message" in err.message
+    assert got in err.message
+
+
+def test_an_assistant_message_without_content_is_an_empty_turn():
+    req = chat(messages=[*USER, {"role": "assistant", "content": None}, {"role": "assistant"}])
+    assert req.messages[1:] == [{"role": "assistant", "content": ""}] * 2
+
+
+def test_an_assistant_message_with_tool_calls_is_refused_as_unsupported():
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    err = refused(chat, messages=[*USER, {"role": "assistant", "content": None,
+                                          "tool_calls": calls}])
+    assert (err.param, err.code) == ("messages[1].tool_calls", "unsupported_parameter")
+
+
 def test_enable_thinking_comes_from_chat_template_kwargs():
     assert chat().enable_thinking is True
     assert chat(chat_template_kwargs={"enable_thinking": False}).enable_thinking is False

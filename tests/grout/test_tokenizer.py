@@ -151,3 +151,28 @@ def test_an_assistant_turn_with_tool_calls_is_refused_rather_than_rendered_witho
         qwen3_chat(msgs)
     msgs[1] = {"role": "assistant", "content": "<tool_call>\n{}\n</tool_call>", "tool_calls": []}
     assert "<tool_call>\n{}\n</tool_call><|im_end|>" in qwen3_chat(msgs)
+
+
+@pytest.mark.parametrize("role", ["system", "user", "tool"])
+@pytest.mark.parametrize("message, got", [({"content": None}, "None"), ({}, "no 'content'"),
+                                          ({"content": 7}, "int"),
+                                          ({"content": [{"type": "text", "text": "x"}]}, "list")],
+                         ids=["None", "missing", "int", "list"])
+def test_a_message_without_text_is_a_request_error_naming_its_index_and_role(tok, role, message,
+                                                                            got):
+    msgs = [{"role": "user", "content": "Hi"}, {"role": role, **message}]
+    expected = rf"message 1 \({role}\): a {role} message needs its 'content' as a string, " \
+               rf"got {got}"
+    with pytest.raises(grout.RequestError, match=expected):
+        qwen3_chat(msgs)
+    with pytest.raises(grout.RequestError, match=expected):
+        tok.apply_chat_template(msgs)
+
+
+def test_an_assistant_turn_without_content_is_empty_unless_it_holds_tool_calls():
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]
+    assert qwen3_chat(msgs, add_generation_prompt=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<|im_end|>\n")
+    msgs[1]["tool_calls"] = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    with pytest.raises(grout.RequestError, match=r"message 1: tool_calls"):
+        qwen3_chat(msgs)
