@@ -122,6 +122,8 @@ class CallTyper:
                 self.tile_index(idx, vals, shape, what)
                 return V("none")
         out = self.view_spec(view.value[2] if vk in ("sub", "tile") else name)
+        if vk in ("Out", "sub") and method != "partition":
+            self.owned_tile_reachable(node, out.name)
         if vk in ("Out", "tile"):
             if method == "load":
                 return tile(out.dtype, out.tile)
@@ -161,8 +163,19 @@ class CallTyper:
             raise self.fail(node, f"a tile of shape {v.shape} cannot be stored into a region "
                                   f"of shape {shape} (same rank, size-1 axes stretch)")
 
+    def owned_tile_reachable(self, node, out: str) -> None:
+        """Refuse an access of Out ``out``'s owned tile where there is none: outside
+        ``for t in out.tiles():`` of a persistent partition (``z.index`` there is refused in
+        ``view_attr``; the code generator has no tile coordinates to address it with)."""
+        if self.persistent and not self.in_tiles:
+            raise self.fail(node, f"`{ast.unparse(node)}`: Out '{out}' is a persistent "
+                                  f"partition: its owned tiles exist only inside `for t in "
+                                  f"{out}.tiles():`; move the access into that loop")
+
     def load_like(self, node) -> V:
         x, z = (self.expr(a) for a in node.args)
+        if z.value[0] == "Out":
+            self.owned_tile_reachable(node, z.value[1])
         xs, zs = self.view_spec(x.value[1]), self.view_spec(
             z.value[2] if z.value[0] == "tile" else z.value[1])
         if xs.rank != len(zs.tile):
