@@ -15,7 +15,7 @@ import torch
 
 from ..errors import AliasError, ArgumentError
 from ..device.reserve import ReservingOp
-from ..dtypes import DType, int32
+from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
@@ -142,6 +142,17 @@ def check_value(name: str, v) -> None:
         hint = how_to_pass(v, "input")
         raise ArgumentError(f"{name}: expected an st.Tensor or st.Shared, got {a_type_name(v)}"
                             f"{f'; {hint}' if hint else ''}")
+
+
+def check_dtype(name: str, v, allowed) -> DType:
+    """``v``'s dtype if one of ``allowed`` (a dtype or a set), else an error naming ``name``."""
+    members = dtype_members(allowed)
+    if v.dtype not in members:
+        names = [repr(d) for d in members]
+        one_of = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise ArgumentError(f"{name} must be {one_of}, got {v.dtype!r}; convert it first "
+                            f"(nothing is converted implicitly)")
+    return v.dtype
 
 
 def check_target(name: str, v) -> None:

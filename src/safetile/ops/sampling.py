@@ -343,6 +343,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     if logits.ndim != 1:
         raise ArgumentError(f"ops.sample: logits must be (n,) (or (1, n) for a Tensor), got "
                             f"shape {tuple(logits.shape)}")
+    host.check_dtype("ops.sample: logits", logits, st.floats)
     n = logits.shape[-1]
     passes = host.check_int("ops.sample: passes", passes, lo=1)
     if n == 0:
