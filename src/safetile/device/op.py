@@ -379,12 +379,13 @@ class DeviceOp(NoCopies):
         """The op ``f(*outputs)`` returns, run after this one on the same stream.
 
         This op's values are handed back before ``f`` is called, so ``f`` may pass them on to
-        the next launch. ``f`` must return a ``DeviceOp`` and must not start execution."""
+        the next launch. ``f`` must return a ``DeviceOp`` and must not start execution; an
+        ``async def`` ``f`` is refused (``ExecutionError``), as nothing could await it."""
         from .combinators import ThenOp
         return ThenOp(self, f)
 
     def map(self, f) -> "DeviceOp":
-        """An op whose output is ``f(*outputs)`` (a host-side transform; no device work)."""
+        """An op whose output is ``f(*outputs)`` (a host-side transform, never ``async``)."""
         from .combinators import MapOp
         return MapOp(self, f)
 
