@@ -110,6 +110,7 @@ class ThenOp(DeviceOp):
         out = op._run(ctx)
         source = op
         state = _state
+        turn = ctx.turn
         for f in reversed(callbacks):
             ctx.settle()          # the next op runs on ctx.stream: ordered after this work
             # `with in_callback("then")`, inlined (this loop runs once per chained op)
@@ -118,7 +119,8 @@ class ThenOp(DeviceOp):
             outer_built = getattr(state, "built", None)
             state.built = built = []          # `with collecting_built()`, inlined
             try:
-                nxt = f(*(out if type(out) is tuple else (out,)))
+                args = out if type(out) is tuple else (out,)
+                nxt = f(*args) if turn is None else turn.run(f, args)
                 if not isinstance(nxt, DeviceOp):
                     _check_result(nxt, f)
             except BaseException as e:
@@ -170,7 +172,8 @@ class MapOp(DeviceOp):
         ctx.settle()
         try:
             with in_callback("map"), collecting_built():
-                result = self.f(*spread(out))
+                turn = ctx.turn
+                result = self.f(*spread(out)) if turn is None else turn.run(self.f, spread(out))
                 if isinstance(result, DeviceOp):      # the op it built is handed back
                     raise ArgumentError(
                         f"the `map` callback {getattr(self.f, '__name__', self.f)!r} returned "
@@ -331,7 +334,7 @@ class SharedOp(DeviceOp):
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
         n, last = self._recorded
-        if last is not None and (len(ctx.recording) < n or ctx.recording[n - 1] is not last):
+        if last is not None and not _still_recorded(ctx.recording, n, last):
             raise ExecutionError(f"the shared op {self.inner!r} ran in a record that failed, "
                                  f"so its launches were dropped from the graph; build the op "
                                  f"again to record it")
@@ -372,3 +375,12 @@ class SharedOp(DeviceOp):
 
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()
+
+
+def _still_recorded(recording: list, n: int, last) -> bool:
+    """Whether ``last``, the ``n``-th launch of ``recording`` when recorded, is still in it (a
+    failed record, on another thread, may have dropped launches before it since)."""
+    for i in range(min(n, len(recording)) - 1, -1, -1):
+        if recording[i] is last:
+            return True
+    return False

@@ -61,17 +61,20 @@ class RunContext:
 
     ``stream``: the torch CUDA stream (None on a machine without CUDA); ``handle``: its raw
     ``cudaStream_t`` as an int, what the launcher passes (0 without CUDA); ``recording``: a
-    list while a graph records (ops append their launches instead of executing them).
+    list while a graph records (ops append their launches instead of executing them);
+    ``turn``: a graph scope's record holds its scope's turn (or None), which its ``then`` /
+    ``map`` callbacks give up while they run (``turn.run(f, args)``).
     """
 
-    __slots__ = ("stream", "handle", "recording", "last", "_settle", "_finish", "_held",
-                 "_first")
+    __slots__ = ("stream", "handle", "recording", "last", "turn", "_settle", "_finish",
+                 "_held", "_first")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
         self.handle = stream.cuda_stream if stream is not None else 0
         self.recording = recording
         self.last = UNKNOWN                       # the last KernelOp launched on the stream
+        self.turn = None
         self._settle: list = []
         self._finish: list = []
         self._held = None                         # (device, lo, hi) of dense extents -> write
