@@ -1,4 +1,5 @@
-"""DeviceOp combinators on the CPU executor: then, map, st.zip, first, last, shared."""
+"""DeviceOp combinators on the CPU executor: then, map, st.zip, first, last (shared ops:
+test_device_shared.py)."""
 import gc
 
 import pytest
@@ -116,28 +117,6 @@ def test_zip_output_is_the_tuple_of_each_ops_output():
 def test_zip_rejects_non_ops():
     with pytest.raises(ExecutionError, match="st.zip argument 1"):
         st.zip(add(vec(1, 1, 1, 1), vec(1, 1, 1, 1), out()), 3)
-
-
-def test_shared_runs_once_however_many_consumers():
-    runs = []
-
-    def count(*values):
-        runs.append(1)
-        return values
-
-    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(count).shared()
-    left, right = st.zip(s.map(lambda x, y, z: z), s.map(lambda x, y, z: x)).sync()
-    assert len(runs) == 1
-    assert left.unpartition().to_torch().tolist() == [2, 3, 4, 5]
-
-
-def test_shared_consumers_can_run_in_separate_executions():
-    runs = []
-    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(
-        lambda *v: runs.append(1) or v).shared()
-    z1 = s.last().sync()
-    z2 = s.last().sync()
-    assert z1 is z2 and len(runs) == 1
 
 
 def test_an_op_runs_only_once():
@@ -328,70 +307,7 @@ def test_a_callback_without_a_readable_signature_raises_its_own_error_with_the_v
     assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]
 
 
-def test_a_shared_op_consumed_by_its_own_callback_raises_instead_of_waiting_for_itself():
-    ref = []
-    so = scale(vec(1, 2, 3, 4), out(), 1.0).then(lambda x, z, k: ref[0]).shared()
-    ref.append(so)
-    with pytest.raises(ExecutionError, match="consumed by its own run"):
-        so.sync()
-
-
-@pytest.mark.parametrize("consumer", ["itself", "then"])
-def test_a_shared_op_is_refused_to_another_thread_until_the_execution_that_ran_it_finishes(
-        consumer):
-    import threading
-    inside, release, errors = threading.Event(), threading.Event(), []
-    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).shared()
-    # `then` hands the values on to a later launch of the same, unfinished execution
-    first = s if consumer == "itself" else s.then(
-        lambda x, y, z: add(x, y, out()).map(lambda *v: (x, y, z)))
-
-    class Pausing(st.DeviceOp):                  # work after the shared op, same execution
-        def _run(self, ctx):
-            self._take()
-            inside.set()
-            release.wait(5)
-            return ()
-    worker = threading.Thread(target=lambda: st.zip(first, Pausing()).sync())
-    worker.start()
-    inside.wait(5)
-    try:
-        s.last().sync()
-    except ExecutionError as e:
-        errors.append(str(e))
-    release.set()
-    worker.join()
-    assert len(errors) == 1 and "has not finished" in errors[0]
-    z = s.last().sync()                          # once it finished, its values are back
-    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
-
-
-def test_a_shared_op_running_on_another_thread_refuses_a_consumer_at_once_instead_of_waiting():
-    # The run's own callback waits for the other thread: a consumer that waited for the run
-    # to end would never end (nor would the run).
-    import threading
-    seen, ref = {}, []
-
-    def consume_elsewhere_and_wait(x, y, z):
-        def consume():
-            try:
-                ref[0].last().sync()
-            except ExecutionError as e:
-                seen["error"] = str(e)
-        t = threading.Thread(target=consume, daemon=True)
-        t.start()
-        t.join(5)
-        seen["waited"] = t.is_alive()
-        return add(x, y, z)
-
-    s = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(consume_elsewhere_and_wait).shared()
-    ref.append(s)
-    _, _, z = s.sync()
-    assert seen["waited"] is False
-    assert "is running in an execution of another thread" in seen["error"]
-    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
-
-
+@pytest.mark.filterwarnings("ignore::safetile.UnrunOpWarning")  # the refused op
 def test_an_async_then_callback_is_named_as_one_and_the_values_come_back():
     import warnings
 
@@ -405,4 +321,46 @@ def test_an_async_then_callback_is_named_as_one_and_the_values_come_back():
             add(x, vec(1, 1, 1, 1), out()).then(next_op).sync()
         gc.collect()
     assert e.value.recovered[0] is x
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_an_async_map_callback_is_refused_when_the_map_is_built_and_the_op_can_still_run():
+    async def total(x, y, z):
+        return z
+
+    x = vec(1, 2, 3, 4)
+    op = add(x, vec(1, 1, 1, 1), out())
+    with pytest.raises(ExecutionError, match="`map` callback total is a coroutine function.*"
+                                             "plain def that returns its value") as e:
+        op.map(total)
+    assert e.value.recovered[0] is x
+    _, _, z = op.sync()
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_an_async_then_callback_is_refused_when_the_then_is_built():
+    async def next_op(x, y, z):
+        return add(x, y, z)
+
+    op = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out())
+    with pytest.raises(ExecutionError, match="`then` callback next_op is a coroutine function"):
+        op.then(next_op)
+    op.sync()
+
+
+def test_a_map_callback_returning_a_coroutine_is_refused_and_the_values_come_back():
+    import warnings
+
+    async def later(*values):
+        return values
+
+    x = vec(1, 2, 3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ExecutionError, match="`map` callback <lambda> returned an "
+                                                 "awaitable \\(coroutine\\)") as e:
+            add(x, vec(1, 1, 1, 1), out()).map(lambda *v: later(*v)).sync()
+        gc.collect()
+    rx, _, rz = e.value.recovered
+    assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]
     assert not [w for w in caught if "never awaited" in str(w.message)]

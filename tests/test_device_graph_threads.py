@@ -114,3 +114,54 @@ def test_a_replay_inlined_while_another_thread_updates_the_graph_records_the_lau
     with st.graph_scope() as s:
         s.record(g.launch())
     assert s.graph.records == old and g.records != old
+
+
+def record_from_a_callback_that_waits_for_another_thread(fail: bool):
+    """Record ``add(x, y, first).then(f)`` where ``f`` waits (bounded) for another thread's
+    record into the same scope, then returns ``add(x, y, second)``, or raises when ``fail``;
+    returns (the scope, what happened: the launches by name, ...)."""
+    x, y = vec(1, 2, 3, 4), vec(1, 1, 1, 1)
+    first, second, other = out(), out(), out()
+    seen = {"first": add(x, y, first), "other": add(vec(10, 10, 10, 10), vec(1, 1, 1, 1), other)}
+
+    def wait_for_another_record(x, y, z):
+        worker = threading.Thread(daemon=True, target=lambda: seen.setdefault(
+            "other output", s.record(seen["other"])))
+        worker.start()
+        worker.join(10)                           # bounded: a deadlock fails, not hangs
+        seen["waited out"] = worker.is_alive()
+        if fail:
+            raise ValueError("after the other record")
+        seen["second"] = add(x, y, second)
+        return seen["second"]
+
+    with st.graph_scope() as s:
+        try:
+            s.record(seen["first"].then(wait_for_another_record))
+        except ValueError as e:
+            seen["error"] = e
+    return s, seen, (first, second, other)
+
+
+def test_a_record_whose_callback_waits_for_another_threads_record_does_not_deadlock():
+    s, seen, (first, second, other) = record_from_a_callback_that_waits_for_another_thread(
+        fail=False)
+    assert seen["waited out"] is False
+    # the other thread's launch falls between the record's own, in recorded order
+    assert s.graph.records == (seen["first"], seen["other"], seen["second"])
+    s.launch().sync()
+    assert second.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+    assert other.unpartition().to_torch().tolist() == [11, 11, 11, 11]
+
+
+def test_a_failed_record_drops_its_own_launches_around_another_threads_record():
+    s, seen, (first, second, other) = record_from_a_callback_that_waits_for_another_thread(
+        fail=True)
+    assert seen["waited out"] is False
+    rx, _, rz = seen["error"].recovered
+    assert rz is first and rx.to_torch().tolist() == [1, 2, 3, 4]
+    assert s.graph.records == (seen["other"],) and s.graph.output == (seen["other output"],)
+    # what it was recorded after is gone: it launches in plain order
+    assert seen["other"].serial
+    s.launch().sync()
+    assert other.unpartition().to_torch().tolist() == [11, 11, 11, 11]

@@ -74,6 +74,77 @@ def test_a_workspace_whose_fields_were_changed_is_refused(field, value):
         ops.decode_attention_merge(ws, st.empty((HQ, D)))
 
 
+def workspace_calls(ws):
+    """Each op that takes a workspace, called with ``ws`` (q, caches and out fit a 4-split one)."""
+    q, k = wrap(rand((HQ, D), st.f32, 6)), wrap(rand((HKV, S, D), st.f32, 7))
+    return {"decode_attention": lambda: ops.decode_attention(q, k, k, i32(5), workspace=ws),
+            "decode_attention_split": lambda: ops.decode_attention_split(q, k, k, i32(5), ws),
+            "decode_attention_merge": lambda: ops.decode_attention_merge(ws, st.empty((HQ, D)))}
+
+
+def four_splits():
+    return ops.DecodeWorkspace(HKV, HQ // HKV, D, 4, device="cpu")
+
+
+@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_split",
+                                "decode_attention_merge"])
+@pytest.mark.parametrize("field, value", [("group", 2.0), ("rows", 16.0), ("num_splits", "4"),
+                                          ("num_splits", None)])
+def test_a_workspace_count_that_is_not_an_int_is_refused_naming_the_field(op, field, value):
+    ws = four_splits()
+    setattr(ws, field, value)
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: workspace.{field} must be an int"):
+        workspace_calls(ws)[op]()
+
+
+@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_split",
+                                "decode_attention_merge"])
+def test_a_workspace_whose_constructor_never_ran_is_an_argument_error(op):
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: workspace.group must be an int"):
+        workspace_calls(object.__new__(ops.DecodeWorkspace))[op]()
+
+
+@pytest.mark.parametrize("op", ["decode_attention", "decode_attention_split",
+                                "decode_attention_merge"])
+@pytest.mark.parametrize("field", ["partial", "lse"])
+def test_a_workspace_buffer_that_is_not_float32_is_refused_naming_the_buffer(op, field):
+    ws = four_splits()
+    setattr(ws, field, st.zeros(tuple(getattr(ws, field).shape), dtype=st.bf16))
+    with pytest.raises(st.ArgumentError, match=rf"ops.{op}: workspace.{field} must be "
+                                               rf"st.float32, got st.bfloat16"):
+        workspace_calls(ws)[op]()
+
+
+def test_a_workspace_whose_split_count_is_a_numpy_int_runs_as_that_int():
+    q, k, v = (wrap(rand(s, st.f32, i)) for i, s in enumerate([(HQ, D), (HKV, S, D),
+                                                                 (HKV, S, D)]))
+    want = ops.decode_attention(q, k, v, i32(150), workspace=four_splits()).sync()
+    ws = four_splits()
+    ws.num_splits = np.int64(4)
+    got = ops.decode_attention(q, k, v, i32(150), workspace=ws).sync()
+    assert torch.equal(got.to_torch(), want.to_torch())
+    split = ops.decode_attention_split(q, k, v, i32(150), ws).sync()
+    assert torch.equal(ops.decode_attention_merge(split, st.empty((HQ, D))).sync().to_torch(),
+                       want.to_torch())
+
+
+def test_decode_attention_split_names_the_workspace_buffers_that_overlap():
+    ws = four_splits()
+    ws.lse = ws.partial.view(-1).slice(0, 0, HKV * 4 * 2).view(HKV, 4, 2, 1)
+    q, k = wrap(rand((HQ, D), st.f32, 6)), wrap(rand((HKV, S, D), st.f32, 7))
+    with pytest.raises(st.AliasError, match="ops.decode_attention_split: the output "
+                                            "workspace.partial overlaps the output "
+                                            "workspace.lse"):
+        ops.decode_attention_split(q, k, k, i32(5), ws)
+
+
+@pytest.mark.parametrize("block_n", ["64", 0, 8, 48])
+def test_for_cache_refuses_a_block_n_that_is_not_a_power_of_two_from_16(block_n):
+    with pytest.raises(st.ArgumentError, match="DecodeWorkspace.for_cache: block_n must be a "
+                                               "power of two"):
+        ops.DecodeWorkspace.for_cache(st.zeros((HQ, D)), st.zeros((HKV, S, D)), block_n=block_n)
+
+
 # ---- decode_attention options ----------------------------------------------------------------
 
 def test_decode_attention_takes_numpy_ints_for_counts_and_sizes():

@@ -226,6 +226,14 @@ def test_passes_take_any_int_and_refuse_the_rest():
         draw(logits, 1.0, passes=1.5)
 
 
+@pytest.mark.parametrize("passes", [0, 33, 10**9, True])
+def test_passes_outside_1_to_32_are_refused_before_any_launch(passes):
+    with pytest.raises(st.ArgumentError, match="ops.sample: passes must be an int"):
+        ops.sample(wrap(rand(500, st.f32, 9)), ops.sampling_params(1.0, device="cpu"),
+                   ops.sampling_key(0, device="cpu"), st.zeros((1,), dtype=st.i32),
+                   passes=passes)
+
+
 def test_no_logits_is_an_argument_error():
     with pytest.raises(st.ArgumentError, match="0 logits"):
         draw(torch.zeros(0), 1.0)

@@ -16,7 +16,7 @@ import threading
 
 from ..errors import ArgumentError, ExecutionError
 from .op import (UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, collecting_built,
-                 fail_in_sequence, in_callback, spread)
+                 fail_in_sequence, in_callback, refused, spread)
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -26,17 +26,39 @@ def _check_op(value, what: str) -> DeviceOp:
     return value
 
 
+def async_error(kind: str, f, returned=None) -> ExecutionError:
+    """The error for a ``kind`` callback ``f`` that is async (or ``returned`` an awaitable)."""
+    # A callback runs synchronously, inside the execution: nothing would ever await what it
+    # returns. A coroutine it returned was made by this call, so it is closed (never run,
+    # and never reported as "never awaited").
+    if inspect.iscoroutine(returned):
+        returned.close()
+    name = getattr(f, "__name__", repr(f))
+    what = "is a coroutine function (async def)" if returned is None or \
+        inspect.iscoroutinefunction(f) else f"returned an awaitable ({type(returned).__name__})"
+    result = "the next op" if kind == "then" else "its value"
+    return ExecutionError(f"the `{kind}` callback {name} {what}: a callback runs "
+                          f"synchronously, inside the execution, and cannot await; write it "
+                          f"as a plain def that returns {result}, and await in the coroutine "
+                          f"that awaits the op")
+
+
+def refuse_async(kind: str, f, op: DeviceOp) -> None:
+    """Raise when ``f`` is an ``async def``, as ``op.then(f)`` / ``op.map(f)`` is built."""
+    # A function's (or bound method's) code flags answer without inspect's unwrapping, which
+    # every op of a chain would pay; a partial or another callable asks inspect.
+    code = getattr(f, "__code__", None)
+    if code.co_flags & inspect.CO_COROUTINE if code is not None else \
+            inspect.iscoroutinefunction(f):
+        err = async_error(kind, f)
+        refused(err, op)             # the op is untouched: it may still run, with another f
+        raise err
+
+
 def _check_result(value, f) -> None:
-    """Raise for a `then` callback's result that is not an op. An ``async def`` callback
-    returned a coroutine, which can never run here: a callback runs synchronously, inside
-    the execution; it is closed (it was made by this call) and the error says so."""
-    if inspect.iscoroutine(value):
-        value.close()
-        name = getattr(f, "__name__", repr(f))
-        raise ExecutionError(f"the `then` callback {name} is a coroutine function (async "
-                             f"def): a callback runs synchronously, inside the execution, "
-                             f"and cannot await; write it as a plain def that returns the next "
-                             f"op, and await in the coroutine that awaits the op")
+    """Raise for a `then` callback's result that is not an op."""
+    if inspect.isawaitable(value):
+        raise async_error("then", f, value)
     _check_op(value, "the value returned by a `then` callback")
 
 
@@ -73,6 +95,7 @@ class ThenOp(DeviceOp):
     def __init__(self, prev: DeviceOp, f):
         if not callable(f):
             raise ArgumentError(f"op.then(f) needs a callable, got {f!r}")
+        refuse_async("then", f, prev)
         self.prev, self.f = prev, f
 
     def __repr__(self) -> str:
@@ -87,6 +110,7 @@ class ThenOp(DeviceOp):
         out = op._run(ctx)
         source = op
         state = _state
+        turn = ctx.turn
         for f in reversed(callbacks):
             ctx.settle()          # the next op runs on ctx.stream: ordered after this work
             # `with in_callback("then")`, inlined (this loop runs once per chained op)
@@ -95,7 +119,8 @@ class ThenOp(DeviceOp):
             outer_built = getattr(state, "built", None)
             state.built = built = []          # `with collecting_built()`, inlined
             try:
-                nxt = f(*(out if type(out) is tuple else (out,)))
+                args = out if type(out) is tuple else (out,)
+                nxt = f(*args) if turn is None else turn.run(f, args)
                 if not isinstance(nxt, DeviceOp):
                     _check_result(nxt, f)
             except BaseException as e:
@@ -136,6 +161,7 @@ class MapOp(DeviceOp):
     def __init__(self, inner: DeviceOp, f):
         if not callable(f):
             raise ArgumentError(f"op.map(f) needs a callable, got {f!r}")
+        refuse_async("map", f, inner)
         self.inner, self.f = inner, f
 
     def __repr__(self) -> str:
@@ -146,12 +172,15 @@ class MapOp(DeviceOp):
         ctx.settle()
         try:
             with in_callback("map"), collecting_built():
-                result = self.f(*spread(out))
+                turn = ctx.turn
+                result = self.f(*spread(out)) if turn is None else turn.run(self.f, spread(out))
                 if isinstance(result, DeviceOp):      # the op it built is handed back
                     raise ArgumentError(
                         f"the `map` callback {getattr(self.f, '__name__', self.f)!r} returned "
                         f"{result!r}, which would never run: a `map` callback computes on the "
                         f"host; to run an op on these values, use op.then(f)")
+                if inspect.isawaitable(result):
+                    raise async_error("map", self.f, result)
                 return result
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
@@ -305,7 +334,7 @@ class SharedOp(DeviceOp):
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
         n, last = self._recorded
-        if last is not None and (len(ctx.recording) < n or ctx.recording[n - 1] is not last):
+        if last is not None and not _still_recorded(ctx.recording, n, last):
             raise ExecutionError(f"the shared op {self.inner!r} ran in a record that failed, "
                                  f"so its launches were dropped from the graph; build the op "
                                  f"again to record it")
@@ -346,3 +375,12 @@ class SharedOp(DeviceOp):
 
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()
+
+
+def _still_recorded(recording: list, n: int, last) -> bool:
+    """Whether ``last``, the ``n``-th launch of ``recording`` when recorded, is still in it (a
+    failed record, on another thread, may have dropped launches before it since)."""
+    for i in range(min(n, len(recording)) - 1, -1, -1):
+        if recording[i] is last:
+            return True
+    return False

@@ -63,7 +63,8 @@ def graph_scope(reason: str = "st.graph_scope()"):
     ``await op`` inside the block raise ``GraphCaptureError`` too.
 
     After the block, ``s.graph`` is the ``Graph`` (its output: the tuple of each record's
-    output) and ``s.launch()`` replays it: a ``DeviceOp`` to sync, await or chain."""
+    output, as the records ended) and ``s.launch()`` replays it: a ``DeviceOp`` to sync,
+    await or chain."""
     scope = GraphScope(reason)
     try:
         with forbid_allocation(reason), borrows.collect_shared(scope._shared_holds, scope.count):

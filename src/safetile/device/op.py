@@ -61,17 +61,20 @@ class RunContext:
 
     ``stream``: the torch CUDA stream (None on a machine without CUDA); ``handle``: its raw
     ``cudaStream_t`` as an int, what the launcher passes (0 without CUDA); ``recording``: a
-    list while a graph records (ops append their launches instead of executing them).
+    list while a graph records (ops append their launches instead of executing them);
+    ``turn``: a graph scope's record holds its scope's turn (or None), which its ``then`` /
+    ``map`` callbacks give up while they run (``turn.run(f, args)``).
     """
 
-    __slots__ = ("stream", "handle", "recording", "last", "_settle", "_finish", "_held",
-                 "_first")
+    __slots__ = ("stream", "handle", "recording", "last", "turn", "_settle", "_finish",
+                 "_held", "_first")
 
     def __init__(self, stream=None, recording=None):
         self.stream = stream
         self.handle = stream.cuda_stream if stream is not None else 0
         self.recording = recording
         self.last = UNKNOWN                       # the last KernelOp launched on the stream
+        self.turn = None
         self._settle: list = []
         self._finish: list = []
         self._held = None                         # (device, lo, hi) of dense extents -> write
@@ -387,11 +390,12 @@ class DeviceOp(NoCopies):
         """The op ``f(*outputs)`` returns, run after this one on the same stream.
 
         This op's values are handed back before ``f`` is called, so ``f`` may pass them on to
-        the next launch. ``f`` must return a ``DeviceOp`` and must not start execution."""
+        the next launch. ``f`` must return a ``DeviceOp`` and must not start execution; an
+        ``async def`` ``f`` is refused (``ExecutionError``), as nothing could await it."""
         return _combinators.ThenOp(self, f)
 
     def map(self, f) -> "DeviceOp":
-        """An op whose output is ``f(*outputs)`` (a host-side transform; no device work)."""
+        """An op whose output is ``f(*outputs)`` (a host-side transform, never ``async``)."""
         return _combinators.MapOp(self, f)
 
     def first(self) -> "DeviceOp":
@@ -443,7 +447,4 @@ class DeviceOp(NoCopies):
         return _graph.record_graph(self)
 
 
-# These modules import this one, so they are bound once it is defined.
-from . import aio as _aio  # noqa: E402
-from . import combinators as _combinators  # noqa: E402
-from . import graph as _graph  # noqa: E402
+from . import aio as _aio, combinators as _combinators, graph as _graph  # noqa: E402 (cycle)

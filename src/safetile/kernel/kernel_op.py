@@ -239,6 +239,10 @@ class KernelOp(DeviceOp):
         return [(b.name, b.torch, b.spec.kind != "In") for b in self._bound
                 if b.torch is not None]
 
+    def _follows_unknown(self) -> None:
+        """Launch in plain order: the launch it was recorded after was dropped since."""
+        self._serial, self._running = True, ()
+
     def structure(self) -> tuple:
         """What a re-recording must match (``Graph.update``): the kernel, its options, grid
         and backend, and each argument's kind, dtype, shape and tile shape."""

@@ -45,8 +45,9 @@ to measure the cost of safety.
 """
 from .argmax import ArgmaxWorkspace, argmax, argmax_workspace  # noqa: F401
 from .copy import add_scalar, copy  # noqa: F401
-from .decode_attention import (DecodeWorkspace, decode_attention,  # noqa: F401
-                               decode_attention_merge, decode_attention_split)
+from .decode_attention import (decode_attention, decode_attention_merge,  # noqa: F401
+                               decode_attention_split)
+from .decode_workspace import DecodeWorkspace  # noqa: F401
 from .flash_attention import flash_attention  # noqa: F401
 from .kv_cache import kv_append, kv_append_many, max_cache_positions  # noqa: F401
 from .elementwise import add, mul, silu_mul  # noqa: F401

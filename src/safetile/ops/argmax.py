@@ -90,6 +90,7 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     of two. Pass ``out`` and ``workspace`` (:func:`argmax_workspace`) to allocate nothing,
     e.g. inside a graph scope."""
     host.check_value("ops.argmax: x", x)
+    host.check_dtype("ops.argmax: x", x, st.floats)
     if isinstance(x, Shared) and x.ndim != 1:
         raise ArgumentError(f"ops.argmax: a Shared x must be 1-D (n,) (a Shared handle is "
                             f"never reshaped), got shape {x.shape}; pass the Tensor, or share "

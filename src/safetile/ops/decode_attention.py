@@ -45,12 +45,11 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from ..lang.semantics import MAX_TILE_ELEMENTS
-from ..tensor.hints import a_type_name
 from . import host
+from .decode_workspace import (DEFAULT_BLOCK_N, DecodeWorkspace, check_workspace,
+                               default_splits, group_rows)
 from .flash_attention import LOG2E, check_gqa, online_softmax_step
 
-# Rows of the group tile: tl.dot needs at least 16 rows.
-MIN_GROUP_ROWS = 16
 INT32_MAX = 2**31 - 1
 # Defaults of the split kernel (measurements: benchmarks/TUNING.md, "decode attention defaults").
 # Pipeline depth of the K/V loop: Triton keeps num_stages - 1 TMA buffers, so 3 stages
@@ -69,12 +68,6 @@ DEFAULT_CYCLIC = True
 # L2 prefetch of each split's first K/V blocks before the length read: off (the bytes compete
 # with the previous kernel's stream, and past a short valid length they are wasted).
 DEFAULT_PREFETCH = 0
-# Programmatic dependent launch, on by default where the GPU has it (Hopper and later): the
-# split kernel does every read (length, q, K, V) before its wait, and both kernels signal the
-# next at their start, so in a chain of attentions the next split streams its cache while this
-# one drains. 64-key blocks: a program's two stages then leave room on the SM for the next
-# split's program, which a 128-key program does not.
-DEFAULT_BLOCK_N = 64
 
 
 @st.function
@@ -211,47 +204,6 @@ def decode_whole_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     o.store(sl.reshape(acc / l_safe[:, None], (1, o.shape[1], o.shape[2])))
 
 
-def default_splits(n_kv_heads: int, max_seq: int, block_n: int) -> int:
-    """Splits per kv head: about 128 programs in all, one wave on an H100/H200, never more
-    than the cache has key blocks: more, shorter programs pay the per-program prologue (device
-    length, q, pipeline fill) more often and make the merge read more partials."""
-    want = host.next_pow2(max(1, 128 // max(n_kv_heads, 1)))
-    return max(1, min(want, -(-max_seq // block_n)))
-
-
-class DecodeWorkspace:
-    """The fp32 partial outputs and log-sum-exps of the split kernel.
-
-    Allocate it once, outside any graph scope, and pass it to every decode step: the ops
-    partition views of it, so the same buffers serve each captured step. The buffers hold
-    ``group`` rows per (kv head, split); ``rows`` (the padded group) is the split kernel's
-    tile height, whose extra rows fall outside the buffer and are never written."""
-
-    def __init__(self, n_kv_heads: int, group: int, head_dim: int, num_splits: int,
-                 device=None):
-        n_kv_heads, group, head_dim, num_splits = (
-            host.check_int(f"DecodeWorkspace: {what}", v, 1) for what, v in zip(
-                ("n_kv_heads", "group", "head_dim", "num_splits"),
-                (n_kv_heads, group, head_dim, num_splits)))
-        self.group, self.num_splits = group, num_splits
-        self.rows = max(MIN_GROUP_ROWS, host.next_pow2(group))
-        self.partial = st.empty((n_kv_heads, num_splits, group, head_dim), dtype=st.f32,
-                                device=device)
-        self.lse = st.empty((n_kv_heads, num_splits, group, 1), dtype=st.f32, device=device)
-
-    @classmethod
-    def for_cache(cls, q, k_cache, num_splits: int | None = None, block_n: int | None = None):
-        """A workspace sized for ``q`` (Hq, D) against ``k_cache`` (Hkv, max_seq, D)."""
-        if getattr(q, "ndim", None) != 2 or getattr(k_cache, "ndim", None) != 3:
-            raise ArgumentError(f"DecodeWorkspace.for_cache: q must be (Hq, D) and k_cache "
-                                f"(Hkv, max_seq, D), got {getattr(q, 'shape', q)!r}, "
-                                f"{getattr(k_cache, 'shape', k_cache)!r}")
-        hkv, max_seq, d = k_cache.shape
-        splits = default_splits(hkv, max_seq, block_n or DEFAULT_BLOCK_N) \
-            if num_splits is None else num_splits
-        return cls(hkv, q.shape[0] // max(hkv, 1), d, splits, device=q.device)
-
-
 _SPLIT: dict = {}
 
 
@@ -270,24 +222,6 @@ def _split_kernel(num_warps: int, num_stages: int, pdl: bool = False,
             early=("q", "k", "v", "length") if pdl and early else (),
             trigger_early=pdl and trigger_early)
     return _SPLIT[key]
-
-
-def _check_workspace(name: str, ws, hkv=None, group: int = 0, d: int = 0, splits=None):
-    """``ws`` must be a DecodeWorkspace, and (given ``hkv``) one for that cache, group, splits."""
-    if not isinstance(ws, DecodeWorkspace):
-        raise ArgumentError(f"{name}: workspace must be a DecodeWorkspace (build one with "
-                            f"DecodeWorkspace.for_cache(q, k_cache)), got {a_type_name(ws)}")
-    host.check_workspace(name, ws, ("partial", "lse"))
-    p = tuple(ws.partial.shape)
-    if len(p) != 4 or tuple(ws.lse.shape) != p[:3] + (1,) or p[1:3] != (ws.num_splits, ws.group) \
-            or ws.rows != max(MIN_GROUP_ROWS, host.next_pow2(ws.group)):
-        raise ArgumentError(f"{name}: the workspace's fields disagree (partial {p}, lse "
-                            f"{ws.lse.shape}, group {ws.group}, rows {ws.rows}, num_splits "
-                            f"{ws.num_splits}); build it with DecodeWorkspace.for_cache")
-    if hkv is not None and (p != (hkv, splits or ws.num_splits, group, d) or ws.group != group):
-        raise ArgumentError(f"{name}: the workspace {p} does not fit {hkv * group} q heads, "
-                            f"{hkv} kv heads of {d} in {splits or ws.num_splits} splits: build "
-                            f"it with DecodeWorkspace.for_cache, or omit num_splits")
 
 
 def _options(name: str, d: int, max_seq: int, scale, length_offset, block_n, pdl,
@@ -315,9 +249,10 @@ def _options(name: str, d: int, max_seq: int, scale, length_offset, block_n, pdl
 
 
 def _launch_split(q, k_cache, v_cache, length, ws, o: dict, num_warps, num_stages):
-    d = ws.partial.shape[3]
-    po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, ws.rows, d))
-    pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, ws.rows, 1))
+    _, _, group, d = ws.partial.shape
+    rows = group_rows(group)
+    po = host.owned_view(ws.partial, tuple(ws.partial.shape)).partition((1, 1, rows, d))
+    pl = host.owned_view(ws.lse, tuple(ws.lse.shape)).partition((1, 1, rows, 1))
     kernel = _split_kernel(num_warps, num_stages, o["pdl"], o["trigger_early"], o["early"])
     op = kernel(*host.inputs(q, k_cache, v_cache, length), po, pl, o["qk_scale"], o["block_n"],
                 o["length_offset"], o["cyclic"], o["prefetch"], o["masked"])
@@ -326,14 +261,15 @@ def _launch_split(q, k_cache, v_cache, length, ws, o: dict, num_warps, num_stage
 
 def _launch_merge(ws, out, num_warps, pdl: bool, trigger_early: bool):
     hq, d = out.shape
+    _, splits, group, _ = ws.partial.shape
     # Each program holds all splits of one row in registers: more splits, more warps.
-    warps = min(8, host.warps_for(host.next_pow2(ws.num_splits) * d)) if num_warps is None \
+    warps = min(8, host.warps_for(host.next_pow2(splits) * d)) if num_warps is None \
         else host.check_pow2("ops.decode_attention_merge: num_warps", num_warps, 1, 32)
     op = decode_merge_kernel.options(num_warps=warps, pdl=pdl,
                                      trigger_early=pdl and trigger_early)(
         *host.inputs(ws.partial, ws.lse),
         host.owned_view(out, (hq, d), "ops.decode_attention: out").partition((1, d)),
-        ws.group, host.next_pow2(ws.num_splits))
+        group, host.next_pow2(splits))
     return host.returning(op, out)
 
 
@@ -341,7 +277,7 @@ def _launch_whole(q, k_cache, v_cache, length, out, o: dict, num_warps, num_stag
     """The one-split attention: one program per kv head, straight into ``out``."""
     hq, d = out.shape
     hkv = k_cache.shape[0]
-    rows = max(MIN_GROUP_ROWS, host.next_pow2(hq // hkv))
+    rows = group_rows(hq // hkv)
     kernel = decode_whole_kernel.options(
         num_warps=num_warps, num_stages=num_stages, pdl=o["pdl"],
         early=("q", "k", "v", "length") if o["pdl"] and o["early"] else (),
@@ -375,7 +311,9 @@ def decode_attention_split(q, k_cache, v_cache, length, workspace: DecodeWorkspa
     name = "ops.decode_attention_split"
     hq, hkv, d = check_gqa(name, q, k_cache, v_cache, 2)
     host.check_device_int(f"{name}: length", length)
-    _check_workspace(name, workspace, hkv, hq // hkv, d)
+    check_workspace(name, workspace, hkv, hq // hkv, d)
+    host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),
+                        {"workspace.partial": workspace.partial, "workspace.lse": workspace.lse})
     num_warps, num_stages = host.check_counts(name, num_warps, num_stages)
     o = _options(name, d, k_cache.shape[1], scale, length_offset, block_n, pdl, trigger_early,
                  early, prefetch, cyclic, masked)
@@ -389,13 +327,15 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     ``pdl``: launch it with programmatic dependent launch, so that it is scheduled while the
     split kernel finishes and waits for it on the device rather than on the launch queue."""
     name = "ops.decode_attention_merge"
-    _check_workspace(name, workspace)
+    check_workspace(name, workspace)
     hkv, _, group, d = workspace.partial.shape
     host.check_target(f"{name}: out", out)
     if out.dtype not in st.floats:
         raise ArgumentError(f"{name}: out must be float32, float16 or bfloat16, got "
                             f"{out.dtype!r}")
     host.check_out(f"{name}: out", out, (hkv * group, d), out.dtype, workspace.partial.device)
+    host.check_disjoint(name, {"workspace.partial": workspace.partial,
+                               "workspace.lse": workspace.lse}, {"out": out})
     return _launch_merge(workspace, out, num_warps, *host.pdl_flags(name, pdl, trigger_early))
 
 
@@ -429,8 +369,8 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     if num_splits is not None:
         num_splits = host.check_int(f"{name}: num_splits", num_splits, 1)
     if workspace is not None:
-        _check_workspace(name, workspace, hkv, hq // hkv, d, num_splits)
-    splits = workspace.num_splits if workspace is not None else \
+        check_workspace(name, workspace, hkv, hq // hkv, d, num_splits)
+    splits = workspace.partial.shape[1] if workspace is not None else \
         num_splits or default_splits(hkv, k_cache.shape[1], o["block_n"])
     if splits == 1:
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,

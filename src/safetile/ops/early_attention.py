@@ -39,7 +39,8 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from . import host
-from .decode_attention import DEFAULT_BLOCK_N, MIN_GROUP_ROWS, masked_step, valid_length
+from .decode_attention import masked_step, valid_length
+from .decode_workspace import DEFAULT_BLOCK_N, MIN_GROUP_ROWS
 from .flash_attention import LOG2E
 from .prologue_attention import MIN_HEAD_DIM
 from .qk_rope_append import check_prologue, normed_half, row_scales

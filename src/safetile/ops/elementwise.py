@@ -38,10 +38,12 @@ _MUL = host.Configured(mul_kernel)
 _SILU_MUL = host.Configured(silu_mul_kernel)
 
 
-def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None):
-    host.check_value(f"ops.{name}: first input", a)
-    host.check_value(f"ops.{name}: second input", b)
+def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None,
+            names: tuple = ("x", "y")):
+    host.check_value(f"ops.{name}: {names[0]}", a)
+    host.check_value(f"ops.{name}: {names[1]}", b)
     dtype = host.same_dtype(f"ops.{name}", a, b)
+    host.check_dtype(f"ops.{name}: {names[0]}", a, st.floats)
     block = host.check_pow2(f"ops.{name}: block", block)
     z = host.output(f"ops.{name}: out", out, a.shape, dtype, a.device)
     (av, bv), zv = host.elementwise_views(f"ops.{name}", [a, b], z)
@@ -70,4 +72,4 @@ def silu_mul(gate, up, out=None, *, block: int = host.BLOCK, num_warps: int | No
 
     ``gate`` and ``up`` may be strided 2-D views (e.g. the halves of a fused gate/up
     projection's output); see :func:`add` for the other arguments and the result."""
-    return _binary("silu_mul", _SILU_MUL, gate, up, out, block, num_warps)
+    return _binary("silu_mul", _SILU_MUL, gate, up, out, block, num_warps, ("gate", "up"))

@@ -37,6 +37,8 @@ def embedding(ids, table, out=None):
     if table.ndim != 2:
         raise ArgumentError(f"ops.embedding: table must be 2-D (vocab, dim), got shape "
                          f"{table.shape}")
+    host.check_dtype("ops.embedding: ids", ids, st.i32 | st.i64)
+    host.check_dtype("ops.embedding: table", table, st.floats)
     if ids.device != table.device:
         raise ArgumentError(f"ops.embedding: ids on {ids.device}, table on {table.device}")
     shape = (ids.shape[0], table.shape[1])

@@ -90,6 +90,7 @@ def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
     host.check_value(f"{name}: k", k)
     host.check_value(f"{name}: v", v)
     host.same_dtype(name, q, k, v)
+    host.check_dtype(f"{name}: q", q, st.floats)
     if q.ndim != q_rank or k.ndim != 3 or v.ndim != 3:
         raise ArgumentError(f"{name}: expected q of rank {q_rank} and k, v of rank 3 "
                          f"(heads, seq, head_dim), got {q.shape}, {k.shape}, {v.shape}")

@@ -239,6 +239,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
         raise ArgumentError(f"ops.rmsnorm_gemv: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype("ops.rmsnorm_gemv", w, x, norm_weight)
+    host.check_dtype("ops.rmsnorm_gemv: w", w, IN_DTYPES)
     eps = host.check_eps("ops.rmsnorm_gemv", eps)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = host.config("ops.rmsnorm_gemv", config, GemvConfig, lambda: choose_config(n, k))
@@ -253,6 +254,7 @@ def _residual(name: str, residual, n: int):
     if tuple(residual.shape) != (n,):
         raise ArgumentError(f"{name}: residual must have shape ({n},), got "
                             f"{tuple(residual.shape)}")
+    host.check_dtype(f"{name}: residual", residual, OUT_DTYPES)
     return host.borrow(residual)
 
 
@@ -265,6 +267,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     n, k = check_weight("ops.gemv_add", w)
     xv = vector("ops.gemv_add: x", x, k)
     host.same_dtype("ops.gemv_add", w, x)
+    host.check_dtype("ops.gemv_add: w", w, IN_DTYPES)
     rv = _residual("ops.gemv_add", residual, n)
     y, yv = result("ops.gemv_add", out, n, residual.dtype, w.device)
     cfg = host.config("ops.gemv_add", config, GemvConfig, lambda: choose_config(n, k))
@@ -300,6 +303,7 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
             raise ArgumentError("ops.silu_mul_gemv_add: a (2, K) gate_up must be contiguous "
                                 "here (it is read as one (2K,) vector)") from None
     host.same_dtype("ops.silu_mul_gemv_add", w, gate_up)
+    host.check_dtype("ops.silu_mul_gemv_add: w", w, IN_DTYPES)
     rv = _residual("ops.silu_mul_gemv_add", residual, n)
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
     cfg = host.config("ops.silu_mul_gemv_add", config, GemvConfig,

@@ -106,6 +106,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
         raise ArgumentError(f"{name}: norm_weight must have shape ({k},), got "
                             f"{tuple(norm_weight.shape)}")
     host.same_dtype(name, w, x, norm_weight)
+    host.check_dtype(f"{name}: w", w, IN_DTYPES)
     eps = host.check_eps(name, eps)
     if token is not None:
         host.check_target(f"{name}: token", token)

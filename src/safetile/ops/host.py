@@ -15,7 +15,7 @@ import torch
 
 from ..errors import AliasError, ArgumentError
 from ..device.reserve import ReservingOp
-from ..dtypes import DType, int32
+from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
@@ -144,6 +144,17 @@ def check_value(name: str, v) -> None:
                             f"{f'; {hint}' if hint else ''}")
 
 
+def check_dtype(name: str, v, allowed,
+                remedy: str = "convert it first (nothing is converted implicitly)") -> DType:
+    """``v``'s dtype if one of ``allowed`` (a dtype or a set), else an error naming ``name``."""
+    members = dtype_members(allowed)
+    if v.dtype not in members:
+        names = [repr(d) for d in members]
+        one_of = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise ArgumentError(f"{name} must be {one_of}, got {v.dtype!r}; {remedy}")
+    return v.dtype
+
+
 def check_target(name: str, v) -> None:
     """``v``, which an op writes, must be a Tensor (a Shared handle is read-only)."""
     if not isinstance(v, Tensor):
@@ -156,7 +167,7 @@ def check_workspace(name: str, ws, fields) -> None:
     """Each buffer ``fields`` of the workspace ``ws``, which an op writes, must be a Tensor
     (a workspace is a plain dataclass a caller may fill with anything)."""
     for field in fields:
-        check_target(f"{name}: workspace.{field}", getattr(ws, field))
+        check_target(f"{name}: workspace.{field}", getattr(ws, field, None))
 
 
 def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:

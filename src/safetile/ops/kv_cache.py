@@ -81,6 +81,7 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
     host.check_target(f"{name}: k_cache", k_cache)
     host.check_target(f"{name}: v_cache", v_cache)
     host.same_dtype(name, k_new, v_new, k_cache, v_cache)
+    host.check_dtype(f"{name}: k_new", k_new, st.floats)
     host.check_device_int(f"{name}: pos", pos)
     if k_cache.ndim != 3 or tuple(k_cache.shape) != tuple(v_cache.shape) or not k_cache.shape[1]:
         raise ArgumentError(f"{name}: caches must both be (Hkv, max_seq, D) with max_seq >= 1, "

@@ -295,19 +295,22 @@ _splitk_reduce_pdl = splitk_reduce.options(pdl=True)
 
 # ---- host API ----------------------------------------------------------------------------------
 
-def _dims(a, b, weight: bool) -> tuple[int, int, int]:
-    host.check_value("ops.matmul: a", a)
-    host.check_value("ops.matmul: b", b)
+def _dims(name: str, a, b, weight: bool, operands: tuple) -> tuple[int, int, int]:
+    """(M, N, K) of ``a`` and ``b``, named ``operands`` in the errors of the op ``name``."""
+    first, second = operands
+    host.check_value(f"{name}: {first}", a)
+    host.check_value(f"{name}: {second}", b)
     if a.ndim != 2 or b.ndim != 2:
-        raise ArgumentError(f"ops.matmul: a and b must be matrices, got shapes {a.shape} and "
-                         f"{b.shape}")
+        raise ArgumentError(f"{name}: {first} and {second} must be matrices, got shapes "
+                            f"{a.shape} and {b.shape}")
     (m, k), (r, s) = a.shape, b.shape
     n, kb = (r, s) if weight else (s, r)
     if kb != k:
-        what = f"weight {b.shape} (N, K)" if weight else f"b {b.shape} (K, N)"
-        raise ArgumentError(f"ops.matmul: a {a.shape} (M, K) and {what} disagree on K")
-    host.check_out_dtype("ops.matmul: a and b's dtype", host.same_dtype("ops.matmul", a, b),
-                         IN_DTYPES)
+        what = f"{'weight' if second == 'b' else second} {b.shape} (N, K)" if weight else \
+            f"{second} {b.shape} (K, N)"
+        raise ArgumentError(f"{name}: {first} {a.shape} (M, K) and {what} disagree on K")
+    host.check_out_dtype(f"{name}: {first} and {second}'s dtype",
+                         host.same_dtype(name, a, b), IN_DTYPES)
     return m, n, k
 
 
@@ -367,15 +370,17 @@ def matmul(a, b, out=None, *, weight: bool = False, out_dtype=None,
     return build_product(a, b, out, weight, out_dtype, config, workspace, OWNED)
 
 
-def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores) -> st.DeviceOp:
+def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores,
+                  name: str | None = None, operands: tuple = ("a", "b")) -> st.DeviceOp:
     """The launches of one product, with ``stores`` deciding how C (or the partials) is written.
 
     One code path for the safe op and its unsafe twin, so both run the same config the same
     way: tile shapes, order, program count, launch options, the head/tail row split, and
-    split-K with the same workspace and the same (safe) reduction kernel."""
-    name = stores.name
+    split-K with the same workspace and the same (safe) reduction kernel. Errors name the op
+    ``name`` (default: the writer's) and its operands ``operands``."""
+    name = name or stores.name
     weight = host.check_flag(f"{name}: weight", weight)
-    m, n, k = _dims(a, b, weight)
+    m, n, k = _dims(name, a, b, weight, operands)
     device = a.device
     if out is not None and out_dtype is None:
         host.check_target(f"{name}: out", out)
@@ -431,5 +436,5 @@ def build_product(a, b, out, weight: bool, out_dtype, config, workspace, stores)
 def linear(x, w, out=None, *, out_dtype=None, config: MatmulConfig | None = None,
            workspace=None) -> st.DeviceOp:
     """``x @ w.T`` for an ``nn.Linear``-style weight ``w`` of shape ``(N, K)``."""
-    return matmul(x, w, out, weight=True, out_dtype=out_dtype, config=config,
-                  workspace=workspace)
+    return build_product(x, w, out, True, out_dtype, config, workspace, OWNED, "ops.linear",
+                         ("x", "w"))

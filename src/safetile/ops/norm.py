@@ -68,6 +68,7 @@ def _check(name: str, x, weight, eps) -> float:
         raise ArgumentError(f"ops.{name}: weight must have shape ({x.shape[-1]},), got "
                          f"{tuple(weight.shape)}")
     host.same_dtype(f"ops.{name}", x, weight)
+    host.check_dtype(f"ops.{name}: x", x, st.floats)
     return host.check_eps(f"ops.{name}", eps)
 
 

@@ -27,8 +27,8 @@ import safetile.lang as sl
 
 from ..errors import ArgumentError
 from . import host
-from .decode_attention import (DEFAULT_BLOCK_N, MIN_GROUP_ROWS, WHOLE_STAGES, masked_step,
-                               valid_length)
+from .decode_attention import WHOLE_STAGES, masked_step, valid_length
+from .decode_workspace import DEFAULT_BLOCK_N, MIN_GROUP_ROWS
 from .flash_attention import LOG2E
 from .kv_cache import max_cache_positions
 from .qk_rope_append import EARLY, check_prologue, normed_half, row_scales

@@ -169,6 +169,7 @@ def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv:
                             f"shape {tuple(qkv.shape)}")
     hq = width // d - 2 * hkv
     host.same_dtype(name, qkv, q_norm_weight, k_norm_weight, *also_same_dtype)
+    host.check_dtype(f"{name}: qkv", qkv, st.floats)
     for what, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         if tuple(w.shape) != (d,):
             raise ArgumentError(f"{name}: {what} must have shape ({d},), got {tuple(w.shape)}")

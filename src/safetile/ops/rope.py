@@ -78,12 +78,14 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     host.check_value("ops.rope: positions", positions)
     if x.ndim != 3:
         raise ArgumentError(f"ops.rope: x must be (seq, heads, head_dim), got shape {x.shape}")
+    host.check_dtype("ops.rope: x", x, st.floats)
     seq, heads, d = x.shape
     if d < 2 or d & (d - 1):
         raise ArgumentError(f"ops.rope: head_dim must be a power of two, got {d}")
     if tuple(positions.shape) != (seq,):
         raise ArgumentError(f"ops.rope: positions must have shape ({seq},), got "
                          f"{tuple(positions.shape)}")
+    host.check_dtype("ops.rope: positions", positions, st.i32 | st.i64)
     theta = host.check_number("ops.rope: theta", theta, above=0.0)
     if inv_freq is None:
         inv_freq = inv_freq_table(d, theta, x.device)
@@ -91,6 +93,7 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     if tuple(inv_freq.shape) != (d // 2,):
         raise ArgumentError(f"ops.rope: inv_freq must have shape ({d // 2},), got "
                          f"{tuple(inv_freq.shape)}")
+    host.check_dtype("ops.rope: inv_freq", inv_freq, st.f32)
     z = host.output("ops.rope: out", out, x.shape, x.dtype, x.device)
     tile = rope_tile(seq, heads, d)
     op = _ROPE(host.warps_for(tile[0] * tile[1] * tile[2]))(

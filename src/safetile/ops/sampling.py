@@ -53,6 +53,10 @@ from .argmax import argmax_final_kernel
 BLOCK = 1024                  # logits per program of the block kernels
 NT = 32                       # thresholds evaluated per search pass
 PASSES = 6                    # search passes per filter: tau resolved to range / NT**PASSES
+# The most passes a caller may ask for: a search starts on a range under 2**6 (z in
+# [-Z_FLOOR, 1)), which 32 passes narrow to 2**6 / NT**32 = 2**-154, below float32's smallest
+# step (2**-149), so a further pass could not move a bound (each pass is two launches).
+MAX_PASSES = 32
 HEADER = 8                    # state slots before the thresholds
 SLOTS = 64                    # state length (HEADER + NT, rounded up to a power of two)
 # State slots: the global max logit, 1/temperature, count and mass at lo, the filter's
@@ -336,15 +340,16 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     """One token drawn from ``logits`` (n,) under ``params``, ``key`` and ``counter`` (see the
     module docstring). Returns a ``DeviceOp`` whose output is a (1,) int tensor (``out``, or
     int32). Pass ``out`` and ``workspace`` (:func:`sampler_workspace`) to allocate nothing.
-    ``passes``: search passes per filter (>= 1)."""
+    ``passes``: search passes per filter, an int in [1, ``MAX_PASSES``]."""
     host.check_value("ops.sample: logits", logits)
     if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits.view(-1)
     if logits.ndim != 1:
         raise ArgumentError(f"ops.sample: logits must be (n,) (or (1, n) for a Tensor), got "
                             f"shape {tuple(logits.shape)}")
+    host.check_dtype("ops.sample: logits", logits, st.floats)
     n = logits.shape[-1]
-    passes = host.check_int("ops.sample: passes", passes, lo=1)
+    passes = host.check_int("ops.sample: passes", passes, 1, MAX_PASSES)
     if n == 0:
         raise ArgumentError("ops.sample: there is no token to draw from 0 logits")
     if out is not None:

@@ -70,6 +70,7 @@ def softmax(x, out=None, *, one_pass_max: int = ONE_PASS_MAX, chunk: int = CHUNK
     given). ``one_pass_max`` (an int) and ``chunk`` (a power of two) choose between the
     kernels; the defaults suit the GPU."""
     host.check_value("ops.softmax: x", x)
+    host.check_dtype("ops.softmax: x", x, st.floats)
     one_pass_max = host.check_int("ops.softmax: one_pass_max", one_pass_max)
     chunk = host.check_pow2("ops.softmax: chunk", chunk)
     xv = host.as_rows("ops.softmax: x", x)
