@@ -364,3 +364,14 @@ def test_a_map_callback_returning_a_coroutine_is_refused_and_the_values_come_bac
     rx, _, rz = e.value.recovered
     assert rx is x and rz.unpartition().to_torch().tolist() == [2, 3, 4, 5]
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_a_map_callback_may_return_a_future_as_its_value():
+    import asyncio
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.create_future()
+        assert add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(lambda *v: future).sync() \
+            is future
+    finally:
+        loop.close()

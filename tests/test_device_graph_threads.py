@@ -165,3 +165,57 @@ def test_a_failed_record_drops_its_own_launches_around_another_threads_record():
     assert seen["other"].serial
     s.launch().sync()
     assert other.unpartition().to_torch().tolist() == [11, 11, 11, 11]
+
+
+
+def test_a_shared_op_whose_record_failed_is_refused_after_another_threads_record():
+    other = add(vec(10, 10, 10, 10), vec(1, 1, 1, 1), out())
+
+    def let_the_other_thread_record(*values):
+        worker = threading.Thread(target=lambda: s.record(other))
+        worker.start()
+        worker.join(10)
+        return values
+
+    def fail(*values):
+        raise ValueError("the record fails after the shared op ran")
+
+    shared = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).map(let_the_other_thread_record).shared()
+    with st.graph_scope() as s:
+        with pytest.raises(ValueError) as failed:
+            s.record(shared.then(fail))
+        assert s.records == (other,)              # only the other thread's launch is left
+        with pytest.raises(st.ExecutionError, match="ran in a record that failed"):
+            s.record(shared.last())
+    assert failed.value.recovered[2] is not None  # its values came back with the error
+
+
+def test_a_shared_op_stays_recorded_when_another_threads_record_fails_around_it():
+    appended, ran = threading.Event(), threading.Event()
+    other = add(vec(10, 10, 10, 10), vec(1, 1, 1, 1), out())
+
+    def fail_once_the_shared_op_ran(*values):
+        appended.set()                            # its launch is recorded; now it waits
+        ran.wait(10)
+        raise ValueError("the other record fails after the shared op ran")
+
+    def record_other():
+        with pytest.raises(ValueError):
+            s.record(other.then(fail_once_the_shared_op_ran))
+
+    def let_the_other_thread_record_first(*values):
+        worker.start()
+        appended.wait(10)
+        return values
+
+    worker = threading.Thread(target=record_other)
+    first = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out())
+    shared = first.map(let_the_other_thread_record_first).shared()
+    with st.graph_scope() as s:
+        s.record(shared.last())
+        ran.set()
+        worker.join(10)
+        assert s.records == (first,)              # the shared op's own launch is kept
+        s.record(shared.last())
+    s.launch().sync()
+    assert s.graph.output[0].unpartition().to_torch().tolist() == [2, 3, 4, 5]

@@ -67,7 +67,7 @@ def test_a_shared_op_is_refused_to_another_thread_until_the_execution_that_ran_i
             return ()
     worker = threading.Thread(target=lambda: st.zip(first, Pausing()).sync())
     worker.start()
-    inside.wait(5)
+    assert inside.wait(5)
     try:
         s.last().sync()
     except ExecutionError as e:

@@ -36,12 +36,13 @@ def _lines_run(fn) -> list:
 
     def tracer(frame, event, arg):
         return local if frame.f_code is fn.__code__ else None
+    outer = sys.gettrace()                        # (a coverage or debugger tracer)
     sys.settrace(tracer)
     try:
         with st.backend("interpret", seed=0):
             bump(st.zeros((4,), device="cpu").partition((4,))).sync()
     finally:
-        sys.settrace(None)
+        sys.settrace(outer)
     return sorted(seen)
 
 
@@ -68,15 +69,17 @@ def test_an_op_synced_on_two_threads_at_once_runs_once(line):
     reached, resume, results = threading.Event(), threading.Event(), {}
 
     def sync(name):
+        if name == "A":                           # traced from its own start, no race
+            sys.settrace(_pause_at(KernelOp._run.__code__, line, "A", reached, resume))
         try:
             results[name] = op.sync()
         except Exception as e:
             results[name] = e
+        finally:
+            sys.settrace(None)
 
-    threading.settrace(_pause_at(KernelOp._run.__code__, line, "A", reached, resume))
     a = threading.Thread(target=sync, args=("A",), name="A")
     a.start()
-    threading.settrace(None)
     assert reached.wait(10)
     b = threading.Thread(target=sync, args=("B",), name="B")
     b.start()

@@ -58,7 +58,6 @@ def test_views_of_disjoint_bytes_go_to_torch_one_by_one():
     assert a.tolist() == [0.0] * 4 and p.unpartition().into_torch().tolist() == [5.0] * 4
 
 
-
 def test_a_view_made_while_another_thread_hands_the_tensor_to_torch_is_refused(monkeypatch):
     """The view's torch tensor is made before the view joins the family that into_torch
     checks: a tensor handed to torch in between must not leave the view live over its bytes."""

@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_int_in(1, None, "a positive count"), default=3,
                    help="timed requests; the figures are their medians (default 3)")
     b.add_argument("--json", default=None, help="also write the figures to this file")
-    b.add_argument("--seed", type=int, default=0,
+    b.add_argument("--seed", type=_request("seed", int), default=0,
                    help="seed of the random prompt ids (default 0); bench decodes greedily, "
                         "so nothing else is drawn")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")

@@ -206,10 +206,11 @@ def test_serve_options_out_of_range_are_usage_errors(capsys, args, message):
     assert e.value.code == 2 and "usage: grout serve" in err and message in err
 
 
-@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
 def test_the_seed_options_take_exactly_the_samplers_seeds(capsys, command):
     from grout.sampler import SEED_END, SEED_MIN
-    base = [command, "--model", "tiny"] + (["--prompt", "x"] if command == "generate" else [])
+    base = [command, "--model", "tiny"] + {"generate": ["--prompt", "x"], "serve": [],
+                                           "bench": ["--prompt-len", "4", "--gen-len", "4"]}[command]
     for seed in (SEED_MIN, SEED_END - 1):
         assert cli.parser().parse_args([*base, f"--seed={seed}"]).seed == seed
     for seed in (SEED_MIN - 1, SEED_END):

@@ -179,7 +179,7 @@ class MapOp(DeviceOp):
                         f"the `map` callback {getattr(self.f, '__name__', self.f)!r} returned "
                         f"{result!r}, which would never run: a `map` callback computes on the "
                         f"host; to run an op on these values, use op.then(f)")
-                if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):       # (a Future it returns is a value)
                     raise async_error("map", self.f, result)
                 return result
         except BaseException as e:
@@ -267,7 +267,7 @@ class SharedOp(DeviceOp):
         self._event = None
         self._stream = None
         self._recording = None
-        self._recorded = (0, None)                # (launch count, last launch) after its record
+        self._turn = None                         # the graph-scope record it ran in, if any
         self._runner = None                       # the thread running the inner op
         self._ran_in = None                       # (execution, thread) that ran it, until it ends
 
@@ -304,8 +304,7 @@ class SharedOp(DeviceOp):
                 # runs after every hand-back deferred before).
                 self._ran_in = (ctx, threading.get_ident())
                 ctx.at_finish(lambda: ctx.defer(self._settled))
-                if ctx.recording:
-                    self._recorded = (len(ctx.recording), ctx.recording[-1])
+                self._turn = ctx.turn
                 if ctx.stream is not None and ctx.recording is None:
                     import torch
                     self._event = torch.cuda.Event()
@@ -333,8 +332,7 @@ class SharedOp(DeviceOp):
         if ctx.recording is not self._recording:
             raise ExecutionError("a shared op was consumed both inside and outside a graph "
                                  "recording (or in two recordings); consume it in one of them")
-        n, last = self._recorded
-        if last is not None and not _still_recorded(ctx.recording, n, last):
+        if self._turn is not None and self._turn.failed:
             raise ExecutionError(f"the shared op {self.inner!r} ran in a record that failed, "
                                  f"so its launches were dropped from the graph; build the op "
                                  f"again to record it")
@@ -376,11 +374,3 @@ class SharedOp(DeviceOp):
     def _host_bound(self) -> bool:
         return not self._done and self.inner._host_bound()
 
-
-def _still_recorded(recording: list, n: int, last) -> bool:
-    """Whether ``last``, the ``n``-th launch of ``recording`` when recorded, is still in it (a
-    failed record, on another thread, may have dropped launches before it since)."""
-    for i in range(min(n, len(recording)) - 1, -1, -1):
-        if recording[i] is last:
-            return True
-    return False

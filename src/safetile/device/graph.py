@@ -43,7 +43,7 @@ from ..errors import CopyError, GraphCaptureError, UnsafeError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
-from ..tensor.overlap import past_storage
+from ..tensor.overlap import Extent, past_storage
 from ..tensor.spans import covering_views
 from .op import DeviceOp, RunContext, attach_recovered, fail_in_sequence
 from .scope import GraphScope
@@ -152,6 +152,19 @@ def _layout(t: torch.Tensor) -> tuple:
     return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
 
 
+def _storage_ends(spans) -> tuple:
+    """``(storage, address, end)`` per storage the ``spans`` lie in: its address and the end
+    of the last byte they reach (the graph keeps the spans, so the storages live as long)."""
+    ends: dict = {}
+    for t in spans:
+        if t.numel():
+            storage = t.untyped_storage()
+            ptr, end = storage.data_ptr(), Extent(t).hi
+            if ptr not in ends or ends[ptr][2] < end:
+                ends[ptr] = (storage, ptr, end)
+    return tuple(ends.values())
+
+
 def _describe(layout: tuple) -> str:
     ptr, shape, stride, dtype = layout
     return f"address {ptr:#x}, shape {shape}, strides {stride}, {dtype}"
@@ -222,8 +235,7 @@ class Graph(NoCopies):
         # A CUDA graph replays the recorded addresses: each span it borrows must still lie
         # at its address, within its storage (a storage resized through a torch alias moves,
         # or frees the bytes past its new end).
-        self._spans = () if self.host_bound else tuple((t, t.data_ptr())
-                                                        for t in self._borrowed)
+        self._storages = () if self.host_bound else _storage_ends(self._borrowed)
         self._cuda = None
         if not self.host_bound:
             self._capture()
@@ -266,12 +278,12 @@ class Graph(NoCopies):
                     f"{self!r}: the tensor passed to {label} as '{name}' reaches past the end "
                     f"of its storage, which was shrunk through a torch alias since it was "
                     f"recorded; record the graph again with tensors made anew")
-        for t, ptr in self._spans:
-            if t.data_ptr() != ptr or past_storage(t):
+        for storage, ptr, end in self._storages:
+            if storage.data_ptr() != ptr or ptr + storage.nbytes() < end:
                 raise GraphCaptureError(
-                    f"{self!r}: memory it replays ({_describe(_layout(t))}, recorded at "
-                    f"{ptr:#x}) was moved or freed since it was recorded: its storage was "
-                    f"resized through a torch alias; record the graph again")
+                    f"{self!r}: memory it replays (bytes [{ptr:#x}, {end:#x})) was moved or "
+                    f"freed since it was recorded: its storage was resized through a torch "
+                    f"alias; record the graph again")
 
     def inline(self) -> tuple:
         """``(records, output)`` of one state of this graph (an update swaps both at once),

@@ -382,7 +382,7 @@ class DeviceOp(NoCopies):
     def _take(self) -> None:
         """Mark this op as executed; an op runs once (its arguments come back once)."""
         if not self._claim():
-            raise ExecutionError(f"{self!r} has already run; its values were handed back then. "
+            raise ExecutionError(f"{self!r} has already run (or is running): an op runs once. "
                                  f"Capture it with op.graph() to run work repeatedly")
 
     # -- combinators ----------------------------------------------------------------------

@@ -110,6 +110,7 @@ class GraphScope(NoCopies):
             # The launches a failed record appended are dropped: its values come back to
             # the caller, so no replay may write them (and a value it shared follows no
             # launch of it).
+            turn.failed = True
             self._drop(turn)
             abandon_and_finish(op, ctx)
             raise
@@ -174,13 +175,14 @@ class GraphScope(NoCopies):
 class _Turn:
     """A record's hold on its scope's turn, given up while a callback of the record runs."""
 
-    __slots__ = ("scope", "done", "start")
+    __slots__ = ("scope", "done", "start", "failed")
 
     def __init__(self, scope: GraphScope):
         """The turn of a record that has just taken it (``scope._lock``)."""
         self.scope = scope
         self.done: list = []             # [start, end) of the record's earlier stretches
         self.start = len(scope._records)  # where its current stretch of launches begins
+        self.failed = False              # its launches were dropped: what it ran is not recorded
 
     def take(self) -> None:
         """Take the turn back; an interrupt while waiting is raised once it is taken."""

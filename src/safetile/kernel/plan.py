@@ -50,12 +50,13 @@ class LaunchPlan:
     """The checked facts of one launch's arguments, and caches derived from them.
 
     ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
-    strides, dtype, end)``, ``end`` the address past its last byte (0 for an empty tensor); ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into"
-    text)`` per handle, at its first position (a Shared handle passed for several ``In``
-    parameters is moved in, and handed back, once); ``params``: ``(name, spec, tile, order, is_tensor)`` per parameter, to rebuild
-    ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked against each other);
-    ``gpu``: what the backend derives once per plan (``backends/triton/launch.py``: the
-variant, binary and packed arguments).
+    strides, dtype, end)``, ``end`` the address past its last byte (0 for an empty tensor);
+    ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into" text)`` per
+    handle, at its first position (a Shared handle passed for several ``In`` parameters is
+    moved in, and handed back, once); ``params``: ``(name, spec, tile, order, is_tensor)`` per
+    parameter, to rebuild ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked
+    against each other); ``gpu``: what the backend derives once per plan
+    (``backends/triton/launch.py``: the variant, binary and packed arguments).
     """
 
     __slots__ = ("choice", "opts", "n", "tensors", "scalars", "moves", "params", "grid",
@@ -114,7 +115,7 @@ variant, binary and packed arguments).
                     return False
         for i, v in self.scalars:
             a = args[i]
-            if a is not v and (type(a) is not type(v) or a != v or
-                               (type(v) is float and math.copysign(1.0, a) != math.copysign(1.0, v))):
+            if a is not v and (type(a) is not type(v) or a != v or (
+                    type(v) is float and math.copysign(1.0, a) != math.copysign(1.0, v))):
                 return False
         return True
