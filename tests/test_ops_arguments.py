@@ -42,6 +42,23 @@ def test_rmsnorm_ops_refuse_an_eps_that_is_not_a_finite_number_from_0(op, eps):
         norm_op(op, wrap(rand((1, K), st.f32, 0)), wrap(rand(K, st.f32, 1)), eps)
 
 
+NUMBER_ARGUMENTS = {
+    "ops.rmsnorm: eps": lambda v: ops.rmsnorm(st.zeros((1, K)), st.ones((K,)), v),
+    "ops.rope: theta": lambda v: ops.rope(st.zeros((1, 1, 8)), st.zeros((1,), dtype=st.i32),
+                                          theta=v),
+    "ops.flash_attention: scale": lambda v: ops.flash_attention(
+        st.zeros((1, 1, 16)), st.zeros((1, 1, 16)), st.zeros((1, 1, 16)), scale=v),
+    "ops.sampling_params: temperature": lambda v: ops.sampling_params(v),
+    "ops.sampling_params: top_p": lambda v: ops.sampling_params(1.0, 0, v),
+}
+
+
+@pytest.mark.parametrize("what", list(NUMBER_ARGUMENTS))
+def test_a_number_argument_given_an_int_too_large_for_a_float_is_an_argument_error(what):
+    with pytest.raises(st.ArgumentError, match=f"{what}.* must be a finite number"):
+        NUMBER_ARGUMENTS[what](10**400)
+
+
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_rmsnorm_ops_take_a_numpy_eps_and_an_eps_of_0(op):
     x, w = rand((1, K), st.f32, 2), rand(K, st.f32, 3)

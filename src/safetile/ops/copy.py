@@ -79,7 +79,12 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
                             f"{type(value).__name__}")
     host.check_value(f"{name}: x", x)
     if x.dtype in st.floats:
-        return _launch(name, _FLOAT, x, out, block, float(value))
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ArgumentError(f"{name}: value {value} is too large for a float (the "
+                                f"kernel's scalar for a float tensor)") from None
+        return _launch(name, _FLOAT, x, out, block, value)
     if not isinstance(value, numbers.Integral):
         raise ArgumentError(f"{name}: a float value cannot be added to {x.dtype!r} "
                             f"without converting; pass an int")

@@ -105,12 +105,21 @@ def check_tiles(name: str, **tiles) -> None:
 def check_number(name: str, v, lo: float | None = None, above: float | None = None) -> float:
     """``v`` as a finite float (a Python or numpy number, never a bool), ``>= lo`` or
     ``> above`` when given."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not _finite(v):
         raise ArgumentError(f"{name} must be a finite number, got {v!r}")
     if (lo is not None and v < lo) or (above is not None and v <= above):
         raise ArgumentError(f"{name} must be {f'>= {lo}' if lo is not None else f'> {above}'},"
                             f" got {v!r}")
     return float(v)
+
+
+def _finite(v: numbers.Real) -> bool:
+    """Whether ``v`` is a finite float; an int past float's range is not (``math.isfinite``
+    raises OverflowError for it)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def check_eps(name: str, eps) -> float:
