@@ -198,7 +198,11 @@ def check_weight(name: str, w):
 
 def check_norm_width(name: str, k: int) -> None:
     """A fused RMSNorm holds all of x (K,) in one tile, for its mean square, in every
-    program: K is at most ``MAX_TILE_ELEMENTS``."""
+    program: K is at most ``MAX_TILE_ELEMENTS``, and at least 1 (the mean of no squares
+    would be 0 / 0, and every product NaN)."""
+    if not k:
+        raise ArgumentError(f"{name}: x is empty (K = 0: w has no columns); the RMSNorm of "
+                            f"no values is undefined")
     if host.next_pow2(k) > MAX_TILE_ELEMENTS:
         raise ArgumentError(f"{name}: x of {k} elements is longer than one tile holds "
                             f"({MAX_TILE_ELEMENTS}; the fused RMSNorm reads all of x in every "
