@@ -372,7 +372,7 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         check_workspace(name, workspace, hkv, hq // hkv, d, num_splits)
     splits = workspace.partial.shape[1] if workspace is not None else \
         num_splits or default_splits(hkv, k_cache.shape[1], o["block_n"])
-    if splits == 1:
+    if splits == 1 or not hq:         # no q heads: an empty result, and no group to split
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
                              WHOLE_STAGES if num_stages is None else num_stages)
     ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
