@@ -316,6 +316,34 @@ def test_ops_that_allocate_their_tables_are_refused_inside_a_graph_scope(make):
             calls[make]()
 
 
+def allocating_calls() -> dict:
+    """Ops given every buffer but one, which they would allocate (made before a scope)."""
+    x, v = wrap(rand((4, 2, 8), st.f32, 1)), wrap(rand((300,), st.f32, 2))
+    pos, i64 = st.from_torch(torch.arange(4, dtype=torch.int32)), st.empty((1,), dtype=st.i64)
+    q, k = wrap(rand((4, 16), st.f32, 3)), wrap(rand((2, 200, 16), st.f32, 4))
+    w, i32 = wrap(rand((300, K), st.f32, 5)), st.empty((1,), dtype=st.i32)
+    params, key = ops.sampling_params(0.5, device="cpu"), ops.sampling_key(1, device="cpu")
+    logits, attn, rotated = st.empty((300,)), st.empty((4, 16)), st.empty((4, 2, 8))
+    return {
+        "ops.add: out": lambda: ops.add(x, x),
+        "ops.rope: inv_freq": lambda: ops.rope(x, pos, out=rotated),
+        "ops.argmax: workspace": lambda: ops.argmax(v, out=i64),
+        "ops.sample: workspace": lambda: ops.sample(v, params, key, i32, out=i32),
+        "ops.decode_attention: workspace": lambda: ops.decode_attention(
+            q, k, k, i32, out=attn, num_splits=2),
+        "ops.rmsnorm_gemv_argmax: workspace": lambda: ops.rmsnorm_gemv_argmax(
+            wrap(rand(K, st.f32, 6)), wrap(rand(K, st.f32, 7)), w, logits=logits, token=i64),
+    }
+
+
+@pytest.mark.parametrize("what", list(allocating_calls()))
+def test_an_op_that_would_allocate_inside_a_graph_scope_names_what_to_pass(what):
+    call = allocating_calls()[what]
+    with pytest.raises(st.GraphCaptureError, match=f"{what} was not given: .* pass it"):
+        with st.graph_scope():
+            call()
+
+
 @pytest.mark.parametrize("make", ["inv_freq_table", "sampling_params", "sampling_key"])
 def test_a_bad_device_for_a_table_is_an_argument_error(make):
     calls = {"inv_freq_table": lambda: ops.inv_freq_table(8, device="bogus"),

@@ -375,6 +375,8 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
     if splits == 1 or not hq:         # no q heads: an empty result, and no group to split
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
                              WHOLE_STAGES if num_stages is None else num_stages)
+    if workspace is None:
+        host.not_given(f"{name}: workspace")
     ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
     ws, zv = host.taken(ws, ("partial", "lse")), host.borrow(z)    # the merge's, taken now
     host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),

@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from ..errors import AliasError, ArgumentError
+from ..errors import AliasError, ArgumentError, GraphCaptureError
 from ..device.reserve import ReservingOp
 from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
@@ -189,9 +189,20 @@ def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
         raise ArgumentError(f"{name}: on {out.device}, but the inputs are on {device}")
 
 
+def not_given(name: str) -> None:
+    """Before an op allocates ``name`` (``"ops.argmax: workspace"``), which it was not given:
+    inside a graph scope, a GraphCaptureError naming it (st.empty's own names no argument)."""
+    reason = alloc.allocation_forbidden()
+    if reason is not None:
+        raise GraphCaptureError(f"{name} was not given: the op allocates it, and nothing "
+                                f"allocates inside {reason} (replay must not depend on "
+                                f"allocation addresses); allocate it before and pass it")
+
+
 def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
     """``out`` checked, or a new tensor (which raises GraphCaptureError inside a graph scope)."""
     if out is None:
+        not_given(name)
         return alloc.empty(tuple(shape), dtype=dtype, device=device)
     check_out(name, out, shape, dtype, device)
     return out

@@ -88,6 +88,7 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     host.check_dtype("ops.rope: positions", positions, st.i32 | st.i64)
     theta = host.check_number("ops.rope: theta", theta, above=0.0)
     if inv_freq is None:
+        host.not_given("ops.rope: inv_freq")
         inv_freq = inv_freq_table(d, theta, x.device)
     host.check_value("ops.rope: inv_freq", inv_freq)
     if tuple(inv_freq.shape) != (d // 2,):
