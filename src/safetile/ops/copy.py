@@ -66,6 +66,7 @@ def _launch(name: str, configured, x, out, block: int, *scalar):
     return host.returning(op, z)
 
 
+@host.naming_overlaps("out")
 def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
     """``x + value`` element-wise (same dtype out; see the module docstring for the dtypes).
 
@@ -95,6 +96,7 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
     return _launch(name, _INT, x, out, block, int(value))
 
 
+@host.naming_overlaps("out")
 def copy(x, out, *, block: int = host.BLOCK):
     """Copy ``x`` into ``out`` (same shape and dtype, no overlap), bit for bit.
 

@@ -339,6 +339,7 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     return _launch_merge(workspace, out, num_warps, *host.pdl_flags(name, pdl, trigger_early))
 
 
+@host.naming_overlaps("out")
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0,
                      block_n: int | None = None, num_splits: int | None = None,

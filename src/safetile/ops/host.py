@@ -8,6 +8,8 @@ op's result tensors. Nothing here launches work.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
 import numbers
 
@@ -307,6 +309,31 @@ def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
                         f"{name}: the output {n} overlaps the {kind} {m}; an op never writes "
                         f"memory it reads, or writes it twice: pass separate storage (for an "
                         f"in-place update, alternate two buffers)")
+
+
+def naming_overlaps(*outputs: str):
+    """Decorate an op of one launch whose parameters ``outputs`` it writes (its other Tensor
+    and Shared arguments are inputs): an overlap between its own arguments, which the launch
+    refuses naming the kernel and the kernel's parameters, is refused naming the op and its
+    own (no cost unless the launch refuses)."""
+    def decorate(fn):
+        signature, name = inspect.signature(fn), f"ops.{fn.__name__}"
+
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except AliasError as err:
+                given = {n: v for n, v in signature.bind(*args, **kwargs).arguments.items()
+                         if isinstance(v, (Tensor, Shared))}
+                try:
+                    check_disjoint(name, {n: v for n, v in given.items() if n not in outputs},
+                                   {n: v for n, v in given.items() if n in outputs})
+                except AliasError as named:
+                    raise named from err
+                raise                       # an overlap with an operation in flight
+        return op
+    return decorate
 
 
 def as_rows(name: str, v):

@@ -110,6 +110,7 @@ def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
         trigger_early=pdl and trigger_early)
 
 
+@host.naming_overlaps("out", "k_cache", "v_cache")
 def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
                                   v_cache, eps: float = 1e-6, out=None, *,
                                   scale: float | None = None, block_n: int | None = None,

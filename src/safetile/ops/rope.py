@@ -67,6 +67,7 @@ def rope_tile(seq: int, heads: int, head_dim: int) -> tuple:
     return (bs, bh, head_dim)
 
 
+@host.naming_overlaps("out")
 def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     """Apply Qwen3's rotary embedding to ``x`` of shape (seq, heads, head_dim).
 
