@@ -205,6 +205,14 @@ def test_inv_freq_table_refuses_a_head_dim_that_is_not_a_positive_even_int(head_
         ops.inv_freq_table(head_dim)
 
 
+@pytest.mark.parametrize("op", ["inv_freq_table", "rope"])
+def test_rope_ops_refuse_a_head_dim_over_one_tile(op):
+    call = {"inv_freq_table": lambda: ops.inv_freq_table(2**40),
+            "rope": lambda: ops.rope(st.zeros((1, 1, 2**21)), st.zeros((1,), dtype=st.i32))}
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: head_dim must be .*1048576"):
+        call[op]()
+
+
 @pytest.mark.parametrize("op", ["add", "silu_mul", "add_scalar", "copy"])
 @pytest.mark.parametrize("block", [3, 0, 2**21, True])
 def test_elementwise_ops_refuse_a_block_that_is_not_a_power_of_two_tile(op, block):
