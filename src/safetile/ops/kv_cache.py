@@ -92,8 +92,9 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
         want = "(Hkv, D)" if rank == 2 else "(Hkv, S, D)"
         raise ArgumentError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
                          f"got {k_new.shape} and {v_new.shape}")
-    if d < 1 or d & (d - 1):
-        raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
+    if d < 1 or d & (d - 1) or d > MAX_TILE_ELEMENTS:
+        raise ArgumentError(f"{name}: head_dim {d} must be a power of two up to "
+                            f"{MAX_TILE_ELEMENTS} (a program owns whole cache rows)")
 
 
 def max_cache_positions(head_dim: int) -> int:
