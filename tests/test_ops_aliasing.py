@@ -134,6 +134,29 @@ def test_an_input_tensor_stays_readable_but_not_writable_while_its_op_is_pending
 
 # ---- outputs overlapping inputs: refused before anything runs ---------------------------------
 
+def one_launch_overlaps() -> dict:
+    """Ops of one launch, each given an output overlapping one of its own arguments, by the
+    message naming the op and both arguments (the kernels call them otherwise)."""
+    x, w = wrap(rand((4, 16), st.f32, 20)), wrap(rand(16, st.f32, 21))
+    buf, k = st.empty((4, 16)), wrap(rand((2, 40, 16), st.f32, 22))
+    return {
+        "ops.add: the output out overlaps the input x": lambda: ops.add(x, x, out=x),
+        "ops.add_rmsnorm: the output out overlaps the output residual_out":
+            lambda: ops.add_rmsnorm(x, x, w, out=buf, residual_out=buf),
+        "ops.gemv: the output out overlaps the input x": lambda: ops.gemv(
+            wrap(rand((16, 16), st.f32, 23)), w, out=w),
+        "ops.decode_attention: the output out overlaps the input k_cache": lambda:
+            ops.decode_attention(x, k, wrap(rand((2, 40, 16), st.f32, 24)), i32(9),
+                                 out=k[0, :4], num_splits=1),
+    }
+
+
+@pytest.mark.parametrize("message", list(one_launch_overlaps()))
+def test_an_op_of_one_launch_names_itself_and_its_own_arguments_for_an_overlap(message):
+    with pytest.raises(st.AliasError, match=message):
+        one_launch_overlaps()[message]()
+
+
 def test_qk_norm_rope_kv_append_refuses_a_q_out_in_the_cache_on_the_two_kernel_path():
     args = support.prologue_arguments(max_seq=100, seed=9)
     k_cache = wrap(args["k_cache"])

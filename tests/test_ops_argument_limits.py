@@ -101,6 +101,13 @@ def test_fused_rmsnorm_gemvs_refuse_an_x_longer_than_one_tile(op):
         getattr(ops, op)(x, nw, w)
 
 
+@pytest.mark.parametrize("op", ["rmsnorm_gemv", "rmsnorm_gemv_argmax"])
+def test_fused_rmsnorm_gemvs_refuse_an_empty_x(op):
+    x, nw, w = st.zeros((0,)), st.zeros((0,)), st.zeros((2, 0))
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: x is empty"):
+        getattr(ops, op)(x, nw, w)
+
+
 # ---- sampling -------------------------------------------------------------------------------
 
 def test_sample_takes_a_workspace_whose_n_and_block_are_numpy_ints():

@@ -42,6 +42,23 @@ def test_rmsnorm_ops_refuse_an_eps_that_is_not_a_finite_number_from_0(op, eps):
         norm_op(op, wrap(rand((1, K), st.f32, 0)), wrap(rand(K, st.f32, 1)), eps)
 
 
+NUMBER_ARGUMENTS = {
+    "ops.rmsnorm: eps": lambda v: ops.rmsnorm(st.zeros((1, K)), st.ones((K,)), v),
+    "ops.rope: theta": lambda v: ops.rope(st.zeros((1, 1, 8)), st.zeros((1,), dtype=st.i32),
+                                          theta=v),
+    "ops.flash_attention: scale": lambda v: ops.flash_attention(
+        st.zeros((1, 1, 16)), st.zeros((1, 1, 16)), st.zeros((1, 1, 16)), scale=v),
+    "ops.sampling_params: temperature": lambda v: ops.sampling_params(v),
+    "ops.sampling_params: top_p": lambda v: ops.sampling_params(1.0, 0, v),
+}
+
+
+@pytest.mark.parametrize("what", list(NUMBER_ARGUMENTS))
+def test_a_number_argument_given_an_int_too_large_for_a_float_is_an_argument_error(what):
+    with pytest.raises(st.ArgumentError, match=f"{what}.* must be a finite number"):
+        NUMBER_ARGUMENTS[what](10**400)
+
+
 @pytest.mark.parametrize("op", NORM_OPS)
 def test_rmsnorm_ops_take_a_numpy_eps_and_an_eps_of_0(op):
     x, w = rand((1, K), st.f32, 2), rand(K, st.f32, 3)
@@ -188,6 +205,14 @@ def test_inv_freq_table_refuses_a_head_dim_that_is_not_a_positive_even_int(head_
         ops.inv_freq_table(head_dim)
 
 
+@pytest.mark.parametrize("op", ["inv_freq_table", "rope"])
+def test_rope_ops_refuse_a_head_dim_over_one_tile(op):
+    call = {"inv_freq_table": lambda: ops.inv_freq_table(2**40),
+            "rope": lambda: ops.rope(st.zeros((1, 1, 2**21)), st.zeros((1,), dtype=st.i32))}
+    with pytest.raises(st.ArgumentError, match=f"ops.{op}: head_dim must be .*1048576"):
+        call[op]()
+
+
 @pytest.mark.parametrize("op", ["add", "silu_mul", "add_scalar", "copy"])
 @pytest.mark.parametrize("block", [3, 0, 2**21, True])
 def test_elementwise_ops_refuse_a_block_that_is_not_a_power_of_two_tile(op, block):
@@ -297,6 +322,34 @@ def test_ops_that_allocate_their_tables_are_refused_inside_a_graph_scope(make):
     with pytest.raises(st.GraphCaptureError, match="allocates inside st.graph_scope"):
         with st.graph_scope():
             calls[make]()
+
+
+def allocating_calls() -> dict:
+    """Ops given every buffer but one, which they would allocate (made before a scope)."""
+    x, v = wrap(rand((4, 2, 8), st.f32, 1)), wrap(rand((300,), st.f32, 2))
+    pos, i64 = st.from_torch(torch.arange(4, dtype=torch.int32)), st.empty((1,), dtype=st.i64)
+    q, k = wrap(rand((4, 16), st.f32, 3)), wrap(rand((2, 200, 16), st.f32, 4))
+    w, i32 = wrap(rand((300, K), st.f32, 5)), st.empty((1,), dtype=st.i32)
+    params, key = ops.sampling_params(0.5, device="cpu"), ops.sampling_key(1, device="cpu")
+    logits, attn, rotated = st.empty((300,)), st.empty((4, 16)), st.empty((4, 2, 8))
+    return {
+        "ops.add: out": lambda: ops.add(x, x),
+        "ops.rope: inv_freq": lambda: ops.rope(x, pos, out=rotated),
+        "ops.argmax: workspace": lambda: ops.argmax(v, out=i64),
+        "ops.sample: workspace": lambda: ops.sample(v, params, key, i32, out=i32),
+        "ops.decode_attention: workspace": lambda: ops.decode_attention(
+            q, k, k, i32, out=attn, num_splits=2),
+        "ops.rmsnorm_gemv_argmax: workspace": lambda: ops.rmsnorm_gemv_argmax(
+            wrap(rand(K, st.f32, 6)), wrap(rand(K, st.f32, 7)), w, logits=logits, token=i64),
+    }
+
+
+@pytest.mark.parametrize("what", list(allocating_calls()))
+def test_an_op_that_would_allocate_inside_a_graph_scope_names_what_to_pass(what):
+    call = allocating_calls()[what]
+    with pytest.raises(st.GraphCaptureError, match=f"{what} was not given: .* pass it"):
+        with st.graph_scope():
+            call()
 
 
 @pytest.mark.parametrize("make", ["inv_freq_table", "sampling_params", "sampling_key"])

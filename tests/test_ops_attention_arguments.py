@@ -161,6 +161,12 @@ def test_decode_attention_refuses_a_truthy_non_bool_option(name, value):
         decode(num_splits=2, **{name: value})
 
 
+@pytest.mark.parametrize("splits", [None, 1, 4])
+def test_decode_attention_of_no_q_heads_gives_an_empty_result_for_any_split_count(splits):
+    out = decode(q=st.zeros((0, D)), num_splits=splits).sync()
+    assert out.shape == (0, D)
+
+
 @pytest.mark.parametrize("value", [True, 2.0, 0, -1])
 def test_decode_attention_refuses_a_num_splits_that_is_not_a_positive_int(value):
     with pytest.raises(st.ArgumentError, match="ops.decode_attention: num_splits"):

@@ -51,6 +51,11 @@ def test_add_scalar_says_what_to_do_with_an_int_past_int32_for_an_int_tensor(dty
     assert "Const" not in str(e.value)
 
 
+def test_add_scalar_refuses_an_int_too_large_for_a_float_for_a_float_tensor():
+    with pytest.raises(st.ArgumentError, match="ops.add_scalar: value .* too large for a float"):
+        ops.add_scalar(st.zeros((3,)), 10**400)
+
+
 @pytest.mark.parametrize("dtype", [st.int8, st.bool_], ids=["int8", "bool"])
 def test_copy_refuses_int8_and_bool_with_the_supported_dtypes(dtype):
     x = st.zeros((4,), dtype=dtype)

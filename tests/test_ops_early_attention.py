@@ -212,6 +212,7 @@ def test_bad_arguments_raise_argument_errors(change, match):
 @pytest.mark.parametrize("change,match", [
     (dict(block_n=48), "block_n must be a power of two"),
     (dict(block_n=8), "block_n must be a power of two"),
+    (dict(block_n=1 << 16), r"block_n must be a power of two in \[16, 32768\]"),
     (dict(early_positions=0), "early_positions must be an int >= 1"),
     (dict(trim="no"), "trim must be True or False"),
     (dict(num_warps=3), "num_warps must be a power of two"),

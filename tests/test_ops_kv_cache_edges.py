@@ -43,3 +43,12 @@ def test_kv_append_refuses_a_head_dim_of_0(many):
     append = ops.kv_append_many if many else ops.kv_append
     with pytest.raises(st.ArgumentError, match="head_dim 0 must be a power of two"):
         append(new, new, i32(1), st.zeros((2, 20, 0)), st.zeros((2, 20, 0)))
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["kv_append", "kv_append_many"])
+def test_kv_appends_refuse_a_head_dim_over_one_tile(many):
+    d = 2**21
+    new = st.zeros((1, 1, d) if many else (1, d))
+    append = ops.kv_append_many if many else ops.kv_append
+    with pytest.raises(st.ArgumentError, match=f"head_dim {d} must be a power of two up to"):
+        append(new, new, i32(0), st.zeros((1, 1, d)), st.zeros((1, 1, d)))

@@ -134,3 +134,10 @@ def test_a_block_size_that_is_not_a_power_of_two_is_refused():
     qkv, qw, kw, kc, vc = inputs(4, 2, 32, st.f32, max_seq=16, seed=70)
     with pytest.raises(st.ArgumentError, match="block_n must be a power of two"):
         fused(qkv, qw, kw, kc, vc, 3, 32, block_n=48)
+
+
+def test_a_block_size_whose_key_tile_is_over_the_element_limit_is_refused():
+    qkv, qw, kw, kc, vc = inputs(4, 2, 32, st.f32, max_seq=16, seed=71)
+    with pytest.raises(st.ArgumentError, match=r"qk_norm_rope_append_attention: block_n must "
+                                                r"be a power of two in \[16, 32768\]"):
+        fused(qkv, qw, kw, kc, vc, 3, 32, block_n=1 << 16)

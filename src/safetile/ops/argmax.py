@@ -111,6 +111,7 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
     if workspace is None:
+        host.not_given("ops.argmax: workspace")
         workspace = argmax_workspace(n, dtype, x.device, block)
     if not isinstance(workspace, ArgmaxWorkspace):
         raise ArgumentError(f"ops.argmax: workspace must be an ArgmaxWorkspace "

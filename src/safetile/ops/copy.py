@@ -66,6 +66,7 @@ def _launch(name: str, configured, x, out, block: int, *scalar):
     return host.returning(op, z)
 
 
+@host.naming_overlaps("out")
 def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
     """``x + value`` element-wise (same dtype out; see the module docstring for the dtypes).
 
@@ -79,7 +80,12 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
                             f"{type(value).__name__}")
     host.check_value(f"{name}: x", x)
     if x.dtype in st.floats:
-        return _launch(name, _FLOAT, x, out, block, float(value))
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ArgumentError(f"{name}: value {value} is too large for a float (the "
+                                f"kernel's scalar for a float tensor)") from None
+        return _launch(name, _FLOAT, x, out, block, value)
     if not isinstance(value, numbers.Integral):
         raise ArgumentError(f"{name}: a float value cannot be added to {x.dtype!r} "
                             f"without converting; pass an int")
@@ -90,6 +96,7 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
     return _launch(name, _INT, x, out, block, int(value))
 
 
+@host.naming_overlaps("out")
 def copy(x, out, *, block: int = host.BLOCK):
     """Copy ``x`` into ``out`` (same shape and dtype, no overlap), bit for bit.
 

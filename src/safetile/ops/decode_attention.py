@@ -339,6 +339,7 @@ def decode_attention_merge(workspace: DecodeWorkspace, out, *, num_warps: int | 
     return _launch_merge(workspace, out, num_warps, *host.pdl_flags(name, pdl, trigger_early))
 
 
+@host.naming_overlaps("out")
 def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
                      scale: float | None = None, length_offset: int = 0,
                      block_n: int | None = None, num_splits: int | None = None,
@@ -372,9 +373,11 @@ def decode_attention(q, k_cache, v_cache, length, out=None, workspace=None, *,
         check_workspace(name, workspace, hkv, hq // hkv, d, num_splits)
     splits = workspace.partial.shape[1] if workspace is not None else \
         num_splits or default_splits(hkv, k_cache.shape[1], o["block_n"])
-    if splits == 1:
+    if splits == 1 or not hq:         # no q heads: an empty result, and no group to split
         return _launch_whole(q, k_cache, v_cache, length, z, o, num_warps,
                              WHOLE_STAGES if num_stages is None else num_stages)
+    if workspace is None:
+        host.not_given(f"{name}: workspace")
     ws = workspace or DecodeWorkspace(hkv, hq // hkv, d, splits, device=q.device)
     ws, zv = host.taken(ws, ("partial", "lse")), host.borrow(z)    # the merge's, taken now
     host.check_disjoint(name, dict(q=q, k_cache=k_cache, v_cache=v_cache, length=length),

@@ -90,6 +90,15 @@ def check_workspace(name: str, ws, hkv=None, group: int = 0, d: int = 0, splits=
                             f"it with DecodeWorkspace.for_cache, or omit num_splits")
 
 
+def keys_per_block(name: str, block_n, d: int) -> int:
+    """``block_n`` (``None``: ``DEFAULT_BLOCK_N``) as the keys per block of a kernel that
+    loads (block_n, d) tiles of the cache: a power of two from 16 (the tensor cores' least K
+    of P @ V) whose tile holds at most ``MAX_TILE_ELEMENTS``."""
+    if block_n is None:
+        return DEFAULT_BLOCK_N
+    return host.check_pow2(f"{name}: block_n", block_n, 16, max(16, MAX_TILE_ELEMENTS // d))
+
+
 def group_rows(group: int) -> int:
     """The split kernel's tile height for ``group`` q heads per kv head (tl.dot's least M)."""
     return max(MIN_GROUP_ROWS, host.next_pow2(group))

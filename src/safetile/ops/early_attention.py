@@ -40,7 +40,7 @@ import safetile.lang as sl
 from ..errors import ArgumentError
 from . import host
 from .decode_attention import masked_step, valid_length
-from .decode_workspace import DEFAULT_BLOCK_N, MIN_GROUP_ROWS
+from .decode_workspace import MIN_GROUP_ROWS, keys_per_block
 from .flash_attention import LOG2E
 from .prologue_attention import MIN_HEAD_DIM
 from .qk_rope_append import check_prologue, normed_half, row_scales
@@ -198,6 +198,7 @@ def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
         trigger_early=pdl and trigger_early)
 
 
+@host.naming_overlaps("out", "k_out")
 def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
                            v_cache, eps: float = 1e-6, out=None, k_out=None, *,
                            scale: float | None = None, block_n: int | None = None,
@@ -233,8 +234,7 @@ def qk_norm_rope_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         raise ArgumentError(f"{name}: head_dim {d} is below {MIN_HEAD_DIM} (each half of a "
                             f"head feeds the tensor cores); use ops.qk_norm_rope_kv_append, "
                             f"then ops.decode_attention")
-    block_n = DEFAULT_BLOCK_N if block_n is None else \
-        host.check_pow2(f"{name}: block_n", block_n, 16)
+    block_n = keys_per_block(name, block_n, d)
     early_positions = host.check_int(f"{name}: early_positions", early_positions, lo=1)
     blocks = early_blocks(block_n, early_positions, max_seq)
     if blocks > MAX_EARLY_BLOCKS:

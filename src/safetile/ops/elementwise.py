@@ -54,6 +54,7 @@ def _binary(name: str, configured, a, b, out, block: int, num_warps: int | None,
     return host.returning(op, z)
 
 
+@host.naming_overlaps("out")
 def add(x, y, out=None, *, block: int = host.BLOCK, num_warps: int | None = None):
     """``x + y`` element-wise (same shape and dtype; fp32, fp16 or bf16).
 
@@ -62,11 +63,13 @@ def add(x, y, out=None, *, block: int = host.BLOCK, num_warps: int | None = None
     return _binary("add", _ADD, x, y, out, block, num_warps)
 
 
+@host.naming_overlaps("out")
 def mul(x, y, out=None, *, block: int = host.BLOCK, num_warps: int | None = None):
     """``x * y`` element-wise; see :func:`add` for the arguments and the result."""
     return _binary("mul", _MUL, x, y, out, block, num_warps)
 
 
+@host.naming_overlaps("out")
 def silu_mul(gate, up, out=None, *, block: int = host.BLOCK, num_warps: int | None = None):
     """SwiGLU's ``silu(gate) * up`` in fp32, rounded once to the inputs' dtype.
 

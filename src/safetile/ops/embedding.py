@@ -25,6 +25,7 @@ def embedding_kernel(ids: st.In[st.i32 | st.i64, 1], table: st.In[st.floats, 2],
 _EMBEDDING = host.Configured(embedding_kernel)
 
 
+@host.naming_overlaps("out")
 def embedding(ids, table, out=None):
     """The rows of ``table`` (vocab, dim) at ``ids`` (int32 or int64, shape (tokens,)).
 

@@ -106,6 +106,7 @@ def check_gqa(name: str, q, k, v, q_rank: int) -> tuple[int, int, int]:
     return hq, hkv, d
 
 
+@host.naming_overlaps("out")
 def flash_attention(q, k, v, out=None, *, scale: float | None = None, block_m: int = 64,
                     block_n: int = 64, num_warps: int = 4, num_stages: int = 3):
     """Causal attention ``softmax(q k^T * scale + causal mask) v`` with grouped-query heads.

@@ -198,7 +198,11 @@ def check_weight(name: str, w):
 
 def check_norm_width(name: str, k: int) -> None:
     """A fused RMSNorm holds all of x (K,) in one tile, for its mean square, in every
-    program: K is at most ``MAX_TILE_ELEMENTS``."""
+    program: K is at most ``MAX_TILE_ELEMENTS``, and at least 1 (the mean of no squares
+    would be 0 / 0, and every product NaN)."""
+    if not k:
+        raise ArgumentError(f"{name}: x is empty (K = 0: w has no columns); the RMSNorm of "
+                            f"no values is undefined")
     if host.next_pow2(k) > MAX_TILE_ELEMENTS:
         raise ArgumentError(f"{name}: x of {k} elements is longer than one tile holds "
                             f"({MAX_TILE_ELEMENTS}; the fused RMSNorm reads all of x in every "
@@ -223,6 +227,7 @@ def result(name: str, out, n: int, dtype, device):
     return y, host.owned_view(y, (n,))
 
 
+@host.naming_overlaps("out")
 def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
                  config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ rmsnorm(x)``: Qwen3's RMSNorm of ``x`` (K,) with ``norm_weight`` (K,), then the
@@ -258,6 +263,7 @@ def _residual(name: str, residual, n: int):
     return host.borrow(residual)
 
 
+@host.naming_overlaps("out")
 def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ x + residual`` for ``w`` (N, K), ``x`` (K,), ``residual`` (N,): the product
     rounded to the residual's dtype, then the sum; replaces ``ops.gemv`` + ``ops.add``.
@@ -276,6 +282,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     return host.returning(op, y)
 
 
+@host.naming_overlaps("out")
 def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
                       config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ silu_mul(gate, up) + residual`` for ``w`` (N, K) and ``gate_up`` (2K,) (gate

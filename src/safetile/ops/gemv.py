@@ -156,6 +156,7 @@ def _kernel(BK: int, HEAD: int = 2, PREFETCH: int = 0):
     return gemv_rows
 
 
+@host.naming_overlaps("out")
 def gemv(w, x, out=None, *, out_dtype=None, config: GemvConfig | None = None) -> st.DeviceOp:
     """``W @ x`` for a weight ``w`` ``(N, K)`` and a vector ``x`` ``(K,)`` (or ``(1, K)``).
 

@@ -114,6 +114,8 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     if dtype not in (st.i32, st.i64):
         raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
     cfg = host.config("ops.rmsnorm_gemv_argmax", config, GemvConfig, lambda: choose_config(n, k))
+    if workspace is None:
+        host.not_given(f"{name}: workspace")
     ws = gemv_argmax_workspace(w, dtype, cfg) if workspace is None else workspace
     if not isinstance(ws, ArgmaxWorkspace):
         raise ArgumentError(f"{name}: workspace must be an ArgmaxWorkspace "

@@ -8,12 +8,14 @@ op's result tensors. Nothing here launches work.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
 import numbers
 
 import torch
 
-from ..errors import AliasError, ArgumentError
+from ..errors import AliasError, ArgumentError, GraphCaptureError
 from ..device.reserve import ReservingOp
 from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
@@ -105,12 +107,21 @@ def check_tiles(name: str, **tiles) -> None:
 def check_number(name: str, v, lo: float | None = None, above: float | None = None) -> float:
     """``v`` as a finite float (a Python or numpy number, never a bool), ``>= lo`` or
     ``> above`` when given."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not _finite(v):
         raise ArgumentError(f"{name} must be a finite number, got {v!r}")
     if (lo is not None and v < lo) or (above is not None and v <= above):
         raise ArgumentError(f"{name} must be {f'>= {lo}' if lo is not None else f'> {above}'},"
                             f" got {v!r}")
     return float(v)
+
+
+def _finite(v: numbers.Real) -> bool:
+    """Whether ``v`` is a finite float; an int past float's range is not (``math.isfinite``
+    raises OverflowError for it)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def check_eps(name: str, eps) -> float:
@@ -180,9 +191,20 @@ def check_out(name: str, out, shape: tuple, dtype: DType, device) -> None:
         raise ArgumentError(f"{name}: on {out.device}, but the inputs are on {device}")
 
 
+def not_given(name: str) -> None:
+    """Before an op allocates ``name`` (``"ops.argmax: workspace"``), which it was not given:
+    inside a graph scope, a GraphCaptureError naming it (st.empty's own names no argument)."""
+    reason = alloc.allocation_forbidden()
+    if reason is not None:
+        raise GraphCaptureError(f"{name} was not given: the op allocates it, and nothing "
+                                f"allocates inside {reason} (replay must not depend on "
+                                f"allocation addresses); allocate it before and pass it")
+
+
 def output(name: str, out, shape: tuple, dtype: DType, device) -> Tensor:
     """``out`` checked, or a new tensor (which raises GraphCaptureError inside a graph scope)."""
     if out is None:
+        not_given(name)
         return alloc.empty(tuple(shape), dtype=dtype, device=device)
     check_out(name, out, shape, dtype, device)
     return out
@@ -287,6 +309,31 @@ def check_disjoint(name: str, inputs: dict, outputs: dict) -> None:
                         f"{name}: the output {n} overlaps the {kind} {m}; an op never writes "
                         f"memory it reads, or writes it twice: pass separate storage (for an "
                         f"in-place update, alternate two buffers)")
+
+
+def naming_overlaps(*outputs: str):
+    """Decorate an op of one launch whose parameters ``outputs`` it writes (its other Tensor
+    and Shared arguments are inputs): an overlap between its own arguments, which the launch
+    refuses naming the kernel and the kernel's parameters, is refused naming the op and its
+    own (no cost unless the launch refuses)."""
+    def decorate(fn):
+        signature, name = inspect.signature(fn), f"ops.{fn.__name__}"
+
+        @functools.wraps(fn)
+        def op(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except AliasError as err:
+                given = {n: v for n, v in signature.bind(*args, **kwargs).arguments.items()
+                         if isinstance(v, (Tensor, Shared))}
+                try:
+                    check_disjoint(name, {n: v for n, v in given.items() if n not in outputs},
+                                   {n: v for n, v in given.items() if n in outputs})
+                except AliasError as named:
+                    raise named from err
+                raise                       # an overlap with an operation in flight
+        return op
+    return decorate
 
 
 def as_rows(name: str, v):

@@ -92,8 +92,9 @@ def _check(name: str, k_new, v_new, pos, k_cache, v_cache, rank: int) -> None:
         want = "(Hkv, D)" if rank == 2 else "(Hkv, S, D)"
         raise ArgumentError(f"{name}: new rows must both be {want} = {(hkv, d)} heads and dims, "
                          f"got {k_new.shape} and {v_new.shape}")
-    if d < 1 or d & (d - 1):
-        raise ArgumentError(f"{name}: head_dim {d} must be a power of two")
+    if d < 1 or d & (d - 1) or d > MAX_TILE_ELEMENTS:
+        raise ArgumentError(f"{name}: head_dim {d} must be a power of two up to "
+                            f"{MAX_TILE_ELEMENTS} (a program owns whole cache rows)")
 
 
 def max_cache_positions(head_dim: int) -> int:
@@ -114,6 +115,7 @@ def append_block(name: str, max_seq: int, head_dim: int, block_s: int | None) ->
     return host.check_pow2(f"{name}: block_s", block_s, 1, limit)
 
 
+@host.naming_overlaps("k_cache", "v_cache")
 def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None,
               pdl: bool | None = None, trigger_early: bool = False):
     """Write one token's ``k_new``, ``v_new`` (Hkv, D) at row ``pos[0]`` of the caches.
@@ -138,6 +140,7 @@ def kv_append(k_new, v_new, pos, k_cache, v_cache, *, block_s: int | None = None
     return host.returning(op, (k_cache, v_cache))
 
 
+@host.naming_overlaps("k_cache", "v_cache")
 def kv_append_many(k_new, v_new, pos, k_cache, v_cache, *, block_s: int = 64):
     """Write ``k_new``, ``v_new`` (Hkv, S, D) at rows ``pos[0] .. pos[0]+S-1`` of the caches.
 

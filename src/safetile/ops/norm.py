@@ -72,6 +72,7 @@ def _check(name: str, x, weight, eps) -> float:
     return host.check_eps(f"ops.{name}", eps)
 
 
+@host.naming_overlaps("out")
 def rmsnorm(x, weight, eps: float = 1e-6, out=None):
     """Qwen3's RMSNorm of ``x`` over its last dimension, in fp32, output in x's dtype.
 
@@ -88,6 +89,7 @@ def rmsnorm(x, weight, eps: float = 1e-6, out=None):
     return host.returning(op, z)
 
 
+@host.naming_overlaps("out", "residual_out")
 def add_rmsnorm(x, residual, weight, eps: float = 1e-6, out=None, residual_out=None):
     """The residual sum ``x + residual`` and its RMSNorm, in one pass.
 

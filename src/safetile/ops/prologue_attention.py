@@ -28,7 +28,7 @@ import safetile.lang as sl
 from ..errors import ArgumentError
 from . import host
 from .decode_attention import WHOLE_STAGES, masked_step, valid_length
-from .decode_workspace import DEFAULT_BLOCK_N, MIN_GROUP_ROWS
+from .decode_workspace import MIN_GROUP_ROWS, keys_per_block
 from .flash_attention import LOG2E
 from .kv_cache import max_cache_positions
 from .qk_rope_append import EARLY, check_prologue, normed_half, row_scales
@@ -110,6 +110,7 @@ def _kernel(num_warps: int, num_stages: int, pdl: bool, trigger_early: bool):
         trigger_early=pdl and trigger_early)
 
 
+@host.naming_overlaps("out", "k_cache", "v_cache")
 def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache,
                                   v_cache, eps: float = 1e-6, out=None, *,
                                   scale: float | None = None, block_n: int | None = None,
@@ -145,8 +146,7 @@ def qk_norm_rope_append_attention(qkv, q_norm_weight, k_norm_weight, pos, inv_fr
                f"({max_cache_positions(d)} at head_dim {d})")
         raise ArgumentError(f"{name}: {why}; use ops.qk_norm_rope_kv_append, then "
                             f"ops.decode_attention")
-    block_n = DEFAULT_BLOCK_N if block_n is None else \
-        host.check_pow2(f"{name}: block_n", block_n, 16)
+    block_n = keys_per_block(name, block_n, d)
     eps = host.check_eps(name, eps)
     pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     num_warps, num_stages = host.check_counts(name, num_warps, num_stages)

@@ -187,6 +187,7 @@ def check_rows(name: str, qkv, q_norm_weight, k_norm_weight, pos, inv_freq, hkv:
     return hq, rows
 
 
+@host.naming_overlaps("q_out", "k_cache", "v_cache", "k_rows")
 def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_cache, v_cache,
                            eps: float = 1e-6, q_out=None, *, pdl: bool | None = None,
                            num_warps: int = 4, k_rows=None, block_s: int | None = None,
@@ -248,6 +249,7 @@ def qk_norm_rope_kv_append(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, k_c
         {"k_cache": k_cache, "v_cache": v_cache})
 
 
+@host.naming_overlaps("q_out", "k_out")
 def qk_norm_rope(qkv, q_norm_weight, k_norm_weight, pos, inv_freq, kv_heads: int,
                  eps: float = 1e-6, q_out=None, k_out=None, *, pdl: bool | None = None,
                  num_warps: int = 4, trigger_early: bool = False) -> st.DeviceOp:

@@ -20,6 +20,7 @@ import safetile as st
 import safetile.lang as sl
 
 from ..errors import ArgumentError
+from ..lang.semantics import MAX_TILE_ELEMENTS
 from . import host
 
 # Qwen3's rope_theta.
@@ -48,10 +49,11 @@ _ROPE = host.Configured(rope_kernel)
 
 def inv_freq_table(head_dim: int, theta: float = QWEN3_THETA, device=None):
     """The fp32 ``inv_freq`` table, computed exactly as transformers' default rope does, for
-    an even ``head_dim`` > 0 and a finite ``theta`` > 0.
+    an even ``head_dim`` > 0 (at most ``MAX_TILE_ELEMENTS``: the rope kernels hold a whole
+    head in one tile) and a finite ``theta`` > 0.
 
     Allocates: make it once, before any graph scope, and pass it to :func:`rope`."""
-    head_dim = host.check_int("ops.inv_freq_table: head_dim", head_dim, 2)
+    head_dim = host.check_int("ops.inv_freq_table: head_dim", head_dim, 2, MAX_TILE_ELEMENTS)
     if head_dim % 2:
         raise ArgumentError(f"ops.inv_freq_table: head_dim must be even (rope rotates pairs), "
                             f"got {head_dim}")
@@ -67,6 +69,7 @@ def rope_tile(seq: int, heads: int, head_dim: int) -> tuple:
     return (bs, bh, head_dim)
 
 
+@host.naming_overlaps("out")
 def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
     """Apply Qwen3's rotary embedding to ``x`` of shape (seq, heads, head_dim).
 
@@ -80,14 +83,16 @@ def rope(x, positions, inv_freq=None, *, theta: float = QWEN3_THETA, out=None):
         raise ArgumentError(f"ops.rope: x must be (seq, heads, head_dim), got shape {x.shape}")
     host.check_dtype("ops.rope: x", x, st.floats)
     seq, heads, d = x.shape
-    if d < 2 or d & (d - 1):
-        raise ArgumentError(f"ops.rope: head_dim must be a power of two, got {d}")
+    if d < 2 or d & (d - 1) or d > MAX_TILE_ELEMENTS:
+        raise ArgumentError(f"ops.rope: head_dim must be a power of two up to "
+                            f"{MAX_TILE_ELEMENTS} (a program holds whole heads), got {d}")
     if tuple(positions.shape) != (seq,):
         raise ArgumentError(f"ops.rope: positions must have shape ({seq},), got "
                          f"{tuple(positions.shape)}")
     host.check_dtype("ops.rope: positions", positions, st.i32 | st.i64)
     theta = host.check_number("ops.rope: theta", theta, above=0.0)
     if inv_freq is None:
+        host.not_given("ops.rope: inv_freq")
         inv_freq = inv_freq_table(d, theta, x.device)
     host.check_value("ops.rope: inv_freq", inv_freq)
     if tuple(inv_freq.shape) != (d // 2,):

@@ -357,6 +357,8 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
         if out.dtype not in (st.i32, st.i64):
             raise ArgumentError(f"ops.sample: out must be st.i32 or st.i64 (a token id), got "
                                 f"{out.dtype!r}")
+    if workspace is None:
+        host.not_given("ops.sample: workspace")
     ws = workspace if workspace is not None else sampler_workspace(
         n, out.dtype if out is not None else st.i32, logits.device)
     block = _check(logits, params, key, counter, ws)

@@ -61,6 +61,7 @@ _ONE_PASS = host.Configured(softmax_kernel)
 _ONLINE = host.Configured(softmax_online_kernel)
 
 
+@host.naming_overlaps("out")
 def softmax(x, out=None, *, one_pass_max: int = ONE_PASS_MAX, chunk: int = CHUNK):
     """Softmax of ``x`` over its last dimension (fp32 math, output in x's dtype).
 
