@@ -182,12 +182,14 @@ def by_device(extents: tuple) -> tuple:
     return tuple((device, tuple(mine)) for device, mine in groups.items())
 
 
-def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozenset()) -> Hold:
+def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozenset(),
+             lasting: bool = False) -> Hold:
     """Check ``extents`` (from :func:`prepare`) against the holds in flight and register
     them: a write may overlap no held extent, a read no held write (``AliasError``, and
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
-    against. The caller need not hold ``LOCK``."""
+    against; ``lasting`` marks the read borrow of a Shared value (``Registry.add``). The
+    caller need not hold ``LOCK``."""
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
@@ -204,17 +206,17 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
                     reg.conflict(x, owner)
                 if found is not None:
                     _raise_external(holder, x, found[0], found[1])
-        _file(hold, groups)
+        _file(hold, groups, lasting)
     return hold
 
 
-def _file(hold: Hold, groups: tuple) -> None:
+def _file(hold: Hold, groups: tuple, lasting: bool = False) -> None:
     """Add ``hold``'s extents (``by_device`` groups) to the registries (``LOCK`` held)."""
     for device, mine in groups:
         reg = _REGISTRIES.get(device)
         if reg is None:
             reg = _REGISTRIES[device] = Registry()
-        reg.add(hold, mine)
+        reg.add(hold, mine, lasting)
         hold._regs.append(reg)
 
 
@@ -265,7 +267,7 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
     """A read borrow of ``t`` for as long as a Shared value holds it (``what`` names the
     value): while it lasts, no launch may write the storage, through any view (but the
     replays of a graph that recorded the sharing, see ``collect_shared``)."""
-    hold = register(what, prepare(what, reads=[("a shared read", t)]), (t,))
+    hold = register(what, prepare(what, reads=[("a shared read", t)]), (t,), lasting=True)
     # The value's borrow, never an execution's (its owner stays None): even launches of the
     # execution that shared it (in a callback) may not write the bytes afterwards.
     hold.checked_in = None                        # and no operation will run it

@@ -1,15 +1,22 @@
-"""The holds in flight on one device, and the address index that keeps checking them fast.
+"""The holds in flight on one device, and the address indexes that keep checking them fast.
 
-A registry is a set of holds (``borrows.Hold``) with their byte extents, scanned directly
-while only a few are in flight; beyond :data:`SMALL` holds it also keeps an address index (a
-hierarchical grid, :class:`Index`), so that checking a new launch against thousands of
-in-flight holds looks only at the extents near its own bytes. A second index holds only the
-held writes: a new read can conflict only with a write, so a read (most arguments, and the
-long-lived borrows of ``Shared`` values are all reads) never walks the held reads. The
-caller (``borrows``) holds ``LOCK`` around every call.
+A registry is a set of holds (``borrows.Hold``) with their byte extents, in two parts:
+
+* **Lasting read borrows** (those of ``Shared`` values, which a model holds for its weights
+  for as long as it lives) sit in :class:`Disjoint`: sorted by address, so that checking a
+  new write against hundreds of them costs two binary searches. An extent that overlaps one
+  already there (two shared views of one storage) goes with the other holds instead.
+* **The other holds** (operations in flight, host copies) are scanned directly while only a
+  few are in flight; beyond :data:`SMALL` of them an address index (a hierarchical grid,
+  :class:`Index`) is kept, so that checking a new launch against thousands of in-flight
+  holds looks only at the extents near its own bytes. A second index holds only their
+  writes: a new read can conflict only with a write, so a read never walks the held reads.
+
+The caller (``borrows``) holds ``LOCK`` around every call.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING
 
 from .overlap import Extent, _overlap
@@ -17,7 +24,7 @@ from .overlap import Extent, _overlap
 if TYPE_CHECKING:  # pragma: no cover
     from .borrows import Hold
 
-__all__ = ["Registry", "Index", "SMALL"]
+__all__ = ["Registry", "Index", "Disjoint", "SMALL"]
 
 #: Holds per device scanned directly; above this many in flight, an address index is kept.
 SMALL = 4
@@ -90,21 +97,59 @@ class Index:
                     yield from bucket
 
 
+class Disjoint:
+    """Read extents no two of which share a byte, sorted by address.
+
+    Sorted by start, pairwise disjoint extents are sorted by end too, so the extents meeting
+    ``[lo, hi)`` are one run: from the first that ends after ``lo`` to the last that starts
+    before ``hi``, found by two binary searches."""
+
+    __slots__ = ("starts", "ends", "entries")
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.entries: list[tuple] = []            # (extent, hold), in address order
+
+    def insert(self, e: Extent, hold: "Hold") -> bool:
+        """File ``e``; False (and nothing filed) if it overlaps an extent already here."""
+        k = bisect_right(self.starts, e.lo)
+        if (k and self.ends[k - 1] > e.lo) or (k < len(self.starts) and self.starts[k] < e.hi):
+            return False
+        self.starts.insert(k, e.lo)
+        self.ends.insert(k, e.hi)
+        self.entries.insert(k, (e, hold))
+        return True
+
+    def remove(self, e: Extent) -> None:
+        """Take out ``e`` (filed by ``insert``: no other extent here starts where it does)."""
+        k = bisect_left(self.starts, e.lo)
+        del self.starts[k], self.ends[k], self.entries[k]
+
+    def near(self, lo: int, hi: int) -> list:
+        """The ``(extent, hold)`` pairs whose bytes ``[e.lo, e.hi)`` meet ``[lo, hi)``."""
+        return self.entries[bisect_right(self.ends, lo):bisect_left(self.starts, hi)]
+
+
 class Registry:
     """The holds in flight on one device (guarded by ``LOCK``)."""
 
-    __slots__ = ("holds", "index", "writes")
+    __slots__ = ("holds", "others", "index", "writes", "lasting", "placed")
 
     def __init__(self):
         self.holds: dict[Hold, tuple] = {}    # hold -> its extents on this device
-        self.index: Index | None = None      # every held extent, while more than SMALL holds
-        self.writes: Index | None = None     # the held write extents, alongside ``index``
+        self.others: dict[Hold, tuple] = {}   # hold -> its extents not in ``lasting``
+        self.index: Index | None = None      # the extents of ``others``, beyond SMALL holds
+        self.writes: Index | None = None     # their write extents, alongside ``index``
+        self.lasting = Disjoint()            # lasting read borrows that overlap no other
+        self.placed: dict[Hold, tuple] = {}   # hold -> its extents in ``lasting``
 
     def near(self, lo: int, hi: int):
         """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
+        near = self.lasting.near(lo, hi)
         if self.index is not None:
-            return self.index.near(lo, hi)
-        return [(e, h) for h, extents in self.holds.items() for e in extents]
+            return near + list(self.index.near(lo, hi))
+        return near + [(e, h) for h, extents in self.others.items() for e in extents]
 
     def conflict(self, x: Extent, owner=None):
         """The first held ``(extent, hold)`` that conflicts with the new extent ``x`` (a new
@@ -112,9 +157,13 @@ class Registry:
         or None. Holds of the execution ``owner`` (not None) are ordered with it and skipped.
         The per-launch query: the index walk and the interval test are inlined."""
         lo, hi, write = x.lo, x.hi, x.write
+        if write:                               # lasting borrows are all reads
+            for e, h in self.lasting.near(lo, hi):
+                if (owner is None or h.owner is not owner) and _overlap(x, e):
+                    return e, h
         index = self.index
         if index is None:
-            for h, extents in self.holds.items():
+            for h, extents in self.others.items():
                 if owner is not None and h.owner is owner:
                     continue
                 for e in extents:
@@ -150,23 +199,39 @@ class Registry:
                 return e, h
         return None
 
-    def add(self, hold: "Hold", extents: tuple) -> None:
+    def add(self, hold: "Hold", extents: tuple, lasting: bool = False) -> None:
+        """File ``hold``'s extents; ``lasting``: a read borrow held for long (a Shared value's)."""
         self.holds[hold] = extents
+        if lasting:
+            placed = tuple(e for e in extents if not e.write and self.lasting.insert(e, hold))
+            if placed:
+                self.placed[hold] = placed
+                extents = tuple(e for e in extents if e not in placed)
+                if not extents:
+                    return
+        self.others[hold] = extents
         index = self.index
         if index is not None:
             index.add(extents, hold)
             self.writes.add(extents, hold, True)
-        elif len(self.holds) > SMALL:
+        elif len(self.others) > SMALL:
             self.index, self.writes = index, writes = Index(), Index()
-            for h, held in self.holds.items():
+            for h, held in self.others.items():
                 index.add(held, h)
                 writes.add(held, h, True)
 
     def remove(self, hold: "Hold") -> None:
-        extents = self.holds.pop(hold)
+        del self.holds[hold]
+        placed = self.placed.pop(hold, None)
+        if placed is not None:
+            for e in placed:
+                self.lasting.remove(e)
+        extents = self.others.pop(hold, None)
+        if extents is None:
+            return
         index = self.index
         if index is not None:
-            if not self.holds:
+            if not self.others:
                 self.index = self.writes = None
                 return
             index.remove(extents, hold)
