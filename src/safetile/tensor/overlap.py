@@ -23,11 +23,12 @@ class Extent:
 
     Immutable, and holding only a weak reference to its tensor (``tref``), so that a launch
     plan may keep extents across launches without keeping memory alive. While an operation
-    holds an extent, the operation keeps the tensor alive.
+    holds an extent, the operation keeps the tensor alive. ``level``: the smallest ``c`` with
+    ``hi - lo <= 2**c``, the level of the address index that files it (``registry.Index``).
     """
 
     __slots__ = ("tref", "device", "lo", "hi", "dense", "name", "write", "numel", "itemsize",
-                 "shape", "strides")
+                 "shape", "strides", "level")
 
     def __init__(self, t: torch.Tensor, name: str = "", write: bool = False):
         self.tref = weakref.ref(t)
@@ -43,17 +44,20 @@ class Extent:
             # Empty tensors touch no bytes: lo == hi makes every interval test fail.
             self.lo = self.hi = 0
             self.dense = True
+            self.level = 0
             return
         isz = self.itemsize
         self.lo = lo = t.data_ptr()
         if t.is_contiguous():                  # the common case: one C call decides
             self.hi = lo + n * isz
             self.dense = True
+            self.level = (n * isz - 1).bit_length()
             return
         span = 1
         for size, stride in zip(self.shape, self.strides):
             span += (size - 1) * stride        # torch strides are never negative
         self.hi = lo + span * isz
+        self.level = (span * isz - 1).bit_length()
         # Dense: the elements cover every byte of [lo, hi). span == numel alone is not
         # enough (stride-0 dims can repeat elements), hence the per-dim check.
         self.dense = span == n and _is_dense(t)

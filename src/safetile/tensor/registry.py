@@ -52,13 +52,14 @@ class Index:
         for e in extents:
             if writes_only and not e.write:
                 continue
-            c = (e.hi - e.lo - 1).bit_length()
+            c = e.level
             level = levels.get(c)
             if level is None:
                 level = levels[c] = {}
-            bucket = level.get(e.lo >> c)
+            key = e.lo >> c
+            bucket = level.get(key)
             if bucket is None:
-                level[e.lo >> c] = [(e, hold)]
+                level[key] = [(e, hold)]
             else:
                 bucket.append((e, hold))
 
@@ -68,7 +69,7 @@ class Index:
         for e in extents:
             if writes_only and not e.write:
                 continue
-            c = (e.hi - e.lo - 1).bit_length()
+            c = e.level
             level = levels[c]
             key = e.lo >> c
             bucket = level[key]
