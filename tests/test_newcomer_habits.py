@@ -1,0 +1,75 @@
+"""Habits from Triton, torch and Python meet errors that say what safetile takes instead."""
+import pytest
+import torch
+
+import safetile as st
+import safetile.lang as sl
+
+from support import add
+
+pytestmark = pytest.mark.usefixtures("cpu")
+
+
+@pytest.fixture
+def cpu():
+    with st.backend("interpret", seed=0):
+        yield
+
+
+@st.kernel
+def scale(x: st.In[st.f32], z: st.Out[st.f32], k: float):
+    z.store(sl.load_like(x, z) * k)
+
+
+@st.kernel
+def window(x: st.In[st.f32], z: st.Out[st.f32], BLOCK: st.Const[int]):
+    z.store(x.load(z.index, (BLOCK,)))
+
+
+@st.kernel(unsafe=True)
+def bump(counts: st.Ptr[st.i32]):
+    sl.atomic_add(counts, sl.arange(4), 1)
+
+
+def part(n=4):
+    return st.empty((n,)).partition((2,))
+
+
+# -- launching ---------------------------------------------------------------------------------
+
+def test_tritons_grid_subscript_is_told_the_grid_is_the_out_partition():
+    with pytest.raises(st.LaunchError) as e:
+        add[(2,)]
+    text = str(e.value)
+    assert "kernel 'add'" in text and "is launched by calling it, add(...)" in text
+    assert "not with Triton's add[grid](...)" in text and ".partition(tile_shape)" in text
+
+
+def test_a_grid_subscript_on_a_kernel_without_out_names_the_grid_option():
+    with pytest.raises(st.LaunchError, match=r"give the grid as bump\.options\(grid=\(n,\)\)"):
+        bump[(1,)]
+
+
+# -- st.unsafe without its parentheses ---------------------------------------------------------
+
+def test_with_st_unsafe_without_parentheses_says_to_call_it():
+    with pytest.raises(st.UnsafeError) as e:
+        with st.unsafe:
+            pass
+    assert "`with st.unsafe:` opens no block" in str(e.value)
+    assert "`with st.unsafe():`" in str(e.value)
+
+
+def test_st_unsafe_as_a_bare_decorator_says_to_call_it_and_where_unsafe_kernels_come_from():
+    with pytest.raises(st.UnsafeError) as e:
+        @st.unsafe
+        def launch_all():
+            pass
+    assert "st.unsafe() takes no arguments" in str(e.value)
+    assert "`@st.unsafe()`" in str(e.value) and "@st.kernel(unsafe=True)" in str(e.value)
+
+
+def test_st_unsafe_with_parentheses_still_marks_a_launch():
+    with st.unsafe():
+        (counts,) = bump.options(grid=(1,))(st.zeros((4,), dtype=st.i32)).sync()
+    assert counts.to_torch().tolist() == [1, 1, 1, 1]
