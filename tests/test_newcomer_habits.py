@@ -73,3 +73,24 @@ def test_st_unsafe_with_parentheses_still_marks_a_launch():
     with st.unsafe():
         (counts,) = bump.options(grid=(1,))(st.zeros((4,), dtype=st.i32)).sync()
     assert counts.to_torch().tolist() == [1, 1, 1, 1]
+
+
+# -- scalar parameters given something else ----------------------------------------------------
+
+def test_a_torch_scalar_for_a_float_parameter_is_told_to_pass_its_item():
+    with pytest.raises(st.LaunchError) as e:
+        scale(st.ones((4,)), part(), torch.tensor(2.0))
+    assert "parameter 'k': expects a float, got torch.Tensor tensor(2.)" in str(e.value)
+    assert "t.item()" in str(e.value)
+
+
+def test_a_tensor_for_a_scalar_parameter_is_told_to_declare_an_in():
+    with pytest.raises(st.LaunchError) as e:
+        scale(st.ones((4,)), part(), st.ones((1,)))
+    assert "got st.Tensor" in str(e.value) and "declare this parameter st.In[dtype]" in str(e.value)
+
+
+def test_a_whole_float_for_a_const_int_is_told_the_int_to_pass():
+    with pytest.raises(st.LaunchError, match=r"'BLOCK': st\.Const\[int\] got float 2\.0; "
+                                             r"pass the int 2$"):
+        window(st.ones((4,)), part(), 2.0)
