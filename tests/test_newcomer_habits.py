@@ -75,6 +75,25 @@ def test_st_unsafe_with_parentheses_still_marks_a_launch():
     assert counts.to_torch().tolist() == [1, 1, 1, 1]
 
 
+# -- a Shared value asked for a Tensor's methods -----------------------------------------------
+
+def test_a_shared_value_asked_to_partition_is_told_try_partition():
+    with pytest.raises(AttributeError) as e:
+        st.ones((4,)).share().partition((2,))
+    assert ".try_partition(tile_shape)" in str(e.value) and "read-only" in str(e.value)
+
+
+def test_a_shared_value_asked_for_a_view_is_told_to_unwrap_it_first():
+    with pytest.raises(AttributeError, match=r"\.try_unwrap\(\).*then call \.view\(\) on it"):
+        st.ones((4,)).share().view((2, 2))
+
+
+def test_a_shared_value_lacking_another_name_says_only_that():
+    with pytest.raises(AttributeError) as e:
+        st.ones((4,)).share().sizes
+    assert str(e.value) == "'Shared' object has no attribute 'sizes'"
+
+
 # -- scalar parameters given something else ----------------------------------------------------
 
 def test_a_torch_scalar_for_a_float_parameter_is_told_to_pass_its_item():
