@@ -94,6 +94,24 @@ def test_a_shared_value_lacking_another_name_says_only_that():
     assert str(e.value) == "'Shared' object has no attribute 'sizes'"
 
 
+# -- Python builtins in a kernel body ----------------------------------------------------------
+
+def test_print_in_a_kernel_says_to_store_the_values_into_an_out():
+    with pytest.raises(st.KernelDefinitionError) as e:
+        @st.kernel
+        def show(x: st.In[st.f32], z: st.Out[st.f32]):
+            print(sl.load_like(x, z))
+    assert e.value.rule == "call" and "Python builtin 'print'" in str(e.value)
+    assert "store the values into an Out and read them on the host" in str(e.value)
+
+
+def test_int_in_a_kernel_says_to_convert_with_astype():
+    with pytest.raises(st.KernelDefinitionError, match=r"'int'.*\.astype\(st\.i32\)"):
+        @st.kernel
+        def truncate(x: st.In[st.f32], z: st.Out[st.i32]):
+            z.store(int(sl.load_like(x, z)))
+
+
 # -- scalar parameters given something else ----------------------------------------------------
 
 def test_a_torch_scalar_for_a_float_parameter_is_told_to_pass_its_item():
@@ -113,3 +131,16 @@ def test_a_whole_float_for_a_const_int_is_told_the_int_to_pass():
     with pytest.raises(st.LaunchError, match=r"'BLOCK': st\.Const\[int\] got float 2\.0; "
                                              r"pass the int 2$"):
         window(st.ones((4,)), part(), 2.0)
+
+
+# -- tile coordinates --------------------------------------------------------------------------
+
+def test_an_index_axis_past_the_outs_rank_names_the_entries_it_has():
+    @st.kernel
+    def second_axis(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(x.load((z.index[1],), z.shape))
+
+    with pytest.raises(st.KernelDefinitionError) as e:
+        second_axis(st.ones((4,)), part())
+    assert "`z.index[1]`: index 1 is out of range: `z.index` has 1 entry, one per axis of 'z'" \
+        in str(e.value)

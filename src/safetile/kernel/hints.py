@@ -33,6 +33,29 @@ RENAMED = {
 }
 
 
+# Python builtins a kernel author reaches for, and what the kernel language has instead.
+BUILTINS = {
+    "print": "a program cannot print; store the values into an Out and read them on the host "
+             "after op.sync()",
+    "int": "convert a tile or runtime scalar with .astype(st.i32); divide compile-time ints "
+           "with //",
+    "bool": "compare instead (t != 0), or convert with .astype(st.bool_)",
+    "len": "a view's or tile's sizes are its .shape (x.shape[0], t.shape[0])",
+    "sum": "reduce a tile with sl.sum(t, axis)",
+    "round": "there is no rounding operation; convert with .astype(...) (floats to ints "
+             "truncate)",
+    "divmod": "use // and %",
+    "enumerate": "loops are `for i in range(...)`",
+    "zip": "loops are `for i in range(...)`",
+}
+
+
+def builtin_message(name: str) -> str:
+    """The message for a call to a Python builtin that is not part of the kernel language."""
+    hint = BUILTINS.get(name, "see help(safetile.lang) for the tile operations")
+    return f"Python builtin '{name}' is not part of the kernel language; {hint}"
+
+
 def sl_spelling(attr: str) -> str | None:
     """The kernel-language spelling of an operation named `attr` elsewhere, if it has one."""
     from ..lang import __all__ as operations
