@@ -112,6 +112,22 @@ def test_int_in_a_kernel_says_to_convert_with_astype():
             z.store(int(sl.load_like(x, z)))
 
 
+def test_builtin_max_of_one_tile_names_the_reduction():
+    @st.kernel
+    def peak(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(sl.load_like(x, z) * max(sl.load_like(x, z)))
+
+    with pytest.raises(st.KernelDefinitionError, match=r"max\(\) takes two or more values .*"
+                                                       r"the largest element of a tile is "
+                                                       r"sl\.max\(t, axis\)"):
+        peak(st.ones((4,)), part())
+
+
+def test_the_builtins_a_body_may_call_are_listed_in_the_language_docstring():
+    doc = " ".join(sl.__doc__.split())
+    assert "``min``, ``max`` and ``abs`` (element-wise on tiles" in doc and "``float``" in doc
+
+
 # -- scalar parameters given something else ----------------------------------------------------
 
 def test_a_torch_scalar_for_a_float_parameter_is_told_to_pass_its_item():

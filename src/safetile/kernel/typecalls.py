@@ -411,7 +411,9 @@ class CallTyper:
 
     def extrema(self, node, name: str) -> V:
         if len(node.args) < 2 or node.keywords:
-            raise self.fail(node, f"{name}() takes two or more values (no key=, no iterable)")
+            raise self.fail(node, f"{name}() takes two or more values (no key=, no iterable); "
+                                  f"the {'smallest' if name == 'min' else 'largest'} element "
+                                  f"of a tile is sl.{name}(t, axis)")
         vals = [self.number(a, f"{name}()'s argument") for a in node.args]
         if all(v.kind == "const" for v in vals):
             try:
