@@ -160,3 +160,36 @@ def test_an_index_axis_past_the_outs_rank_names_the_entries_it_has():
         second_axis(st.ones((4,)), part())
     assert "`z.index[1]`: index 1 is out of range: `z.index` has 1 entry, one per axis of 'z'" \
         in str(e.value)
+
+
+def test_arithmetic_on_the_whole_index_tuple_says_to_compute_on_its_entries():
+    @st.kernel
+    def shifted(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(x.load(z.index + 1, z.shape))
+
+    with pytest.raises(st.KernelDefinitionError) as e:
+        shifted(st.ones((4,)), part())
+    assert "`z.index` is a tuple of 1, not an operand" in str(e.value)
+    assert "compute on its entries (`z.index[0] + 1`)" in str(e.value)
+
+
+def test_a_stored_tile_of_the_wrong_shape_names_the_out_and_both_shapes():
+    @st.kernel
+    def transposed(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+        z.store(x.load(z.index, z.shape).T)
+
+    with pytest.raises(st.KernelDefinitionError) as e:
+        transposed(st.ones((4, 4)), st.empty((4, 4)).partition((4, 2)))
+    assert "`x.load(z.index, z.shape).T`: a tile of shape (2, 4) cannot be stored into the " \
+           "owned tile of Out 'z', of shape (4, 2)" in str(e.value)
+
+
+# -- kernels and helpers --------------------------------------------------------------------------
+
+def test_a_kernel_called_from_a_kernel_body_is_told_kernels_launch_from_the_host():
+    with pytest.raises(st.KernelDefinitionError) as e:
+        @st.kernel
+        def twice(x: st.In[st.f32], z: st.Out[st.f32]):
+            add(x, x, z)
+    assert "'add' is an @st.kernel: kernels are launched from the host" in str(e.value)
+    assert "@st.function helper" in str(e.value) and "decorate it" not in str(e.value)

@@ -80,8 +80,14 @@ def foreign_module(scope, func: ast.AST) -> types.ModuleType | None:
 
 def unknown_call_message(scope, func: ast.AST) -> str:
     """The message for a call to something that is neither a kernel operation nor a helper."""
+    from .kernel import Kernel
     name = ast.unparse(func)
     module = foreign_module(scope, func)
+    resolved = scope.resolve(func)
+    if resolved is not None and isinstance(resolved.value, Kernel):
+        return (f"'{name}' is an @st.kernel: kernels are launched from the host, not called "
+                f"from a kernel body; to share code between kernels, put it in an "
+                f"@st.function helper that both call")
     if module is None:
         return (f"call to '{name}', which is not an @st.function nor a safetile.lang "
                 f"operation; decorate it with @st.function or inline it")

@@ -60,7 +60,10 @@ class ExprTyper:
         """A runtime scalar/tile or a compile-time number."""
         v = self.value(node, what)
         if v.kind in ("dtype", "tuple"):
-            raise self.fail(node, f"`{ast.unparse(node)}` is {v.describe()}, not {what}")
+            hint = ("; a tuple (an index, a shape) takes no arithmetic: compute on its entries "
+                    f"(`{ast.unparse(node)}[0] + 1`) and build a new tuple"
+                    if v.kind == "tuple" else "")
+            raise self.fail(node, f"`{ast.unparse(node)}` is {v.describe()}, not {what}{hint}")
         return v
 
     # -- leaves --------------------------------------------------------------------------------
