@@ -259,6 +259,10 @@ def _check_usage(args) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["chat"]:             # a command other engines' CLIs have; grout's is a flag
+        parser().error("there is no `grout chat`: one chat turn is `grout generate --model M "
+                       "--chat --prompt TEXT`; a conversation is `grout serve` and a chat client")
     args = parser().parse_args(argv)
     _check_usage(args)
     try:

@@ -43,7 +43,7 @@ class AliasError(SafetileError):
 
 
 class UnsafeError(SafetileError):
-    """An ``unsafe=True`` kernel was launched outside ``with st.unsafe():``."""
+    """An ``unsafe=True`` kernel launched outside ``with st.unsafe():``; st.unsafe misused."""
 
 
 class RaceError(SafetileError):

@@ -6,6 +6,8 @@ import contextvars
 import inspect
 import sys
 
+from ..errors import UnsafeError
+
 # The open `with st.unsafe():` blocks of this context, each naming the frame whose code runs
 # inside it (until the block ends: a context copied meanwhile keeps no frame alive). A launch is marked when one of those frames is on its call stack: the
 # block's own code and what it calls, never code that merely shares the context (a caller
@@ -33,9 +35,28 @@ def _body_frame(frame):
     return frame
 
 
-class unsafe(contextlib.ContextDecorator):
+_SPELLING = ("write `with st.unsafe():` around the launch, or `@st.unsafe()` over a "
+             "function, with the parentheses; an unsafe kernel itself is defined with "
+             "@st.kernel(unsafe=True)")
+
+
+class _UnsafeType(type):
+    # `with st.unsafe:` (the class, not a block) would fail with Python's "does not support
+    # the context manager protocol", which names neither safetile nor the fix.
+    def __enter__(cls):
+        raise UnsafeError(f"`with st.unsafe:` opens no block: {_SPELLING}")
+
+    def __exit__(cls, *exc):
+        return False
+
+
+class unsafe(contextlib.ContextDecorator, metaclass=_UnsafeType):
     """Marks the call sites where ``unsafe=True`` kernels may be launched (a ``with`` block, or
     a decorator marking a whole function)."""
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:              # `@st.unsafe` without parentheses, or options
+            raise UnsafeError(f"st.unsafe() takes no arguments: {_SPELLING}")
 
     def _recreate_cm(self):
         return unsafe()                   # a decorated function's calls may nest

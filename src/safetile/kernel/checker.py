@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..errors import KernelDefinitionError
 from ..lang.views import (IN_ATTRS, IN_METHODS, OUT_ATTRS, OUT_METHODS, SUB_ATTRS,  # noqa: F401
                           SUB_METHODS, inline_partition, kind_of)
-from .hints import missing_operation_message, unknown_call_message
+from .hints import builtin_message, missing_operation_message, unknown_call_message
 from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
@@ -370,7 +370,7 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "dtype":
             self.fail(node, "call", f"dtypes are not callable; use tile.astype({name})")
         if r.kind == "forbidden_builtin":
-            self.fail(node, "call", f"Python builtin '{name}' is not part of the kernel language")
+            self.fail(node, "call", builtin_message(name))
         self.fail(node, "call", unknown_call_message(self.info.scope, f))
 
     def check_view_call(self, node, f, kind):

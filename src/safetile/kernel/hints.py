@@ -33,6 +33,29 @@ RENAMED = {
 }
 
 
+# Python builtins a kernel author reaches for, and what the kernel language has instead.
+BUILTINS = {
+    "print": "a program cannot print; store the values into an Out and read them on the host "
+             "after op.sync()",
+    "int": "convert a tile or runtime scalar with .astype(st.i32); divide compile-time ints "
+           "with //",
+    "bool": "compare instead (t != 0), or convert with .astype(st.bool_)",
+    "len": "a view's or tile's sizes are its .shape (x.shape[0], t.shape[0])",
+    "sum": "reduce a tile with sl.sum(t, axis)",
+    "round": "there is no rounding operation; convert with .astype(...) (floats to ints "
+             "truncate)",
+    "divmod": "use // and %",
+    "enumerate": "loops are `for i in range(...)`",
+    "zip": "loops are `for i in range(...)`",
+}
+
+
+def builtin_message(name: str) -> str:
+    """The message for a call to a Python builtin that is not part of the kernel language."""
+    hint = BUILTINS.get(name, "see help(safetile.lang) for the tile operations")
+    return f"Python builtin '{name}' is not part of the kernel language; {hint}"
+
+
 def sl_spelling(attr: str) -> str | None:
     """The kernel-language spelling of an operation named `attr` elsewhere, if it has one."""
     from ..lang import __all__ as operations
@@ -57,8 +80,14 @@ def foreign_module(scope, func: ast.AST) -> types.ModuleType | None:
 
 def unknown_call_message(scope, func: ast.AST) -> str:
     """The message for a call to something that is neither a kernel operation nor a helper."""
+    from .kernel import Kernel
     name = ast.unparse(func)
     module = foreign_module(scope, func)
+    resolved = scope.resolve(func)
+    if resolved is not None and isinstance(resolved.value, Kernel):
+        return (f"'{name}' is an @st.kernel: kernels are launched from the host, not called "
+                f"from a kernel body; to share code between kernels, put it in an "
+                f"@st.function helper that both call")
     if module is None:
         return (f"call to '{name}', which is not an @st.function nor a safetile.lang "
                 f"operation; decorate it with @st.function or inline it")

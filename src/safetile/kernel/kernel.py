@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, overload
 
 from ..device.op import DeviceOp
 from ..device.unrun import building_site
-from ..errors import ArgumentError, FrozenError, KernelDefinitionError
+from ..errors import ArgumentError, FrozenError, KernelDefinitionError, LaunchError
 from .cache import LaunchCache
 from .checker import check_function, check_kernel
 from .launch import compile_for_target, launch, variant_for
@@ -268,6 +268,16 @@ class Kernel(_Frozen):
         op = launch(self, args, kwargs)
         op.site = building_site()        # named by the warning if the op is dropped unrun
         return op
+
+    def __getitem__(self, grid):
+        """Refuse Triton's ``kernel[grid](...)``, saying where a launch's grid comes from."""
+        if any(spec.kind == "Out" for spec in self.params.values()):
+            how = ("its grid is its Out partition, one program per tile "
+                   "(st.empty(shape).partition(tile_shape))")
+        else:
+            how = f"with no Out, give the grid as {self.name}.options(grid=(n,))(...)"
+        raise LaunchError(f"kernel '{self.name}' ({self.where}) is launched by calling it, "
+                          f"{self.name}(...), not with Triton's {self.name}[grid](...): {how}")
 
     def source(self, *args, **kwargs) -> str:
         """The generated Triton source for these arguments (nothing is moved or run)."""

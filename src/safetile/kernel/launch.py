@@ -14,7 +14,7 @@ from ..errors import ArgumentError, LaunchError, UnsafeError
 from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
-from ..tensor.hints import a_type_name, how_to_pass
+from ..tensor.hints import a_type_name, how_to_pass, how_to_pass_number, type_name
 from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
@@ -30,6 +30,13 @@ CUDA_GRID = (2**31 - 1, 65535, 65535)      # the most programs per launch axis
 
 def _fail(kernel, pname, message) -> LaunchError:
     return LaunchError(f"kernel '{kernel.name}' ({kernel.where}), parameter '{pname}': {message}")
+
+
+def _scalar_fail(kernel, pname, what: str, v, want) -> LaunchError:
+    """The error for ``v`` given to a scalar or Const parameter, with what to pass instead."""
+    hint = how_to_pass_number(v, "int" if want is int else "float") \
+        if want in (int, float) else ""
+    return _fail(kernel, pname, f"{what} {type_name(v)} {v!r}{f'; {hint}' if hint else ''}")
 
 
 def bind(kernel, args, kwargs) -> list[BoundArg]:
@@ -137,7 +144,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
               bool: lambda x: isinstance(x, bool),
               DType: lambda x: any(x is d for d in _ALL_DTYPES)}[spec.const_type](v)
         if not ok:
-            raise _fail(kernel, name, f"{spec.describe()} got {type(v).__name__} {v!r}")
+            raise _scalar_fail(kernel, name, f"{spec.describe()} got", v, spec.const_type)
         if spec.const_type is float:
             v = float(v)
         elif spec.const_type is int:
@@ -145,7 +152,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         return BoundArg(name, spec, v)
     if kind == "int":
         if not isinstance(v, int) or isinstance(v, bool):
-            raise _fail(kernel, name, f"expects an int, got {type(v).__name__} {v!r}")
+            raise _scalar_fail(kernel, name, "expects an int, got", v, int)
         # An int subclass becomes its plain value (its own methods are not consulted): the
         # range check, the variant's specialization and the launch all see that one value.
         v = int.__int__(v)
@@ -156,7 +163,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         return BoundArg(name, spec, v)
     if kind == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise _fail(kernel, name, f"expects a float, got {type(v).__name__} {v!r}")
+            raise _scalar_fail(kernel, name, "expects a float, got", v, float)
         try:
             v = float(v)
         except OverflowError:

@@ -128,7 +128,8 @@ class CallTyper:
             if method == "load":
                 return tile(out.dtype, out.tile)
             if method == "store":
-                self.store_value(node.args[0], out.dtype, out.tile)
+                self.store_value(node.args[0], out.dtype, out.tile,
+                                 f"the owned tile of Out '{out.name}'")
                 return V("none")
             if method == "partition":
                 shape = self.static_shape(node.args[0], "sub-tile shape", len(out.tile))
@@ -137,7 +138,7 @@ class CallTyper:
             shape = view.value[3]
             if method == "store":
                 self.sub_index(node.args[1], shape, out.tile)
-                self.store_value(node.args[0], out.dtype, shape)
+                self.store_value(node.args[0], out.dtype, shape, f"a sub-tile of Out '{out.name}'")
                 return V("none")
             if method == "load":
                 self.sub_index(node.args[0], shape, out.tile)
@@ -155,13 +156,14 @@ class CallTyper:
                                       f"{x.value} is outside the owned slab's sub-grid {grid} "
                                       f"(tile {owned}, sub-tile {shape})")
 
-    def store_value(self, node, dtype: DType, shape: tuple) -> None:
+    def store_value(self, node, dtype: DType, shape: tuple, region: str) -> None:
         v = self.number(node, "the stored value")
         self.rule(node, S.store_check, operand(v), dtype)
         if v.kind == "tile" and (len(v.shape) != len(shape) or
                                  any(a != b and a != 1 for a, b in zip(v.shape, shape))):
-            raise self.fail(node, f"a tile of shape {v.shape} cannot be stored into a region "
-                                  f"of shape {shape} (same rank, size-1 axes stretch)")
+            raise self.fail(node, f"`{ast.unparse(node)}`: a tile of shape {v.shape} cannot "
+                                  f"be stored into {region}, of shape {shape} (same rank, "
+                                  f"size-1 axes stretch)")
 
     def owned_tile_reachable(self, node, out: str) -> None:
         """Refuse an access of Out ``out``'s owned tile where there is none: outside
@@ -411,7 +413,9 @@ class CallTyper:
 
     def extrema(self, node, name: str) -> V:
         if len(node.args) < 2 or node.keywords:
-            raise self.fail(node, f"{name}() takes two or more values (no key=, no iterable)")
+            raise self.fail(node, f"{name}() takes two or more values (no key=, no iterable); "
+                                  f"the {'smallest' if name == 'min' else 'largest'} element "
+                                  f"of a tile is sl.{name}(t, axis)")
         vals = [self.number(a, f"{name}()'s argument") for a in node.args]
         if all(v.kind == "const" for v in vals):
             try:

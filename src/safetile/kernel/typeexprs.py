@@ -60,7 +60,10 @@ class ExprTyper:
         """A runtime scalar/tile or a compile-time number."""
         v = self.value(node, what)
         if v.kind in ("dtype", "tuple"):
-            raise self.fail(node, f"`{ast.unparse(node)}` is {v.describe()}, not {what}")
+            hint = ("; a tuple (an index, a shape) takes no arithmetic: compute on its entries "
+                    f"(`{ast.unparse(node)}[0] + 1`) and build a new tuple"
+                    if v.kind == "tuple" else "")
+            raise self.fail(node, f"`{ast.unparse(node)}` is {v.describe()}, not {what}{hint}")
         return v
 
     # -- leaves --------------------------------------------------------------------------------
@@ -229,8 +232,12 @@ class ExprTyper:
             try:
                 return base.value[k.value]
             except IndexError:
+                n, of = len(base.value), node.value
+                axes = f", one per axis of '{ast.unparse(of.value)}'" if isinstance(
+                    of, ast.Attribute) and of.attr in ("index", "shape") else ""
                 raise self.fail(node, f"`{ast.unparse(node)}`: index {k.value} is out of "
-                                      f"range for {len(base.value)} entries") from None
+                                      f"range: `{ast.unparse(of)}` has {n} "
+                                      f"entr{'y' if n == 1 else 'ies'}{axes}") from None
         if not base.runtime:
             raise self.fail(node, f"`{ast.unparse(node)}`: {base.describe()} cannot be indexed")
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]

@@ -7,6 +7,9 @@ p): their methods (``x.load``, ``x.load_at``, ``x.load_scalar``, ``x.prefetch``,
 the tile of ``x`` at ``z``'s position and shape.
 Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
 ``t.dtype`` (e.g. ``y.astype(x.dtype)`` rounds an fp32 result back to a loaded tile's type).
+Of Python's builtins, a body may call ``range`` (in ``for``), ``min``, ``max`` and ``abs``
+(element-wise on tiles, as ``sl.minimum``, ``sl.maximum`` and ``sl.abs``) and ``float`` (of
+compile-time values); any other builtin is refused, naming what to write instead.
 
 Stores convert: ``z.store(tile)`` (and a sub-tile store) converts the tile to the Out's element
 type, as ``tile.astype(z_dtype)`` would: an fp32 tile stored into a bf16 Out rounds to nearest

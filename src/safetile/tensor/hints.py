@@ -61,3 +61,15 @@ def how_to_pass(v, want: str) -> str:
     if want == "tensor" and isinstance(v, Shared):
         return "a Shared value is read-only; take it back with .try_unwrap()"
     return ""
+
+
+def how_to_pass_number(v, want: str) -> str:
+    """What to pass instead of ``v`` for an ``int`` or ``float`` (``want``) parameter, or ""."""
+    if (_is_torch(v) or _is_numpy(v)) and v.ndim == 0:
+        return "pass the Python number it holds: t.item()"
+    if _is_torch(v) or _is_numpy(v) or isinstance(v, (Tensor, Shared)):
+        return ("a scalar parameter takes a host number; to read a tensor's values in the "
+                "kernel, declare this parameter st.In[dtype] instead")
+    if want == "int" and isinstance(v, float) and v.is_integer():
+        return f"pass the int {int(v)}"
+    return ""

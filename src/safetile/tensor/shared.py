@@ -31,6 +31,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Shared"]
 
+# Tensor methods a Shared value lacks: each needs the Tensor back first.
+_UNWRAP_FIRST = {
+    name: f"take the Tensor back with .try_unwrap() once no other handle holds it, then call "
+          f".{name}() on it; .to_torch() gives a copy of the data meanwhile"
+    for name in ("into_torch", "view", "reshape", "slice", "stride", "is_contiguous")
+}
+_UNWRAP_FIRST["partition"] = ("a Shared value is read-only; take it back as a Partition with "
+                              ".try_partition(tile_shape) once no other handle holds it")
+_UNWRAP_FIRST["share"] = "it is shared already; .clone() makes another read handle"
+
 
 class _SharedCore:
     """State common to all handles of one shared value (guarded by ``LOCK``)."""
@@ -158,6 +168,14 @@ class Shared(Handle):
         self._check("call .numpy()")
         with host_read(self._core.tensor._torch, self._describe(), "numpy()"):
             return _to_numpy(self._core.tensor._torch)
+
+    def __getattr__(self, name: str):
+        # Only reached for names a Shared lacks: say how to reach a Tensor's methods (with
+        # obj=None, so Python's "Did you mean" cannot point at the private ``_core``).
+        if name in _UNWRAP_FIRST:
+            raise AttributeError(f"'Shared' object has no attribute '{name}': "
+                                 f"{_UNWRAP_FIRST[name]}", name=name, obj=None)
+        raise AttributeError(f"'Shared' object has no attribute '{name}'", name=name, obj=self)
 
     # -- handles ---------------------------------------------------------------------------
     def clone(self) -> "Shared":
