@@ -389,6 +389,15 @@ class Tensor(Handle):
         except IndexError as e:
             raise IndexOutOfRangeError(f"index {index!r} is out of range for "
                                        f"{self._describe()}: {e}") from None
+        # torch decides what an index means, not the check above: a 0-d uint8 index is a
+        # mask to it, a sequence with __index__ a list of indices; both copy. A handle of a
+        # copy would let a launch write bytes that never reach this tensor.
+        if view.untyped_storage().data_ptr() != self._torch.untyped_storage().data_ptr():
+            raise ArgumentError(
+                f"Tensor index {index!r} made torch copy the elements (advanced indexing: a "
+                f"uint8 or bool index is a mask, a sequence a list of indices), so the result "
+                f"would not be a view of these bytes; index with plain ints and slices, or use "
+                f"to_torch() for a copy")
         return self._derive(view, "index it")
 
     # -- DLPack --------------------------------------------------------------------------
