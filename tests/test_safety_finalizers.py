@@ -4,15 +4,17 @@ borrows half-updated.
 A collection may start at any allocation, also while a launch checks its borrows against the
 ones in flight and files its own, and it runs whatever finalizers (``__del__``) and weakref or
 gc callbacks the collected objects have. A user's finalizer may use safetile (sync an op on
-drop, launch, read a value): each would check or change the borrow registry while the launch
-on the same thread is halfway through it. Ending a borrow waits for the walk to end; taking or
-checking one is refused (``ExecutionError``).
+drop, launch, read or view a value): each would check or change the borrow registry (or a
+family of views) while a launch or ``into_torch`` on the same thread is halfway through it.
+Ending a borrow waits for the walk to end; taking or checking one, or making a view, is
+refused (``ExecutionError``).
 """
 import gc
 
 import pytest
 
 import safetile as st
+import safetile.tensor.tensor as tensor_module
 from safetile.tensor import active_holds, registry
 
 from support import add, cpu_executor, no_leftover_holds, vec
@@ -110,3 +112,27 @@ def test_a_host_read_in_a_finalizer_run_inside_a_registration_is_refused(collect
     assert isinstance(read, st.ExecutionError) and "inside a borrow check" in str(read)
     for op in [first, fifth, *others]:
         op.sync()
+
+
+
+def test_a_view_made_in_a_finalizer_run_inside_into_torch_s_scan_of_the_views_is_refused(
+        collect_inside, monkeypatch):
+    # The scan reads a snapshot of the family; a view joining it meanwhile was missed, and
+    # stayed a live safetile handle over the bytes into_torch then gave torch.
+    base = st.zeros((8,))
+    low, high = base[0:4], base[4:8]
+    del base
+    got = []
+    _InCycle(lambda: low.view(4), got)
+    overlaps = tensor_module.overlaps
+
+    def collecting(a, b):
+        monkeypatch.setattr(tensor_module, "overlaps", overlaps)
+        gc.collect()                            # as the extents' allocation could
+        return overlaps(a, b)
+    monkeypatch.setattr(tensor_module, "overlaps", collecting)
+    owned = low.into_torch()
+    (view,) = got
+    assert isinstance(view, st.ExecutionError) and "inside a borrow check" in str(view)
+    owned.fill_(1.0)
+    assert high.to_torch().tolist() == [0.0] * 4

@@ -367,8 +367,9 @@ def refuse_inside_walk(what: str) -> None:
         raise ExecutionError(
             f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
             f"__del__, or a weakref or gc callback that a garbage collection started in the "
-            f"middle of one), where the borrows in flight are half-updated; launch, share and "
-            f"read safetile values outside finalizers (e.g. hand the work to a queue there)")
+            f"middle of one), which has safetile's borrows or views half-updated; launch, share, "
+            f"view and read safetile values outside finalizers (e.g. hand the work to a queue "
+            f"there)")
 
 
 def check_host_read(t: torch.Tensor, what: str) -> None:

@@ -27,7 +27,7 @@ from ..errors import ArgumentError, BorrowError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows, replayed
 from .overlap import overlaps, past_storage
-from .ownership import LOCK, Handle
+from .ownership import LOCK, WALK, Handle
 from .partition import Partition, _validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -259,12 +259,13 @@ class Tensor(Handle):
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
             replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
-            self._refuse_live_views(f"turn {self._describe()} into torch")
-            if self._views is not None:
-                self._views.discard(self)
-            self._move("torch by into_torch()",
-                       hint="use the torch tensor into_torch() returned "
-                            "(st.from_torch(t) wraps it again)")
+            with WALK:        # a finalizer run by a collection in the scan makes no view
+                self._refuse_live_views(f"turn {self._describe()} into torch")
+                if self._views is not None:
+                    self._views.discard(self)
+                self._move("torch by into_torch()",
+                           hint="use the torch tensor into_torch() returned "
+                                "(st.from_torch(t) wraps it again)")
         return self._torch
 
     def partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
@@ -304,7 +305,10 @@ class Tensor(Handle):
         with LOCK:
             # Checked again where into_torch checks the family (under LOCK): another thread
             # may have handed this tensor to torch since the caller's check, and the view,
-            # not yet in the family then, would be a live handle over torch's memory.
+            # not yet in the family then, would be a live handle over torch's memory. Nor may
+            # it join while into_torch scans the family (from a finalizer a collection ran
+            # in the scan): the scan would miss it.
+            borrows.refuse_inside_walk(action)
             self._check(action)
             family = self._views
             if family is None:
