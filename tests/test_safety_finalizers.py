@@ -15,7 +15,7 @@ import pytest
 
 import safetile as st
 import safetile.tensor.tensor as tensor_module
-from safetile.tensor import active_holds, registry
+from safetile.tensor import active_holds, registry, replayed
 
 from support import add, cpu_executor, no_leftover_holds, vec
 
@@ -136,3 +136,30 @@ def test_a_view_made_in_a_finalizer_run_inside_into_torch_s_scan_of_the_views_is
     assert isinstance(view, st.ExecutionError) and "inside a borrow check" in str(view)
     owned.fill_(1.0)
     assert high.to_torch().tolist() == [0.0] * 4
+
+
+def test_a_graph_recorded_in_a_finalizer_run_inside_into_torch_s_scan_of_the_graphs_is_refused(
+        monkeypatch):
+    # The scan reads a snapshot of the live graphs; a graph recorded meanwhile (reading the
+    # tensor, which its record handed back) was missed, and replayed memory torch then owned.
+    kept = add(vec(1.0), vec(2.0), st.empty((1,)).partition((1,))).graph()
+    t = vec(1.0, 2.0)
+    got = []
+    overlap = replayed._overlap
+
+    def collecting(a, b):
+        monkeypatch.setattr(replayed, "_overlap", overlap)
+        gc.collect()                            # as the exact check's allocations could
+        return overlap(a, b)
+    monkeypatch.setattr(replayed, "_overlap", collecting)
+    gc.collect()
+    gc.disable()
+    try:
+        _InCycle(lambda: add(t, vec(3.0, 4.0), st.empty((2,)).partition((2,))).graph(), got)
+        owned = t.into_torch()
+    finally:
+        gc.enable()
+    (graph,) = got
+    assert isinstance(graph, st.ExecutionError) and "inside a borrow check" in str(graph)
+    assert owned.tolist() == [1.0, 2.0]
+    kept.launch().sync()

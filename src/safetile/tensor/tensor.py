@@ -258,8 +258,10 @@ class Tensor(Handle):
         with LOCK:
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
-            replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
-            with WALK:        # a finalizer run by a collection in the scan makes no view
+            # In a walk: a finalizer run by a collection during the scans makes no view, and
+            # records no graph, that the scans would miss.
+            with WALK:
+                replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
                 self._refuse_live_views(f"turn {self._describe()} into torch")
                 if self._views is not None:
                     self._views.discard(self)
