@@ -157,6 +157,10 @@ class Tensor(Handle):
             # Every meta tensor reports address 0: there is nothing to run on or to check.
             raise ArgumentError("a tensor on the meta device has no memory for a kernel to read "
                                 "or write: allocate it on the CPU or a GPU")
+        if t._is_zerotensor():
+            # torch's efficient zeros: address 0 and no storage a kernel or a check could use.
+            raise ArgumentError("the torch tensor is a ZeroTensor (torch._efficientzerotensor), "
+                                "which has no memory behind it: pass torch.zeros(...) instead")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
         if t.is_neg():
             # torch reads such a view's memory negated; a kernel would read and write it raw.
