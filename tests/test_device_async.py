@@ -141,6 +141,21 @@ def test_sync_refuses_a_stream_that_is_not_a_cuda_stream_and_leaves_the_op_runna
     assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
 
 
+def test_sync_refuses_a_subclass_of_a_cuda_stream_whose_wait_could_end_early():
+    """A subclass's synchronize() (or cuda_stream) is its own: one that waits for nothing
+    would end the borrows, and hand the values back, while the work still runs."""
+    import torch
+
+    class NoWait(torch.cuda.Stream):
+        def synchronize(self):
+            pass
+    op = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out())
+    with pytest.raises(st.ArgumentError, match="a subclass of torch.cuda.Stream"):
+        op.sync(stream=object.__new__(NoWait))          # (no CUDA here to construct one)
+    _, _, z = op.sync()
+    assert z.unpartition().to_torch().tolist() == [3, 3, 3, 3]
+
+
 def test_submit_refuses_a_stream_that_is_not_a_cuda_stream_before_starting_the_op():
     op = add(vec(1, 1, 1, 1), vec(2, 2, 2, 2), out())
 

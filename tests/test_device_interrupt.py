@@ -64,3 +64,27 @@ def test_an_interrupted_graph_replay_waits_before_its_borrows_end(stream):
         g.launch().sync()
     assert stream.borrowed_at_wait[-1] > 0 and len(stream.borrowed_at_wait) == 2
     assert active_holds() == []
+
+
+def test_an_interrupt_between_two_restores_still_hands_every_value_back(monkeypatch):
+    """An op hands its values back once: a KeyboardInterrupt landing as it restores the first
+    handle must not leave that one, or those after it, moved for good."""
+    restore = st.Tensor._restore_locked
+    interrupts = []
+
+    def interrupted(self):
+        if not interrupts:
+            interrupts.append(self)
+            raise KeyboardInterrupt
+        restore(self)
+
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    op = add(x, y, z)
+    monkeypatch.setattr(st.Tensor, "_restore_locked", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        op.sync()
+    monkeypatch.undo()
+    assert interrupts == [x]
+    assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))      # every handle is live
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert active_holds() == []

@@ -375,3 +375,10 @@ def test_full_refuses_a_value_an_integer_dtype_cannot_hold_exactly(value):
 
 def test_full_takes_an_integral_float_for_an_integer_dtype():
     assert full((2,), 3.0, dtype=dtypes.int8).to_torch().tolist() == [3, 3]
+
+
+def test_a_zero_tensor_without_memory_is_refused_when_wrapped():
+    """torch._efficientzerotensor has address 0 and no storage: every later check of it
+    failed with torch's untyped RuntimeError."""
+    with pytest.raises(ArgumentError, match="ZeroTensor"):
+        from_torch(torch._efficientzerotensor((8,)))

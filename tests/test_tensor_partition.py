@@ -209,3 +209,32 @@ def test_a_program_order_takes_only_int_positions(position):
         order.tile_coords(position)
     with pytest.raises(ArgumentError, match="must be an int"):
         order.tiles_of_program(position)
+
+
+def test_a_program_order_given_as_a_str_subclass_is_read_as_its_plain_string():
+    """A str subclass's == answers each caller as it likes: this one tells the partition's
+    checks and the variant key 'row_major' and the code generator 'grouped', which then
+    emitted the grouped map with a group size of 0 (a division by zero: no bijection)."""
+    import sys
+
+    import safetile as st
+    import safetile.lang as sl
+
+    class TwoFaced(str):
+        def __eq__(self, other):
+            caller = sys._getframe(1).f_code.co_filename
+            if other == "grouped" and "backends" in caller:
+                return True
+            return str.__eq__(self, other)
+        __hash__ = str.__hash__
+
+    @st.kernel
+    def double(x: st.In[st.f32, 2], z: st.Out[st.f32, 2]):
+        z.store(sl.load_like(x, z) * 2.0)
+
+    p = zeros((64, 64), device="cpu").partition((16, 16), order=TwoFaced("row_major"))
+    source = double.source(zeros((64, 64), device="cpu"), p)
+    assert "_st_gw" not in source               # the row-major map, as the partition says
+    assert type(p.order.kind) is str and p.order.kind == "row_major"
+    with pytest.raises(PartitionError, match="order"):
+        ProgramOrder(TwoFaced("row_major"), 8, (4, 4))

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from safetile.errors import BorrowError, MovedError, PartitionError
+from safetile.errors import AliasError, BorrowError, MovedError, PartitionError
 from safetile.tensor import Partition, Shared, Tensor, acquire, arange, zeros
 
 OP_X = "kernel 'add' (examples/01.py:12), argument 'x'"
@@ -189,3 +189,26 @@ def test_repr_shows_the_handle_count():
     c = s.clone()
     assert "handles=2" in repr(s)
     c.release()
+
+
+def test_try_partition_cannot_be_fooled_by_a_tile_size_that_releases_the_handle():
+    """The tile shape's own __index__ ran between try_partition's checks: releasing the very
+    handle being unwrapped there dropped the count, so the value was partitioned (made
+    writable) while another clone still read it."""
+    s = zeros((8,), device="cpu").share()
+    clone = s.clone()
+
+    class Releasing:
+        calls = 0
+
+        def __index__(self):
+            Releasing.calls += 1
+            if Releasing.calls == 1:
+                s.release()
+            return 4
+    with pytest.raises(MovedError, match="released"):
+        s.try_partition((Releasing(),))
+    assert clone.num_handles == 1                       # the clone still reads the value
+    with pytest.raises(AliasError, match="shared value"):   # and keeps it from writers
+        acquire("a writer", writes=[("z", clone._torch)]).release()
+    clone.try_partition((4,)).unpartition()

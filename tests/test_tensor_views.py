@@ -111,3 +111,32 @@ def test_a_tensor_wrapped_again_through_dlpack_keeps_its_bytes_from_torch():
         again.into_torch()
     (p,) = fill(t.partition((8,))).sync()
     assert again.to_torch().tolist() == [5.0] * 8
+
+
+@pytest.mark.parametrize("index", ["numpy_uint8", "torch_uint8", "sequence"])
+def test_an_index_that_torch_reads_as_a_mask_or_a_list_is_refused_as_a_copy(index):
+    """A 0-d uint8 index passes operator.index, but torch reads it as a mask; a sequence
+    with __index__ passes it too, but torch reads it as a list of indices: both copy, and
+    the handle would be a copy passing for a view of these bytes."""
+    import numpy as np
+    import torch
+
+    class Pair:
+        def __index__(self):
+            return 0
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            if i < 2:
+                return i
+            raise IndexError(i)
+
+    t = st.zeros((4, 4), device="cpu")
+    idx = {"numpy_uint8": lambda: np.array(1, dtype=np.uint8),
+           "torch_uint8": lambda: torch.tensor(1, dtype=torch.uint8),
+           "sequence": Pair}[index]()
+    with pytest.raises(st.ArgumentError, match="advanced indexing"):
+        t[idx]
+    assert t[np.uint8(1)].shape == (4,)        # a uint8 scalar is an int index: a view

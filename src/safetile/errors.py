@@ -82,7 +82,9 @@ class GraphCaptureError(SafetileError):
 
 
 class ExecutionError(SafetileError):
-    """Execution was started where it is not allowed (e.g. inside a running ``then``)."""
+    """Execution was started where it is not allowed (e.g. inside a running ``then``), or
+    memory was borrowed or checked inside a finalizer that a garbage collection ran in the
+    middle of another borrow check on the same thread."""
 
 
 class PartitionError(SafetileError, ValueError):

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from ..errors import ArgumentError, CollectiveError, GraphCaptureError, MovedError, SafetileError
 from ..tensor import LOCK, Partition, Shared, Tensor, borrows
-from ..tensor.ownership import LIVE, finalize, restore_moved_locked
+from ..tensor.ownership import LIVE, finalize, restore_all_locked
 from ..tensor.tensor import within_storage
 from .op import UNKNOWN, DeviceOp, RunContext, note_built
 from .unrun import building_site, warn_unrun
@@ -68,13 +68,16 @@ class CollectiveOp(DeviceOp):
     def _hand_back(self) -> None:
         if self._released:
             return
-        self._released = True
         with LOCK:
             try:
+                self._released = True
                 for v in self._args:
                     v._restore_locked()
-            except MovedError:                    # a Shared clone collected with this op
-                restore_moved_locked(self._args)
+            except BaseException as e:            # a Shared clone collected with this op,
+                self._released = True             # or an interrupt between two restores
+                restore_all_locked(self._args)
+                if not isinstance(e, MovedError):
+                    raise
 
     def _release(self) -> None:
         self._hold.release()

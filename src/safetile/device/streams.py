@@ -50,9 +50,14 @@ def resolve(stream=None):
     """The stream an execution runs on: ``stream`` if given (a ``torch.cuda.Stream``), else
     torch's current stream (None without CUDA)."""
     if stream is not None:
-        if not isinstance(stream, torch.cuda.Stream):
-            raise ArgumentError(f"stream must be a torch.cuda.Stream or None (torch's current "
-                                f"stream), got {type(stream).__name__} {stream!r}")
+        # torch's own classes only: a subclass's synchronize() or cuda_stream could wait on
+        # another stream than the launches go to, and an execution's borrows would end, and its
+        # values come back, while its work still runs.
+        if type(stream) not in (torch.cuda.Stream, torch.cuda.ExternalStream):
+            what = "a subclass of torch.cuda.Stream" if isinstance(stream, torch.cuda.Stream) \
+                else f"{type(stream).__name__} {stream!r}"
+            raise ArgumentError(f"stream must be a torch.cuda.Stream (or ExternalStream) or None "
+                                f"(torch's current stream), got {what}")
         caller = current_on(stream.device)
         if stream != caller:
             stream.wait_stream(caller)

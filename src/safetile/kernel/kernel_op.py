@@ -6,7 +6,7 @@ from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
 from ..errors import MovedError
-from ..tensor.ownership import LOCK, finalize, restore_moved_locked
+from ..tensor.ownership import LOCK, finalize, restore_all_locked
 
 
 class KernelOp(DeviceOp):
@@ -86,14 +86,19 @@ class KernelOp(DeviceOp):
         the execution finishes (``hold.release``), so other launches still see them."""
         if self._released:
             return
-        self._released = True
         values = self._args
         with LOCK:
             try:
+                self._released = True
                 for i, _ in self._plan.moves:
                     values[i]._restore_locked()
-            except MovedError:                    # a Shared clone collected with this op
-                restore_moved_locked([values[i] for i, _ in self._plan.moves])
+            except BaseException as e:
+                # A Shared clone collected with this op is released (MovedError), or an
+                # interrupt landed between two restores: every other handle comes back first.
+                self._released = True
+                restore_all_locked([values[i] for i, _ in self._plan.moves])
+                if not isinstance(e, MovedError):
+                    raise
             if self._executed:
                 self._let_go_locked()
 

@@ -33,8 +33,8 @@ from typing import Sequence
 
 import torch
 
-from ..errors import AliasError, BorrowError
-from .ownership import WALK
+from ..errors import AliasError, BorrowError, ExecutionError
+from .ownership import LOCK, QUEUED_FINALIZERS, WALK
 from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
 from .registry import Registry
 from .scoped import Scoped
@@ -135,6 +135,12 @@ class Hold:
 
     def release(self) -> None:
         """Remove this hold's borrows from the registry. Calling it again does nothing."""
+        if WALK.depth and LOCK._is_owned():
+            # Called by code a collection ran inside a walk (a user's finalizer syncing an
+            # op): removing holds under the walk could make it skip one that conflicts. The
+            # borrow ends once the walk does (ownership.run_finalizers).
+            QUEUED_FINALIZERS.append(self.release)
+            return
         with WALK:
             if self._released:
                 return
@@ -190,6 +196,8 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against; ``lasting`` marks the read borrow of a Shared value (``Registry.add``). The
     caller need not hold ``LOCK``."""
+    if WALK.depth:                            # (the message is built only when it may raise)
+        refuse_inside_walk(f"borrow memory for {holder}")
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
@@ -353,12 +361,31 @@ def _order_after(ctx, t: torch.Tensor) -> None:
             current.wait_stream(stream)
 
 
+def refuse_inside_walk(what: str) -> None:
+    """Raise ``ExecutionError`` if this thread is inside a walk over the registries: the code
+    running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
+    in the middle of a borrow check or registration, which has the registries half-updated.
+    A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
+    if WALK.depth and LOCK._is_owned():
+        raise ExecutionError(
+            f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
+            f"__del__, or a weakref or gc callback that a garbage collection started in the "
+            f"middle of one), which has safetile's borrows or views half-updated; launch, share, "
+            f"view and read safetile values outside finalizers (e.g. hand the work to a queue "
+            f"there)")
+
+
 def check_host_read(t: torch.Tensor, what: str) -> None:
     """Raise :class:`BorrowError` if an in-flight operation writes memory ``t`` covers.
 
     ``what`` completes "cannot ...", e.g. ``"read Tensor(shape=(4,), float32) with
     to_torch()"``.
     """
+    refuse_inside_walk(what)
+    _check_read(t, what)
+
+
+def _check_read(t: torch.Tensor, what: str) -> None:
     found = _conflicting(t, writes_only=True)
     if found is not None:
         e, h = found
@@ -372,8 +399,9 @@ def host_read(t: torch.Tensor, what: str):
     """:func:`check_host_read`, then a read borrow of ``t``'s bytes while the block copies
     them: a launch that would write them meanwhile (from another thread) is refused with
     ``AliasError`` instead of tearing the copy."""
+    refuse_inside_walk(what)
     with WALK:
-        check_host_read(t, what)
+        _check_read(t, what)
         hold = Hold(f"a host copy ({what})", (t,))
         hold.remedy = "let the copy finish first"
         _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
@@ -392,6 +420,7 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
     ``exempt`` aside (a Shared value's own read borrow, which ends only once this passes).
     ``touches_bytes=False``: only ownership changes hands now (unwrapping a Shared value),
     so the running execution's launches, ordered before what follows, never conflict."""
+    refuse_inside_walk(what)
     found = _conflicting(t, writes_only=False, exempt=exempt, touches_bytes=touches_bytes)
     if found is not None:
         e, h = found

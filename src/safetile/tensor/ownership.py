@@ -30,7 +30,7 @@ from typing import NoReturn
 
 from ..errors import ArgumentError, CopyError, MovedError
 
-__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_moved_locked",
+__all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_all_locked",
            "finalize", "run_finalizers", "QUEUED_FINALIZERS", "WALK"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
@@ -244,14 +244,27 @@ class Handle(NoCopies):
         return f", moved into {self._moved_to}"
 
 
-def restore_moved_locked(handles) -> None:
-    """Hand back every handle of ``handles`` that is still moved (caller holds ``LOCK``).
+def restore_all_locked(handles) -> None:
+    """Hand back every handle of ``handles`` that is not released (caller holds ``LOCK``).
 
-    The slow path of an operation's hand-back, taken when a handle it holds was released
-    meanwhile. Only a ``Shared`` clone can be: when the operation and the clone are garbage
-    of one reference cycle, the collector finalizes them in no particular order, and the
-    clone's finalizer releases it (its count already dropped). It is skipped, and every
-    other argument still comes back."""
+    The slow path of an operation's hand-back. A handle may have been released meanwhile:
+    only a ``Shared`` clone can be, when the operation and the clone are garbage of one
+    reference cycle (the collector finalizes them in no particular order, and the clone's
+    finalizer releases it); it is skipped. Or an interrupt (``KeyboardInterrupt``) cut the
+    hand-back short: the operation hands back once, so a handle it skipped would stay moved
+    for good; each one comes back even if another interrupt lands meanwhile, and the first
+    is raised once all are back. Restoring a handle already back is harmless: under ``LOCK``
+    nothing else can have moved it again."""
+    interrupted = None
     for h in handles:
-        if h._state is MOVED:
-            h._restore_locked()
+        while True:
+            try:
+                if h._state is not RELEASED:
+                    h._restore_locked()
+                break
+            except BaseException as e:
+                interrupted = interrupted or e
+                if isinstance(e, Exception):      # no interrupt: it would fail again
+                    break
+    if interrupted is not None:
+        raise interrupted

@@ -79,7 +79,7 @@ class ProgramOrder:
     persistent: int | None = None
 
     def __post_init__(self):
-        if self.kind not in ORDERS:
+        if type(self.kind) is not str or self.kind not in ORDERS:
             raise PartitionError(f"order must be one of {ORDERS}, got {self.kind!r}")
         if self.kind == "grouped":
             if len(self.grid) != 2:
@@ -207,6 +207,10 @@ def _validate(shape: tuple[int, ...], tile_shape, order: str, group_size: int,
                 f"dimension {i} of shape {shape} is {d}, over the {MAX_DIM} elements a "
                 f"kernel's int32 coordinates address exactly; split the tensor into views")
     grid = tuple(_cdiv(n, t) for n, t in zip(shape, tiles))
+    # A str subclass is copied: its == (which the checks, the CPU executor and the code
+    # generator each ask, "grouped"?) could answer each differently, and a map one of them
+    # takes for row-major and another for grouped is no bijection.
+    order = str.__str__(order) if isinstance(order, str) else order
     if order not in ORDERS:
         raise PartitionError(f"order must be one of {ORDERS}, got {order!r}")
     po = ProgramOrder(order, _plain_int(group_size), grid,

@@ -270,12 +270,16 @@ class Shared(Handle):
         """Like ``self.try_unwrap().partition(tile_shape, ...)``, atomically; the partition
         arguments are validated first, so a bad tile shape consumes nothing."""
         from .partition import _validate
+        self._check_not_held("call .try_partition()")
+        # Read as plain values before the checks: the tile shape's ints run their own
+        # __index__, which could release or clone this very handle between the count of the
+        # handles and the unwrap. The checks and the partition below then run no user code.
+        tiles, po = _validate(tuple(self._core.tensor._torch.shape), tile_shape, order,
+                              group_size, persistent)
         with LOCK:
             self._check_not_held("call .try_partition()")
-            _validate(tuple(self._core.tensor._torch.shape), tile_shape, order, group_size,
-                      persistent)
             self._sole_owner_or_raise("partition")
             tensor = self._unwrap_locked("try_partition()",
                                          "use the Partition try_partition() returned")
-            return tensor.partition(tile_shape, order=order, group_size=group_size,
-                                    persistent=persistent)
+            return tensor.partition(tiles, order=po.kind, group_size=po.group_size,
+                                    persistent=po.persistent)

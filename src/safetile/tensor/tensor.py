@@ -27,7 +27,7 @@ from ..errors import ArgumentError, BorrowError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows, replayed
 from .overlap import overlaps, past_storage
-from .ownership import LOCK, Handle
+from .ownership import LOCK, WALK, Handle
 from .partition import Partition, _validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -157,6 +157,10 @@ class Tensor(Handle):
             # Every meta tensor reports address 0: there is nothing to run on or to check.
             raise ArgumentError("a tensor on the meta device has no memory for a kernel to read "
                                 "or write: allocate it on the CPU or a GPU")
+        if t._is_zerotensor():
+            # torch's efficient zeros: address 0 and no storage a kernel or a check could use.
+            raise ArgumentError("the torch tensor is a ZeroTensor (torch._efficientzerotensor), "
+                                "which has no memory behind it: pass torch.zeros(...) instead")
         _dtypes.from_torch(t.dtype)                      # TypeError if unsupported
         if t.is_neg():
             # torch reads such a view's memory negated; a kernel would read and write it raw.
@@ -258,13 +262,16 @@ class Tensor(Handle):
         with LOCK:
             self._check("call .into_torch()")
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
-            replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
-            self._refuse_live_views(f"turn {self._describe()} into torch")
-            if self._views is not None:
-                self._views.discard(self)
-            self._move("torch by into_torch()",
-                       hint="use the torch tensor into_torch() returned "
-                            "(st.from_torch(t) wraps it again)")
+            # In a walk: a finalizer run by a collection during the scans makes no view, and
+            # records no graph, that the scans would miss.
+            with WALK:
+                replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
+                self._refuse_live_views(f"turn {self._describe()} into torch")
+                if self._views is not None:
+                    self._views.discard(self)
+                self._move("torch by into_torch()",
+                           hint="use the torch tensor into_torch() returned "
+                                "(st.from_torch(t) wraps it again)")
         return self._torch
 
     def partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
@@ -304,7 +311,10 @@ class Tensor(Handle):
         with LOCK:
             # Checked again where into_torch checks the family (under LOCK): another thread
             # may have handed this tensor to torch since the caller's check, and the view,
-            # not yet in the family then, would be a live handle over torch's memory.
+            # not yet in the family then, would be a live handle over torch's memory. Nor may
+            # it join while into_torch scans the family (from a finalizer a collection ran
+            # in the scan): the scan would miss it.
+            borrows.refuse_inside_walk(action)
             self._check(action)
             family = self._views
             if family is None:
@@ -389,6 +399,15 @@ class Tensor(Handle):
         except IndexError as e:
             raise IndexOutOfRangeError(f"index {index!r} is out of range for "
                                        f"{self._describe()}: {e}") from None
+        # torch decides what an index means, not the check above: a 0-d uint8 index is a
+        # mask to it, a sequence with __index__ a list of indices; both copy. A handle of a
+        # copy would let a launch write bytes that never reach this tensor.
+        if view.untyped_storage().data_ptr() != self._torch.untyped_storage().data_ptr():
+            raise ArgumentError(
+                f"Tensor index {index!r} made torch copy the elements (advanced indexing: a "
+                f"uint8 or bool index is a mask, a sequence a list of indices), so the result "
+                f"would not be a view of these bytes; index with plain ints and slices, or use "
+                f"to_torch() for a copy")
         return self._derive(view, "index it")
 
     # -- DLPack --------------------------------------------------------------------------
