@@ -271,16 +271,19 @@ class Engine:
                 more = decoder.push(token)
                 text += more
                 tail.feed(more)
-            hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
-                       if i >= 0), default=-1)
-            if hit >= 0:
-                finish, end = "stop", hit
-            elif finish is None and n == max_new_tokens:
+            hit = _find_stop(text, stops, emitted)
+            if hit < 0 and finish is None and n == max_new_tokens:
                 finish = "length"
             if finish is not None and hit < 0:
+                # Text the decoder held back (a character not yet complete) comes out now,
+                # and may hold a stop string: b" \xe2\x80" is a space and half a dash.
                 text += decoder.flush()
+                hit = _find_stop(text, stops, emitted)
+            if hit >= 0:
+                finish, end = "stop", hit
+            elif finish is not None:
                 end = len(text)
-            elif finish is None:
+            else:
                 end = len(text) - tail.held
             piece, emitted = text[emitted:end], max(emitted, end)
             yield Piece(piece, token, finish, lp, start)
@@ -329,6 +332,13 @@ class Engine:
             self._request += 1
             with st.backend(self.backend):
                 return self.runner.logits(ids)
+
+
+def _find_stop(text: str, stops, emitted: int) -> int:
+    """Where the first stop string in ``text`` begins (-1: none), searching only where one
+    could end past the ``emitted`` characters already sent."""
+    return min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
+                if i >= 0), default=-1)
 
 
 def _token_id(i) -> int:
