@@ -81,6 +81,16 @@ def test_rope_scaling_is_rejected(checkpoint_copy):
         load(checkpoint_copy)
 
 
+def test_rope_scaling_beside_default_rope_parameters_is_rejected(checkpoint_copy):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "default"     # as transformers 5 saves it
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 32768}
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError, match=r"config\.json: rope scaling 'yarn'"):
+        load(checkpoint_copy)
+
+
 def _edit_config(directory, **fields):
     """config.json with ``fields`` set (None: removed); json.dumps writes NaN as NaN, as a
     hand-edited config.json might hold it."""
