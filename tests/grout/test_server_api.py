@@ -264,6 +264,25 @@ def test_max_tokens_may_fill_the_context_exactly_as_the_engine_does(client, engi
     assert "ask for at most 6" in info.value.body["message"]
 
 
+def test_a_prompt_that_fills_the_context_is_answered_with_nothing_as_the_engine_does(
+        client, engine):
+    ids = (engine.tokenizer.encode("The quick brown fox jumps. ") * MAX_SEQ_LEN)[:MAX_SEQ_LEN]
+    ref = engine.generate(ids, max_new_tokens=8)
+    assert (ref.text, ref.finish_reason, ref.prompt_tokens) == ("", "length", MAX_SEQ_LEN)
+    r = complete(client, ids, max_tokens=0)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == ("", "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (MAX_SEQ_LEN, 0)
+    messages = _chat_leaving(engine, 0)
+    prompt = engine.tokenizer.apply_chat_template(messages, enable_thinking=False)
+    assert len(engine.tokenizer.encode(prompt)) == MAX_SEQ_LEN
+    r = client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_THINKING)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("", "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (MAX_SEQ_LEN, 0)
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, ids + ids[:1], max_tokens=0)
+    assert info.value.body["code"] == "context_length_exceeded"
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_chat_without_max_tokens_generates_what_the_engine_would(client, engine, stream):
     messages = _chat_leaving(engine, 5)
