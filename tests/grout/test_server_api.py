@@ -95,6 +95,20 @@ def test_chat_is_the_engines_chat(client, engine):
     assert r.usage.completion_tokens == len(ref.token_ids)
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_assistant_turns_reasoning_reaches_the_chat_template(client, engine, field):
+    messages = [*USER, {"role": "assistant", "content": "Fine.", field: "Be polite."}]
+    ref = engine.chat([*USER, {"role": "assistant", "content": "Fine.",
+                               "reasoning_content": "Be polite."}],
+                      max_new_tokens=4, temperature=0.0)
+    assert ref.prompt_tokens > engine.chat(messages[:1] + [dict(messages[1], **{field: None})],
+                                           max_new_tokens=0).prompt_tokens
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                       temperature=0.0, extra_body=NO_THINKING)
+    assert r.usage.prompt_tokens == ref.prompt_tokens
+    assert r.choices[0].message.content == ref.text
+
+
 def test_streamed_chat_sends_the_role_first_and_one_finish_reason(client):
     full = client.chat.completions.create(model="tiny", messages=USER, max_tokens=10,
                                           temperature=0.0)
