@@ -25,7 +25,9 @@ def warm_up(engine: Any) -> Any:
     The warm-up compiles every kernel a request uses and records both decode graphs, so that
     ``/health`` says ok only when the first request will be served at full speed.
     """
-    ids = engine.tokenizer.encode("Hello")
+    # One token id: text could tokenize longer than a short context, or into ids past a
+    # model vocabulary smaller than its tokenizer's, and fail the load.
+    ids = [0]
     for temperature in (0.0, 1.0):
         for _ in engine.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
                                logprobs=1):

@@ -321,6 +321,25 @@ def test_a_chat_template_that_fails_on_a_request_is_a_400_naming_it(tmp_path_fac
         assert_still_serving(client)
 
 
+def test_a_context_shorter_than_any_text_prompt_still_loads_and_serves(tmp_path_factory):
+    with cpu_server(tmp_path_factory, "server_context_2", 2) as server:
+        r = server.client().completions.create(model="tiny", prompt=[5], max_tokens=1,
+                                               temperature=0.0)
+    assert (r.choices[0].finish_reason, r.usage.total_tokens) == ("length", 2)
+
+
+def test_a_model_vocabulary_smaller_than_its_tokenizers_still_loads_and_serves(
+        tmp_path_factory, checkpoints):
+    path, model = checkpoints["tied"]              # Qwen's tokenizer, a 384-token model
+    assert (path / "tokenizer.json").exists() is False and model.config.vocab_size == 384
+    with ServerProcess(str(path), tmp_path_factory.mktemp("server_vocab") / "serve.log",
+                       "--device", "cpu", "--dtype", "float32", "--max-seq-len", "16",
+                       "--served-model-name", "tiny") as server:
+        r = server.client().completions.create(model="tiny", prompt=[5], max_tokens=2,
+                                               temperature=0.0)
+    assert r.usage.completion_tokens == 2
+
+
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
     missing = tmp_path / "no-such-checkpoint"
     env = dict(os.environ, PYTHONPATH=str(SRC))
