@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import SRC, ServerProcess, cpu_server, shared_checkpoint
+from server_process import SRC, ServerProcess, cpu_server, free_port, shared_checkpoint
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -373,3 +373,21 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
                          r"\(\d+ decoded, [0-8] after the cancel\)", server.log())
     finally:
         server.stop()
+
+
+def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path):
+    # A 0.6B shape takes minutes to load and warm up on the CPU executor.
+    server = ServerProcess("qwen3-0.6b", tmp_path / "serve.log", "--device", "cpu",
+                           "--max-seq-len", "64", "--no-progress")
+    server.port = free_port()
+    server._spawn()
+    try:
+        deadline = time.monotonic() + 120
+        while (503, '{"status":"loading"}') not in server.health_seen:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
+            server.wait_healthy(0.5)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 130, server.log()[-2000:]
+    finally:
+        server.proc.kill()
+        server.proc.wait()
