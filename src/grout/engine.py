@@ -335,8 +335,7 @@ class Engine:
 
 
 def _find_stop(text: str, stops, emitted: int) -> int:
-    """Where the first stop string in ``text`` begins (-1: none), searching only where one
-    could end past the ``emitted`` characters already sent."""
+    """Where the first stop string ending past ``text[:emitted]`` begins (-1: none)."""
     return min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
                 if i >= 0), default=-1)
 

@@ -260,9 +260,7 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _reasoning(message: dict[str, Any], where: str) -> str | None:
-    """An assistant message's reasoning, which Qwen3's chat template renders in a think block
-    after the last user turn: ``reasoning_content`` (vLLM's and DeepSeek's name) or
-    ``reasoning`` (vLLM's newer one)."""
+    """An assistant message's ``reasoning_content`` (or vLLM's newer ``reasoning``), or None."""
     for name in ("reasoning_content", "reasoning"):
         value = message.get(name)
         if value is None:

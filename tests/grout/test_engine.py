@@ -312,8 +312,8 @@ def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
 
 @pytest.fixture
 def echo_engine():
-    """A tied model with every layer zeroed: each token's logits are its own embedding's
-    similarity to the others', so greedy decoding repeats the prompt's last token."""
+    """A tied model with every layer zeroed: greedy decoding repeats the last token."""
+    # Each token's logits are then its own embedding's similarity to the others'.
     from grout.checkpoint import tensor_names
     from grout.config import Qwen3Config
     from grout.engine import from_tensors
