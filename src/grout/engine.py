@@ -378,7 +378,10 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
         tokenizer = load_tokenizer(path)
     elif isinstance(model, str) and model.lower() in config_mod.SHAPES:
         cfg, tokenizer, path = config_mod.named(model), qwen_tokenizer(), None
-    elif isinstance(model, str) and ("/" in model or model.startswith(".") or path.exists()):
+    elif path.exists():
+        raise CheckpointError(f"{path}: a file, not a checkpoint directory; pass the directory "
+                              f"that holds it (config.json and the safetensors files)")
+    elif isinstance(model, str) and ("/" in model or model.startswith(".")):
         hub = model.count("/") == 1 and not model.startswith((".", "/", "~"))
         raise CheckpointError(f"{path}: no such checkpoint directory" + (
             f" (grout loads local files only; download it first, e.g. `huggingface-cli "

@@ -373,6 +373,13 @@ def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
         grout.load("qwen9-1b", device="cpu")
 
 
+def test_a_file_of_a_checkpoint_is_told_to_pass_its_directory(checkpoints, no_new_holds):
+    path, _ = checkpoints["tied"]
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: a file, not a "
+                                                   r"checkpoint directory; pass the directory"):
+        load(path / "model.safetensors")
+
+
 def test_a_hub_model_id_is_told_grout_loads_local_files_only(no_new_holds):
     with pytest.raises(grout.CheckpointError, match=r"Qwen/Qwen3-0.6B: no such checkpoint "
                                                    r"directory \(grout loads local files only"):
