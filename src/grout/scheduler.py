@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,41 +114,13 @@ class Job:
         return self.decoded - self._decoded_at_cancel
 
 
-# A ThreadPoolExecutor's worker is joined when the interpreter exits, so Ctrl-C during a load
-# of minutes would leave the process waiting for the load; a daemon thread lets it exit at
-# once (nothing the thread computes is needed any more).
-class EngineThread(Executor):
-    """One daemon thread that runs the calls submitted to it, in order."""
-
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple] = queue.SimpleQueue()
-        threading.Thread(target=self._work, name=name, daemon=True).start()
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Queue ``fn(*args, **kwargs)``; the returned future holds its result."""
-        future: Future[Any] = Future()
-        self._calls.put((future, fn, args, kwargs))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            future, fn, args, kwargs = self._calls.get()
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as err:        # the caller's to see, as an executor's
-                future.set_exception(err)
-            del future, fn, args, kwargs        # a finished call keeps nothing alive
-
-
 class Scheduler:
     """Runs ``load()`` and then every job on one engine thread, in the order submitted."""
 
     def __init__(self, load: Callable[[], Any], generate: Callable[[Any, Job], None]) -> None:
         self._load = load
         self._generate = generate
-        self._thread = EngineThread("grout-engine")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grout-engine")
         self._queue: asyncio.Queue[Job] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.engine: Any = None
