@@ -352,8 +352,8 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
-    checked before loading starts, or when loading fails). ``default_seed``: as
-    :func:`create_app`."""
+    checked before loading starts, or when loading fails; Ctrl-C while loading ends the
+    process at once with 130). ``default_seed``: as :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
