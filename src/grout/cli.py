@@ -71,8 +71,15 @@ def _text(text: str) -> str:
     return text
 
 
+def _model(text: str) -> str:
+    """An argparse type: a model argument that is not blank."""
+    if not text.strip():
+        raise GroutError("give a checkpoint directory or a named shape (tiny, qwen3-0.6b, ...)")
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
+    p.add_argument("--model", type=_checked(_model), required=True,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
                         "qwen3-32b: random weights)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,

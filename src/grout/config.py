@@ -147,15 +147,14 @@ def _rope_theta(raw: dict, path: Path) -> float:
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(f"{path}: {key} must be an object (or null), got "
                                   f"{value!r:.60}")
-    if params is not None:
-        kind = params.get("rope_type", params.get("type", "default"))
-        theta = params.get("rope_theta", raw.get("rope_theta"))
-    else:
-        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-        theta = raw.get("rope_theta")
-    if kind != "default":
-        raise CheckpointError(f"{path}: rope scaling {kind!r:.60} is not supported (only the "
-                              f"default rotary embedding)")
+    # transformers applies a rope_scaling beside rope_parameters (Qwen's docs enable YaRN by
+    # adding one to config.json), so either one's scaling is refused.
+    for value in (params, scaling):
+        kind = (value or {}).get("rope_type", (value or {}).get("type", "default"))
+        if kind != "default":
+            raise CheckpointError(f"{path}: rope scaling {kind!r:.60} is not supported (only "
+                                  f"the default rotary embedding)")
+    theta = (params or {}).get("rope_theta", raw.get("rope_theta"))
     return _number(path, "rope_theta", 1_000_000.0 if theta is None else theta, positive=True)
 
 

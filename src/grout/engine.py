@@ -271,16 +271,19 @@ class Engine:
                 more = decoder.push(token)
                 text += more
                 tail.feed(more)
-            hit = min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
-                       if i >= 0), default=-1)
-            if hit >= 0:
-                finish, end = "stop", hit
-            elif finish is None and n == max_new_tokens:
+            hit = _find_stop(text, stops, emitted)
+            if hit < 0 and finish is None and n == max_new_tokens:
                 finish = "length"
             if finish is not None and hit < 0:
+                # Text the decoder held back (a character not yet complete) comes out now,
+                # and may hold a stop string: b" \xe2\x80" is a space and half a dash.
                 text += decoder.flush()
+                hit = _find_stop(text, stops, emitted)
+            if hit >= 0:
+                finish, end = "stop", hit
+            elif finish is not None:
                 end = len(text)
-            elif finish is None:
+            else:
                 end = len(text) - tail.held
             piece, emitted = text[emitted:end], max(emitted, end)
             yield Piece(piece, token, finish, lp, start)
@@ -331,6 +334,12 @@ class Engine:
                 return self.runner.logits(ids)
 
 
+def _find_stop(text: str, stops, emitted: int) -> int:
+    """Where the first stop string ending past ``text[:emitted]`` begins (-1: none)."""
+    return min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
+                if i >= 0), default=-1)
+
+
 def _token_id(i) -> int:
     """A token id as a plain int (numpy and torch integers too, never a bool)."""
     if not isinstance(i, bool):
@@ -369,7 +378,10 @@ def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "s
         tokenizer = load_tokenizer(path)
     elif isinstance(model, str) and model.lower() in config_mod.SHAPES:
         cfg, tokenizer, path = config_mod.named(model), qwen_tokenizer(), None
-    elif isinstance(model, str) and ("/" in model or model.startswith(".") or path.exists()):
+    elif path.exists():
+        raise CheckpointError(f"{path}: a file, not a checkpoint directory; pass the directory "
+                              f"that holds it (config.json and the safetensors files)")
+    elif isinstance(model, str) and ("/" in model or model.startswith(".")):
         hub = model.count("/") == 1 and not model.startswith((".", "/", "~"))
         raise CheckpointError(f"{path}: no such checkpoint directory" + (
             f" (grout loads local files only; download it first, e.g. `huggingface-cli "

@@ -77,7 +77,7 @@ class GenerationRequest:
 
     kind: str                                   # "completion" | "chat"
     prompt: str | list[int] | None = None       # completions
-    messages: list[dict[str, str]] | None = None  # chat
+    messages: list[dict[str, str]] | None = None  # chat: role, content, reasoning_content
     enable_thinking: bool = True
     max_tokens: int | None = None               # None: up to the context's end
     temperature: float = 1.0
@@ -249,9 +249,27 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
         if message.get("tool_calls"):
             raise APIError(f"{where}.tool_calls: tool calls are not supported",
                            param=f"{where}.tool_calls", code="unsupported_parameter")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(message, role, f"{where}.content")})
+        turn = {"role": "system" if role == "developer" else role,
+                "content": _content(message, role, f"{where}.content")}
+        if role == "assistant":
+            reasoning = _reasoning(message, where)
+            if reasoning is not None:
+                turn["reasoning_content"] = reasoning
+        out.append(turn)
     return out
+
+
+def _reasoning(message: dict[str, Any], where: str) -> str | None:
+    """An assistant message's ``reasoning_content`` (or vLLM's newer ``reasoning``), or None."""
+    for name in ("reasoning_content", "reasoning"):
+        value = message.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise APIError(f"{where}.{name} must be a string, got {shown(value)}",
+                           param=f"{where}.{name}")
+        return value
+    return None
 
 
 def _content(message: dict[str, Any], role: str, where: str) -> str:

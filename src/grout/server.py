@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -335,13 +336,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _exit_while_loading(status: int) -> None:
+    """End the process now, though the engine thread is still loading."""
+    # Loading cannot be interrupted, and the interpreter joins the engine thread at exit: a
+    # normal exit would wait for the load (minutes for a large model) after Ctrl-C.
+    log.info("interrupted while loading")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False,
           max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
-    checked before loading starts, or when loading fails). ``default_seed``: as
-    :func:`create_app`."""
+    checked before loading starts, or when loading fails; Ctrl-C while loading ends the
+    process at once with 130). ``default_seed``: as :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
@@ -365,7 +377,12 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
     server = _Server(config, app.state.grout.scheduler)
     started = time.monotonic()
     log.info("listening on http://%s:%d", host, sock.getsockname()[1])
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        if not app.state.grout.scheduler.ready.is_set():
+            _exit_while_loading(130)
+        raise
     if failed:
         err = failed[0]
         print(f"grout serve: could not load {model_name!r}: {type(err).__name__}: {err}",

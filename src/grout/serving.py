@@ -25,7 +25,9 @@ def warm_up(engine: Any) -> Any:
     The warm-up compiles every kernel a request uses and records both decode graphs, so that
     ``/health`` says ok only when the first request will be served at full speed.
     """
-    ids = engine.tokenizer.encode("Hello")
+    # One token id: text could tokenize longer than a short context, or into ids past a
+    # model vocabulary smaller than its tokenizer's, and fail the load.
+    ids = [0]
     for temperature in (0.0, 1.0):
         for _ in engine.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
                                logprobs=1):
@@ -58,9 +60,10 @@ def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
 
 def prepare(engine: Any, job: Job) -> None:
     """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
-    # The budget is the engine's (token_budget). Where the engine would cut a generation
-    # short, the server refuses the request instead, as vLLM does: a prompt that leaves no
-    # room, or a max_tokens past the budget.
+    # The budget is the engine's (token_budget), and so are the prompts it refuses: those
+    # longer than the context. Where the engine would cut a generation short, the server
+    # refuses the request instead, as vLLM does: a max_tokens past the budget. A prompt that
+    # fills the context is answered as the engine answers it, with nothing and "length".
     req = job.request
     param = "messages" if req.kind == "chat" else "prompt"
     try:
@@ -69,7 +72,7 @@ def prepare(engine: Any, job: Job) -> None:
         raise APIError(str(err), param=param) from None
     context = max_model_len(engine)
     budget = token_budget(context, len(ids))
-    if budget == 0:
+    if len(ids) > context:
         raise APIError(f"this model's maximum context length is {context} tokens, and the "
                        f"prompt has {len(ids)}: shorten it", param=param,
                        code="context_length_exceeded")

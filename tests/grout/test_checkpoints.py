@@ -81,6 +81,16 @@ def test_rope_scaling_is_rejected(checkpoint_copy):
         load(checkpoint_copy)
 
 
+def test_rope_scaling_beside_default_rope_parameters_is_rejected(checkpoint_copy):
+    cfg = json.loads((checkpoint_copy / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "default"     # as transformers 5 saves it
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 32768}
+    (checkpoint_copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(grout.CheckpointError, match=r"config\.json: rope scaling 'yarn'"):
+        load(checkpoint_copy)
+
+
 def _edit_config(directory, **fields):
     """config.json with ``fields`` set (None: removed); json.dumps writes NaN as NaN, as a
     hand-edited config.json might hold it."""
@@ -361,6 +371,13 @@ def test_a_nonexistent_directory_and_an_unknown_shape(no_new_holds):
         grout.load("./no/such/dir", device="cpu")
     with pytest.raises(grout.RequestError, match="unknown model 'qwen9-1b'.*tiny"):
         grout.load("qwen9-1b", device="cpu")
+
+
+def test_a_file_of_a_checkpoint_is_told_to_pass_its_directory(checkpoints, no_new_holds):
+    path, _ = checkpoints["tied"]
+    with pytest.raises(grout.CheckpointError, match=r"model\.safetensors: a file, not a "
+                                                   r"checkpoint directory; pass the directory"):
+        load(path / "model.safetensors")
 
 
 def test_a_hub_model_id_is_told_grout_loads_local_files_only(no_new_holds):

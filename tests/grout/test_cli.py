@@ -334,6 +334,7 @@ def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
     (["--prompt", ""], "--prompt is empty"),
     (["--max-seq-len", "0"], "--max-seq-len: 0 is not a positive count"),
     (["--dtype", "int8"], "--dtype: unsupported dtype 'int8'; use float32"),
+    (["--model", " "], "--model: give a checkpoint directory or a named shape"),
 ])
 def test_generate_options_out_of_range_are_usage_errors_before_the_model_loads(
         monkeypatch, capsys, args, message):

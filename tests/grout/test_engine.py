@@ -308,3 +308,35 @@ def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
     with pytest.raises(grout.RequestError, match="one sequence of token ids") as e:
         eng.generate(torch.tensor([list(range(50))]), max_new_tokens=1)
     assert len(str(e.value)) < 200
+
+
+@pytest.fixture
+def echo_engine():
+    """A tied model with every layer zeroed: greedy decoding repeats the last token."""
+    # Each token's logits are then its own embedding's similarity to the others'.
+    from grout.checkpoint import tensor_names
+    from grout.config import Qwen3Config
+    from grout.engine import from_tensors
+    cfg = Qwen3Config(vocab_size=640, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      tie_word_embeddings=True, max_position_embeddings=64, dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    tensors = {name: (torch.ones(shape) if len(shape) == 1 else torch.zeros(shape))
+               for name, shape in tensor_names(cfg).items()}
+    tensors["model.embed_tokens.weight"] = torch.randn(640, 64, generator=g)
+    eng = from_tensors(cfg, tensors, device="cpu", dtype="float32", max_seq_len=64)
+    yield eng
+    del eng
+    gc.collect()
+
+
+def test_a_stop_string_in_text_held_back_to_the_end_still_stops_it(echo_engine):
+    eng = echo_engine
+    space_and_half_a_dash = 636                 # Qwen's token b" \xe2\x80": it ends mid-character
+    assert eng.tokenizer.token_bytes(space_and_half_a_dash) == b" \xe2\x80"
+    full = eng.generate([space_and_half_a_dash], max_new_tokens=3)
+    assert full.token_ids == [space_and_half_a_dash] * 3 and full.text.startswith(" \ufffd")
+    c = eng.generate([space_and_half_a_dash], max_new_tokens=3, stop=" ")
+    assert (c.text, c.finish_reason) == ("", "stop")
+    pieces = list(eng.stream([space_and_half_a_dash], max_new_tokens=3, stop=" "))
+    assert "".join(p.text for p in pieces) == "" and pieces[-1].finish_reason == "stop"

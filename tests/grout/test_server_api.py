@@ -95,6 +95,20 @@ def test_chat_is_the_engines_chat(client, engine):
     assert r.usage.completion_tokens == len(ref.token_ids)
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_assistant_turns_reasoning_reaches_the_chat_template(client, engine, field):
+    messages = [*USER, {"role": "assistant", "content": "Fine.", field: "Be polite."}]
+    ref = engine.chat([*USER, {"role": "assistant", "content": "Fine.",
+                               "reasoning_content": "Be polite."}],
+                      max_new_tokens=4, temperature=0.0)
+    assert ref.prompt_tokens > engine.chat(messages[:1] + [dict(messages[1], **{field: None})],
+                                           max_new_tokens=0).prompt_tokens
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                       temperature=0.0, extra_body=NO_THINKING)
+    assert r.usage.prompt_tokens == ref.prompt_tokens
+    assert r.choices[0].message.content == ref.text
+
+
 def test_streamed_chat_sends_the_role_first_and_one_finish_reason(client):
     full = client.chat.completions.create(model="tiny", messages=USER, max_tokens=10,
                                           temperature=0.0)
@@ -262,6 +276,25 @@ def test_max_tokens_may_fill_the_context_exactly_as_the_engine_does(client, engi
         complete(client, ids, max_tokens=7, extra_body={"ignore_eos": True})
     assert info.value.body["code"] == "context_length_exceeded"
     assert "ask for at most 6" in info.value.body["message"]
+
+
+def test_a_prompt_that_fills_the_context_is_answered_with_nothing_as_the_engine_does(
+        client, engine):
+    ids = (engine.tokenizer.encode("The quick brown fox jumps. ") * MAX_SEQ_LEN)[:MAX_SEQ_LEN]
+    ref = engine.generate(ids, max_new_tokens=8)
+    assert (ref.text, ref.finish_reason, ref.prompt_tokens) == ("", "length", MAX_SEQ_LEN)
+    r = complete(client, ids, max_tokens=0)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == ("", "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (MAX_SEQ_LEN, 0)
+    messages = _chat_leaving(engine, 0)
+    prompt = engine.tokenizer.apply_chat_template(messages, enable_thinking=False)
+    assert len(engine.tokenizer.encode(prompt)) == MAX_SEQ_LEN
+    r = client.chat.completions.create(model="tiny", messages=messages, extra_body=NO_THINKING)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("", "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (MAX_SEQ_LEN, 0)
+    with pytest.raises(openai.BadRequestError) as info:
+        complete(client, ids + ids[:1], max_tokens=0)
+    assert info.value.body["code"] == "context_length_exceeded"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import SRC, ServerProcess, cpu_server, shared_checkpoint
+from server_process import SRC, ServerProcess, cpu_server, free_port, shared_checkpoint
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -321,6 +321,25 @@ def test_a_chat_template_that_fails_on_a_request_is_a_400_naming_it(tmp_path_fac
         assert_still_serving(client)
 
 
+def test_a_context_shorter_than_any_text_prompt_still_loads_and_serves(tmp_path_factory):
+    with cpu_server(tmp_path_factory, "server_context_2", 2) as server:
+        r = server.client().completions.create(model="tiny", prompt=[5], max_tokens=1,
+                                               temperature=0.0)
+    assert (r.choices[0].finish_reason, r.usage.total_tokens) == ("length", 2)
+
+
+def test_a_model_vocabulary_smaller_than_its_tokenizers_still_loads_and_serves(
+        tmp_path_factory, checkpoints):
+    path, model = checkpoints["tied"]              # Qwen's tokenizer, a 384-token model
+    assert (path / "tokenizer.json").exists() is False and model.config.vocab_size == 384
+    with ServerProcess(str(path), tmp_path_factory.mktemp("server_vocab") / "serve.log",
+                       "--device", "cpu", "--dtype", "float32", "--max-seq-len", "16",
+                       "--served-model-name", "tiny") as server:
+        r = server.client().completions.create(model="tiny", prompt=[5], max_tokens=2,
+                                               temperature=0.0)
+    assert r.usage.completion_tokens == 2
+
+
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):
     missing = tmp_path / "no-such-checkpoint"
     env = dict(os.environ, PYTHONPATH=str(SRC))
@@ -354,3 +373,21 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
                          r"\(\d+ decoded, [0-8] after the cancel\)", server.log())
     finally:
         server.stop()
+
+
+def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path):
+    # A 0.6B shape takes minutes to load and warm up on the CPU executor.
+    server = ServerProcess("qwen3-0.6b", tmp_path / "serve.log", "--device", "cpu",
+                           "--max-seq-len", "64", "--no-progress")
+    server.port = free_port()
+    server._spawn()
+    try:
+        deadline = time.monotonic() + 120
+        while (503, '{"status":"loading"}') not in server.health_seen:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
+            server.wait_healthy(0.5)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 130, server.log()[-2000:]
+    finally:
+        server.proc.kill()
+        server.proc.wait()

@@ -97,6 +97,12 @@ def test_an_assistant_message_without_content_is_an_empty_turn():
     assert req.messages[1:] == [{"role": "assistant", "content": ""}] * 2
 
 
+def test_a_reasoning_that_is_not_a_string_is_a_400_naming_it():
+    err = refused(chat, messages=[*USER, {"role": "assistant", "content": "4",
+                                          "reasoning_content": ["add"]}])
+    assert err.param == "messages[1].reasoning_content"
+
+
 def test_an_assistant_message_with_tool_calls_is_refused_as_unsupported():
     calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
     err = refused(chat, messages=[*USER, {"role": "assistant", "content": None,
