@@ -183,6 +183,18 @@ def test_an_unknown_model_is_a_404_and_the_next_is_served(client):
     assert_still_serving(client)
 
 
+def test_an_unknown_model_id_is_the_same_404_as_an_unknown_model_in_a_request(client):
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        client.models.retrieve("gpt-4o")
+    with pytest.raises(openai.NotFoundError) as requested:
+        client.completions.create(model="gpt-4o", prompt="Hello", max_tokens=4)
+    assert_openai_error(retrieved.value.response.json())
+    fields = ("type", "code", "param")
+    assert [retrieved.value.body[f] for f in fields] == \
+        [requested.value.body[f] for f in fields] == ["invalid_request_error", "model_not_found",
+                                                      "model"]
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"top_logprobs": 3}, "top_logprobs"),
@@ -212,7 +224,8 @@ def test_an_unknown_route_is_an_openai_shaped_404(server):
 def test_a_404_cuts_short_the_path_it_quotes(server, path):
     r = httpx.get(f"{server.url}{path}")
     assert r.status_code == 404
-    assert_openai_error(r.json(), "not_found_error")
+    assert_openai_error(r.json(), "invalid_request_error" if "models" in path else
+                        "not_found_error")
     assert len(r.json()["error"]["message"]) < 300
 
 
