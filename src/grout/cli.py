@@ -7,7 +7,8 @@ sampling option checked as the engine checks a request, so the flags take exactl
 ``generate`` takes), or options in conflict. What only loading can tell (a checkpoint or
 model name, a device, a prompt too long for the model's context), a file that cannot be
 written or an address ``serve`` cannot listen on exits with status 1 and a one-line error;
-Ctrl-C with 130; a closed stdout (``| head``) quietly with 141.
+Ctrl-C with 130 (``generate`` ends its line and tells the tokens so far on stderr); a closed
+stdout (``| head``) quietly with 141.
 """
 from __future__ import annotations
 
@@ -185,6 +186,9 @@ def generate(args) -> int:
     except BrokenPipeError:                          # the reader of stdout left (| head)
         stream.close()
         return _reader_left()
+    except KeyboardInterrupt:
+        stream.close()
+        return _interrupted(n)
     if not n:
         print(f"[0 tokens, finish: {finish}]", file=sys.stderr)
     else:
@@ -192,6 +196,17 @@ def generate(args) -> int:
         print(f"[{n} token{'s' if n > 1 else ''}, finish: {finish}; first token "
               f"{1e3 * (first - start):.1f} ms{then}]", file=sys.stderr)
     return 0
+
+
+def _interrupted(n: int) -> int:
+    """The exit of a generation stopped by Ctrl-C: the text's line ended, the tokens so far told."""
+    try:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_left()
+    print(f"[interrupted after {n} token{'' if n == 1 else 's'}]", file=sys.stderr)
+    return 130
 
 
 def _check_writable(path: str) -> None:

@@ -154,6 +154,8 @@ def _rope_theta(raw: dict, path: Path) -> float:
         if kind != "default":
             raise CheckpointError(f"{path}: rope scaling {kind!r:.60} is not supported (only "
                                   f"the default rotary embedding)")
+    # partial_rotary_factor is not read: transformers' Qwen3 rotates the whole head_dim
+    # whatever it says (its default rotary embedding never looks at it), and so does grout.
     theta = (params or {}).get("rope_theta", raw.get("rope_theta"))
     return _number(path, "rope_theta", 1_000_000.0 if theta is None else theta, positive=True)
 
@@ -183,13 +185,17 @@ def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _eos_ids(generation: dict | None, raw: dict) -> tuple:
+def _eos_ids(raw: dict, path, generation: dict | None, generation_path) -> tuple:
+    """Qwen3's end tokens and those of config.json and generation_config.json (a token id or
+    a list of them in each); an id that is not an int would never stop a generation."""
     ids = list(QWEN3_EOS)
-    for source in (raw, generation or {}):
+    for source, where in ((raw, path), (generation or {}, generation_path)):
         v = source.get("eos_token_id")
-        for i in (v if isinstance(v, list) else [v]):
-            if isinstance(i, int) and not isinstance(i, bool) and i not in ids:
-                ids.append(i)
+        items = [] if v is None else v if isinstance(v, list) else [v]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            raise CheckpointError(f"{where}: eos_token_id must be a token id or a list of token "
+                                  f"ids, got {v!r:.60}")
+        ids += [i for i in items if i not in ids]
     return tuple(ids)
 
 
@@ -198,13 +204,15 @@ def from_checkpoint(directory: Path) -> Qwen3Config:
     generation_config.json (its eos ids, when present). ``CheckpointError`` names the file."""
     path = directory / "config.json"
     raw = _read_json(path, required=True)
-    generation = _read_json(directory / "generation_config.json", required=False)
-    return from_dict(raw, path, generation, name=str(directory))
+    generation_path = directory / "generation_config.json"
+    generation = _read_json(generation_path, required=False)
+    return from_dict(raw, path, generation, name=str(directory), generation_path=generation_path)
 
 
-def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -> Qwen3Config:
+def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
+              generation_path="generation_config.json") -> Qwen3Config:
     """The config of a config.json's contents ``raw`` (``transformers``' ``config.to_dict()``
-    works too); ``path`` names the source in a ``CheckpointError``."""
+    works too); ``path`` (and ``generation_path``) name the source in a ``CheckpointError``."""
     archs = raw.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"{path}: architectures must be a list of class names, got "
@@ -218,8 +226,10 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    eos = _eos_ids(raw, path, generation, generation_path)
     try:
         heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
+        kv = raw.get("num_key_value_heads")
         head_dim = raw.get("head_dim")
         if head_dim is None and _positive_int(heads) and _positive_int(hidden):
             head_dim = hidden // heads      # otherwise the config check names the bad field
@@ -227,13 +237,14 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "") -
             vocab_size=raw["vocab_size"], hidden_size=hidden,
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads", heads), head_dim=head_dim,
+            # null as transformers reads it: as many key/value heads as query heads
+            num_key_value_heads=heads if kv is None else kv, head_dim=head_dim,
             tie_word_embeddings=_flag(path, "tie_word_embeddings",
                                       raw.get("tie_word_embeddings", False)),
             rope_theta=_rope_theta(raw, path),
             rms_norm_eps=_number(path, "rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get("max_position_embeddings", 40960),
-            dtype=dtype, eos_token_ids=_eos_ids(generation, raw), name=name)
+            dtype=dtype, eos_token_ids=eos, name=name)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None
     except CheckpointError as e:

@@ -26,7 +26,7 @@ import safetile as st
 from . import config as config_mod
 from .config import Qwen3Config
 from .errors import CheckpointError, RequestError, drop_locals
-from .logprobs import TokenLogprobs, check_top_logprobs, step_logprobs
+from .logprobs import TokenLogprobs, check_top_logprobs, check_vocabulary, step_logprobs
 from .runner import Runner
 from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
 from .stops import StopTail, stop_strings
@@ -233,6 +233,7 @@ class Engine:
         tokens' (grout.logprobs); ``ignore_eos`` generates past end tokens (for benchmarks)."""
         max_new_tokens, sampling, stops, logprobs = check_request(
             max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs, ignore_eos)
+        check_vocabulary(logprobs, self.config.vocab_size)
         ids = self._ids(prompt)
         max_new_tokens = min(max_new_tokens, token_budget(self.max_seq_len, len(ids)))
         stream = Stream(len(ids))

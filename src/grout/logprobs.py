@@ -40,6 +40,14 @@ def check_top_logprobs(k) -> int | None:
     return n
 
 
+def check_vocabulary(k: int | None, vocab: int, name: str = "logprobs") -> None:
+    """``RequestError`` naming ``name`` when ``k`` alternatives outnumber the ``vocab`` tokens."""
+    # Refused, as vLLM refuses a count past its maximum, rather than quietly cut to vocab.
+    if k is not None and k > vocab:
+        raise RequestError(f"{name} is {k}, more than the model's vocabulary of {vocab} tokens: "
+                           f"ask for at most {vocab}")
+
+
 def step_logprobs(runner: Any, token_id: int, k: int | None) -> TokenLogprobs | None:
     """The logprobs of the token the runner's last step (or prefill) sampled; None if k is.
 

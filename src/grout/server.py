@@ -142,9 +142,9 @@ async def _models(state: ServerState, request: Request) -> Response:
 async def _model(state: ServerState, request: Request) -> Response:
     model_id = request.path_params["model_id"]
     if model_id != state.model_name:
+        # OpenAI's own answer for an unknown model, here as in a generation request.
         return error_response(APIError(f"the model {shown(model_id)} does not exist",
-                                       status=404, type="not_found_error", param="model",
-                                       code="model_not_found"))
+                                       status=404, param="model", code="model_not_found"))
     return JSONResponse(_model_card(state))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import grout
 from grout.engine import token_budget
-from grout.logprobs import TokenLogprobs
+from grout.logprobs import TokenLogprobs, check_vocabulary
 from grout.protocol import APIError, GenerationRequest, shown
 from grout.scheduler import Delta, Failed, Finished, Job
 
@@ -59,13 +59,18 @@ def _prompt_ids(engine: Any, req: GenerationRequest) -> list[int]:
 
 
 def prepare(engine: Any, job: Job) -> None:
-    """Tokenize the job's prompt and fix its token budget; APIError(400) when it cannot fit."""
+    """Check the job's logprobs, tokenize its prompt, fix its budget; APIError(400) if unfit."""
     # The budget is the engine's (token_budget), and so are the prompts it refuses: those
     # longer than the context. Where the engine would cut a generation short, the server
     # refuses the request instead, as vLLM does: a max_tokens past the budget. A prompt that
     # fills the context is answered as the engine answers it, with nothing and "length".
     req = job.request
     param = "messages" if req.kind == "chat" else "prompt"
+    top = "top_logprobs" if req.kind == "chat" else "logprobs"
+    try:
+        check_vocabulary(req.logprobs, engine.config.vocab_size, f"'{top}'")
+    except grout.RequestError as err:
+        raise APIError(str(err), param=top) from None
     try:
         ids = _prompt_ids(engine, req)
     except grout.RequestError as err:

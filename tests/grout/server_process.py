@@ -163,12 +163,13 @@ def shared_checkpoint(tmp_path_factory) -> Path:
     return directory
 
 
-def build_checkpoint(directory: Path, *, vocab: int = 320) -> Path:
+def build_checkpoint(directory: Path, *, vocab: int = 320, model_vocab: int | None = None) -> Path:
     """A random Qwen3 checkpoint (one layer, hidden 32) with its own byte-level BPE tokenizer.
 
     Qwen's 151,936-token vocabulary would make each step's lm_head thousands of programs on
     the CPU executor; a tokenizer.json of ``vocab`` tokens (Qwen3's special tokens included,
     so the chat template and the end tokens work) keeps a request to a fraction of a second.
+    ``model_vocab``: the model's vocabulary, when it differs from the tokenizer's.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -185,7 +186,7 @@ def build_checkpoint(directory: Path, *, vocab: int = 320) -> Path:
     assert tok.get_vocab_size() == vocab, tok.get_vocab_size()
     tok.save(str(directory / "tokenizer.json"))
 
-    config = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+    config = Qwen3Config(vocab_size=model_vocab or vocab, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=16, max_position_embeddings=4096, tie_word_embeddings=True,
                          initializer_range=0.5, rope_theta=1e6, rms_norm_eps=1e-6,

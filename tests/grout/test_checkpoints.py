@@ -130,6 +130,31 @@ def test_a_null_tie_word_embeddings_means_untied(checkpoint_copy):
     assert from_dict(raw, "config.json").tie_word_embeddings is False
 
 
+def test_a_null_num_key_value_heads_means_one_per_query_head_as_in_transformers(checkpoint_copy):
+    from grout.config import from_dict
+    raw = json.loads((checkpoint_copy / "config.json").read_text())
+    raw["num_key_value_heads"] = None
+    assert from_dict(raw, "config.json").num_key_value_heads == raw["num_attention_heads"]
+
+
+@pytest.mark.parametrize("fields", [dict(max_position_embeddings=None), dict(rms_norm_eps=None)],
+                         ids=["max_position_embeddings", "rms_norm_eps"])
+def test_a_null_that_transformers_refuses_is_refused_naming_the_field(checkpoint_copy, fields):
+    from grout.config import from_dict
+    raw = dict(json.loads((checkpoint_copy / "config.json").read_text()), **fields)
+    with pytest.raises(grout.CheckpointError, match=rf"config\.json: {next(iter(fields))}"):
+        from_dict(raw, "config.json")
+
+
+@pytest.mark.parametrize("file", ["config.json", "generation_config.json"])
+def test_an_eos_token_id_that_is_not_a_token_id_names_the_file_and_field(checkpoint_copy, file):
+    path = checkpoint_copy / file
+    data = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(dict(data, eos_token_id="x")))
+    with pytest.raises(grout.CheckpointError, match=rf"{file}: eos_token_id must be a token id"):
+        load(checkpoint_copy)
+
+
 @pytest.mark.parametrize("entry", [dict(shape="abc"), dict(shape=[-64]), dict(shape=[64.0]),
                                    dict(dtype=["F32"])], ids=["text", "negative", "float",
                                                               "dtype list"])

@@ -1,6 +1,7 @@
 """The grout command line: ``python -m grout generate`` as a subprocess, ``bench`` and bad
 arguments in-process."""
 import json
+import re
 import socket
 
 import pytest
@@ -317,6 +318,29 @@ def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
         p.kill()
         p.wait()
     assert err == ""
+
+
+def test_ctrl_c_during_generate_ends_the_line_and_tells_the_tokens_so_far():
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
+                          "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
+                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env)
+    try:
+        first = p.stdout.read(1)                      # generation has begun
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert first and out.endswith(b"\n")
+    assert re.fullmatch(r"\[interrupted after \d+ tokens?\]\n", err.decode()), err
 
 
 @pytest.mark.parametrize("args,message", [

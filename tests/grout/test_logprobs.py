@@ -5,7 +5,7 @@ import torch
 import grout
 from grout.logprobs import from_logits
 from grout.tokenizer import load_tokenizer
-from server_process import cpu_engine, shared_checkpoint
+from server_process import build_checkpoint, cpu_engine, shared_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,16 @@ def test_stream_logprobs_give_each_piece_its_tokens_distribution(tmp_path_factor
     assert all(p.logprobs is None for p in eng.stream(prompt, max_new_tokens=2))
     with pytest.raises(grout.RequestError, match="logprobs"):
         eng.stream(prompt, logprobs=21)
+
+
+def test_logprobs_past_the_models_vocabulary_are_a_request_error(tmp_path):
+    build_checkpoint(tmp_path, model_vocab=4)
+    eng = grout.load(str(tmp_path), device="cpu", dtype="float32", max_seq_len=8,
+                     progress=False)
+    with pytest.raises(grout.RequestError, match="logprobs is 5, more than the model's "
+                                                 "vocabulary of 4 tokens"):
+        eng.stream([1], max_new_tokens=1, logprobs=5)
+    assert len(eng.generate([1], max_new_tokens=1, logprobs=4).logprobs[0].top_ids) == 4
 
 
 def test_a_logprob_entry_holds_only_json_numbers(checkpoint):

@@ -87,3 +87,18 @@ def test_a_bfloat16_engine_on_the_cpu_tracks_the_fp32_reference(checkpoints):
     got, want = eng.logits(PROMPT[:5]), hf_logits(model, PROMPT[:5])
     err = (got - want).abs().max().item()
     assert err < 0.05 * want.abs().max().item()
+
+
+def test_partial_rotary_factor_is_ignored_as_transformers_qwen3_ignores_it(checkpoints, tmp_path):
+    import json
+    import shutil
+    from transformers import Qwen3ForCausalLM
+    shutil.copytree(checkpoints["tied"][0], tmp_path / "tied")
+    cfg = json.loads((tmp_path / "tied" / "config.json").read_text())
+    cfg["partial_rotary_factor"] = 0.5
+    cfg["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (tmp_path / "tied" / "config.json").write_text(json.dumps(cfg))
+    model = Qwen3ForCausalLM.from_pretrained(tmp_path / "tied", dtype=torch.float32).eval()
+    eng = grout.load(tmp_path / "tied", device="cpu", dtype="float32", max_seq_len=32,
+                     progress=False)
+    assert (eng.logits(PROMPT) - hf_logits(model, PROMPT)).abs().max().item() < 2e-3

@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from server_process import SRC, ServerProcess, cpu_server, free_port, shared_checkpoint
+from server_process import (SRC, ServerProcess, build_checkpoint, cpu_server, free_port,
+                            shared_checkpoint)
 
 MAX_SEQ_LEN = 128
 FAULT = "x-grout-fault"
@@ -183,6 +184,18 @@ def test_an_unknown_model_is_a_404_and_the_next_is_served(client):
     assert_still_serving(client)
 
 
+def test_an_unknown_model_id_is_the_same_404_as_an_unknown_model_in_a_request(client):
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        client.models.retrieve("gpt-4o")
+    with pytest.raises(openai.NotFoundError) as requested:
+        client.completions.create(model="gpt-4o", prompt="Hello", max_tokens=4)
+    assert_openai_error(retrieved.value.response.json())
+    fields = ("type", "code", "param")
+    assert [retrieved.value.body[f] for f in fields] == \
+        [requested.value.body[f] for f in fields] == ["invalid_request_error", "model_not_found",
+                                                      "model"]
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"top_logprobs": 3}, "top_logprobs"),
@@ -212,7 +225,8 @@ def test_an_unknown_route_is_an_openai_shaped_404(server):
 def test_a_404_cuts_short_the_path_it_quotes(server, path):
     r = httpx.get(f"{server.url}{path}")
     assert r.status_code == 404
-    assert_openai_error(r.json(), "not_found_error")
+    assert_openai_error(r.json(), "invalid_request_error" if "models" in path else
+                        "not_found_error")
     assert len(r.json()["error"]["message"]) < 300
 
 
@@ -338,6 +352,25 @@ def test_a_model_vocabulary_smaller_than_its_tokenizers_still_loads_and_serves(
         r = server.client().completions.create(model="tiny", prompt=[5], max_tokens=2,
                                                temperature=0.0)
     assert r.usage.completion_tokens == 2
+
+
+def test_logprobs_past_the_models_vocabulary_are_a_400_naming_the_parameter(tmp_path):
+    build_checkpoint(tmp_path / "checkpoint", model_vocab=4)
+    with ServerProcess(str(tmp_path / "checkpoint"), tmp_path / "serve.log", "--device", "cpu",
+                       "--dtype", "float32", "--max-seq-len", "16",
+                       "--served-model-name", "tiny") as server:
+        client = server.client()
+        with pytest.raises(openai.BadRequestError) as completion:
+            client.completions.create(model="tiny", prompt=[1], max_tokens=1, logprobs=5)
+        with pytest.raises(openai.BadRequestError) as chat:
+            client.chat.completions.create(model="tiny", max_tokens=1, logprobs=True,
+                                           top_logprobs=20,
+                                           messages=[{"role": "user", "content": "Hi"}])
+        r = client.completions.create(model="tiny", prompt=[1], max_tokens=1, logprobs=4)
+    assert completion.value.body["param"] == "logprobs"
+    assert chat.value.body["param"] == "top_logprobs"
+    assert "vocabulary of 4 tokens" in chat.value.body["message"]
+    assert len(r.choices[0].logprobs.top_logprobs[0]) == 4
 
 
 def test_a_checkpoint_that_cannot_load_makes_serve_exit_with_its_error(tmp_path):

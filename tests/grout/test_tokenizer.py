@@ -176,3 +176,10 @@ def test_an_assistant_turn_without_content_is_empty_unless_it_holds_tool_calls()
     msgs[1]["tool_calls"] = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
     with pytest.raises(grout.RequestError, match=r"message 1: tool_calls"):
         qwen3_chat(msgs)
+
+
+def test_the_chat_format_is_its_own_module_and_still_importable_from_the_tokenizer():
+    from grout import chat_template, tokenizer
+    assert tokenizer.qwen3_chat is chat_template.qwen3_chat
+    messages = [{"role": "user", "content": "Hi"}]
+    assert qwen_tokenizer().apply_chat_template(messages) == chat_template.render(messages)
