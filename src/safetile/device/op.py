@@ -13,6 +13,7 @@ import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
 from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, NotRunError
+from ..tensor.hints import a_type_name
 from ..tensor.ownership import LOCK, NoCopies
 # Names other modules import from here, defined in execution.py.
 from .execution import (UNKNOWN, RunContext, _state, abandon_and_finish,  # noqa: F401
@@ -36,6 +37,38 @@ def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
     attach_recovered(error, tuple(outs) + (took,) + tuple(
         later._values() if isinstance(later, DeviceOp) else later for later in rest),
         replace=True)
+
+
+class _NoOutputYet:
+    """A name that futures, JAX and Triton users reach for on an op: says where the output is."""
+
+    # A class-level descriptor rather than ``DeviceOp.__getattr__``: on Python 3.11 a class
+    # with ``__getattr__`` loses the specialized lookup of every other attribute, and the
+    # launch path reads an op's attributes many times per launch.
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, op, owner=None):
+        if op is None:
+            return self
+        raise AttributeError(
+            f"{type(op).__name__!r} object has no attribute {self.name!r}: an op is lazy and "
+            f"its output exists once it has run. Run it and take the output from op.sync() "
+            f"(a kernel's output is every argument, in order: `x, y, z = op.sync()`), or "
+            f"`x, y, z = await op` in a coroutine; st.submit(op) gives an asyncio.Future of "
+            f"it", name=self.name, obj=op)
+
+
+def unrun_argument(op, callee: str | None = None) -> str:
+    """How to name ``op`` where its output was expected (by ``callee``), and what to pass."""
+    chain = (f"op.then({callee}) (its output values become {callee}'s arguments) or "
+             f"op.then(lambda *values: {callee}(...))" if callee else
+             "op.then(lambda *values: ...) (it receives the output values)")
+    return (f"an op that has not run ({a_type_name(op)}), not its output; pass its output "
+            f"instead: run it first and pass what op.sync() returns (a kernel's output is every "
+            f"argument, in order: `x, y, z = op.sync()`), or chain the call after it with {chain}")
 
 
 def _end_of(values: tuple, i: int, which: str):
@@ -68,6 +101,9 @@ class DeviceOp(NoCopies):
 
     def __getitem__(self, key):
         self._not_run("indexed")
+
+    # One descriptor per name (each learns its name from __set_name__).
+    result, wait, run, get, value, output, block_until_ready = (_NoOutputYet() for _ in range(7))
 
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):
