@@ -1,4 +1,6 @@
 """Habits from Triton, torch and Python meet errors that say what safetile takes instead."""
+import pathlib
+
 import pytest
 import torch
 
@@ -193,3 +195,76 @@ def test_a_kernel_called_from_a_kernel_body_is_told_kernels_launch_from_the_host
             add(x, x, z)
     assert "'add' is an @st.kernel: kernels are launched from the host" in str(e.value)
     assert "@st.function helper" in str(e.value) and "decorate it" not in str(e.value)
+
+
+# -- an op asked for its output, or passed on, before it has run -------------------------------
+
+def running_add():
+    return add(st.ones((4,)), st.ones((4,)), part())
+
+
+@pytest.mark.parametrize("name", ["result", "wait", "run", "get", "value", "output",
+                                  "block_until_ready"])
+def test_a_futures_name_on_an_op_says_the_output_comes_from_sync(name):
+    op = running_add()
+    with pytest.raises(AttributeError) as e:
+        getattr(op, name)
+    text = str(e.value)
+    assert f"'KernelOp' object has no attribute '{name}'" in text
+    assert "take the output from op.sync()" in text and "`x, y, z = op.sync()`" in text
+    assert "`x, y, z = await op` in a coroutine" in text and "st.submit(op)" in text
+    op.sync()
+
+
+def test_a_chained_op_asked_for_its_result_names_its_own_type():
+    op = running_add().then(lambda x, y, z: add(x, y, z))
+    with pytest.raises(AttributeError, match=r"^'ThenOp' object has no attribute 'result'.*"
+                                             r"op\.sync\(\)"):
+        op.result()
+    op.sync()
+
+
+def test_another_missing_name_on_an_op_stays_a_plain_attribute_error():
+    op = running_add()
+    with pytest.raises(AttributeError) as e:
+        op.sizes
+    assert str(e.value) == "'KernelOp' object has no attribute 'sizes'"
+    op.sync()
+
+
+def test_an_unrun_op_passed_to_a_kernel_says_to_pass_its_output_or_chain_with_then():
+    op = running_add()
+    with pytest.raises(st.LaunchError) as e:
+        add(op.last(), st.ones((4,)), part())
+    text = str(e.value)
+    assert "parameter 'x'" in text and "got an op that has not run (a safetile.MapOp)" in text
+    assert "pass what op.sync() returns" in text and "`x, y, z = op.sync()`" in text
+    assert "op.then(add) (its output values become add's arguments)" in text
+    op.sync()
+
+
+def test_an_unrun_op_for_a_scalar_parameter_says_to_pass_its_output():
+    op = running_add()
+    with pytest.raises(st.LaunchError) as e:
+        scale(st.ones((4,)), part(), op)
+    text = str(e.value)
+    assert "parameter 'k': expects a float, got an op that has not run (a safetile.KernelOp)" \
+        in text
+    assert "pass what op.sync() returns" in text and "op.then(scale)" in text
+    op.sync()
+
+
+def test_an_unrun_op_given_to_a_library_op_says_to_pass_its_output():
+    op = running_add()
+    with pytest.raises(st.ArgumentError) as e:
+        st.ops.softmax(op.last())
+    text = str(e.value)
+    assert "ops.softmax: x: expected an st.Tensor or st.Shared, got an op that has not run" in text
+    assert "pass what op.sync() returns" in text and "op.then(lambda *values: ...)" in text
+    op.sync()
+
+
+def test_the_guide_runs_a_kernel_by_unpacking_every_argument():
+    guide = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide.md").read_text()
+    assert "x, y, z = add(x, y, z).sync()" in guide
+    assert "'tuple' object has no attribute 'unpartition'" in guide

@@ -18,7 +18,7 @@ the loop's default executor, off the loop thread, so other coroutines keep runni
 executions awaited from one loop run one at a time, in submission order (``_Lane``).
 
 Errors raised while running come back to the awaiting coroutine as the same exception,
-after every argument has been handed back (``e.recovered`` holds the values, see op.py).
+after every argument has been handed back (``e.recovered`` holds the values, see execution.py).
 
 Cancellation cannot stop work already on the GPU (or running on the CPU executor). A
 cancelled ``await op`` therefore raises ``asyncio.CancelledError`` only once that work has

@@ -19,6 +19,7 @@ from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
+from ..device.op import DeviceOp, unrun_argument
 from ..device.unsafe_block import in_unsafe_block
 
 # The largest element offset and dimension of an In/Out tensor (lang/semantics.py: generated
@@ -34,6 +35,8 @@ def _fail(kernel, pname, message) -> LaunchError:
 
 def _scalar_fail(kernel, pname, what: str, v, want) -> LaunchError:
     """The error for ``v`` given to a scalar or Const parameter, with what to pass instead."""
+    if isinstance(v, DeviceOp):
+        return _fail(kernel, pname, f"{what} {unrun_argument(v, kernel.name)}")
     hint = how_to_pass_number(v, "int" if want is int else "float") \
         if want in (int, float) else ""
     return _fail(kernel, pname, f"{what} {type_name(v)} {v!r}{f'; {hint}' if hint else ''}")
@@ -83,9 +86,12 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         expected = {"In": (Tensor, Shared), "Out": (Partition,), "Ptr": (Tensor,)}[kind]
         if not isinstance(v, expected):
             want = "an " + " or ".join(f"st.{t.__name__}" for t in expected)
-            hint = how_to_pass(v, {"In": "input", "Out": "output", "Ptr": "tensor"}[kind])
-            raise _fail(kernel, name, f"{spec.describe()} expects {want}, got "
-                                      f"{a_type_name(v)}{f'; {hint}' if hint else ''}")
+            if isinstance(v, DeviceOp):
+                got = unrun_argument(v, kernel.name)
+            else:
+                hint = how_to_pass(v, {"In": "input", "Out": "output", "Ptr": "tensor"}[kind])
+                got = f"{a_type_name(v)}{f'; {hint}' if hint else ''}"
+            raise _fail(kernel, name, f"{spec.describe()} expects {want}, got {got}")
         if not v._is_live():
             v._check(f"pass it to kernel '{kernel.name}'")
         t = v._torch
