@@ -298,17 +298,22 @@ def test_bench_lengths_past_the_cache_are_a_usage_error_before_the_model_loads(c
     assert "grout bench: error: " in err and "68 exceeds max_seq_len 64" in err
 
 
-def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
-    # `grout generate ... | head -c 1`: the pipe closes under the stream, which is no error
+def _long_generate():
+    """``grout generate`` of 500 tokens on the tiny model, in a process of its own."""
     import os
     import subprocess
     import sys
     from pathlib import Path
     env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
-    p = subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
-                          "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
-                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env)
+    return subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
+                             "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
+                             "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
+    # `grout generate ... | head -c 1`: the pipe closes under the stream, which is no error
+    p = _long_generate()
     try:
         assert p.stdout.read(1)
         p.stdout.close()
@@ -321,16 +326,8 @@ def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
 
 
 def test_ctrl_c_during_generate_ends_the_line_and_tells_the_tokens_so_far():
-    import os
     import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
-    p = subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
-                          "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
-                          "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env)
+    p = _long_generate()
     try:
         first = p.stdout.read(1)                      # generation has begun
         p.send_signal(signal.SIGINT)
