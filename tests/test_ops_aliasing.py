@@ -157,6 +157,13 @@ def test_an_op_of_one_launch_names_itself_and_its_own_arguments_for_an_overlap(m
         one_launch_overlaps()[message]()
 
 
+def test_an_op_that_names_an_overlap_keeps_the_refused_launch_s_arguments_as_recovered():
+    x = wrap(rand((64,), st.f32, 3))
+    with pytest.raises(st.AliasError, match="ops.copy") as e:
+        ops.copy(x, x)
+    assert e.value.recovered is not None and len(e.value.recovered) == 2
+
+
 def test_qk_norm_rope_kv_append_refuses_a_q_out_in_the_cache_on_the_two_kernel_path():
     args = support.prologue_arguments(max_seq=100, seed=9)
     k_cache = wrap(args["k_cache"])

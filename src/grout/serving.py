@@ -63,7 +63,8 @@ def prepare(engine: Any, job: Job) -> None:
     # The budget is the engine's (token_budget), and so are the prompts it refuses: those
     # longer than the context. Where the engine would cut a generation short, the server
     # refuses the request instead, as vLLM does: a max_tokens past the budget. A prompt that
-    # fills the context is answered as the engine answers it, with nothing and "length".
+    # fills the context and asks for no tokens (chat without max_tokens, or max_tokens 0) is
+    # answered as the engine answers it, with nothing and "length".
     req = job.request
     param = "messages" if req.kind == "chat" else "prompt"
     top = "top_logprobs" if req.kind == "chat" else "logprobs"

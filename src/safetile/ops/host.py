@@ -321,7 +321,8 @@ def naming_overlaps(*outputs: str):
     """Decorate an op of one launch whose parameters ``outputs`` it writes (its other Tensor
     and Shared arguments are inputs): an overlap between its own arguments, which the launch
     refuses naming the kernel and the kernel's parameters, is refused naming the op and its
-    own (no cost unless the launch refuses)."""
+    own, with the refused launch's ``recovered`` arguments (one wrapper call per op; the
+    names are worked out only when the launch refuses)."""
     def decorate(fn):
         signature, name = inspect.signature(fn), f"ops.{fn.__name__}"
 
@@ -336,6 +337,7 @@ def naming_overlaps(*outputs: str):
                     check_disjoint(name, {n: v for n, v in given.items() if n not in outputs},
                                    {n: v for n, v in given.items() if n in outputs})
                 except AliasError as named:
+                    named.recovered = getattr(err, "recovered", None)
                     raise named from err
                 raise                       # an overlap with an operation in flight
         return op

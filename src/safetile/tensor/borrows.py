@@ -134,7 +134,8 @@ class Hold:
         return self._released
 
     def release(self) -> None:
-        """Remove this hold's borrows from the registry. Calling it again does nothing."""
+        """Remove this hold's borrows from the registry (inside a walk of the registries, once
+        that walk ends). Calling it again does nothing."""
         if WALK.depth and LOCK._is_owned():
             # Called by code a collection ran inside a walk (a user's finalizer syncing an
             # op): removing holds under the walk could make it skip one that conflicts. The
@@ -195,7 +196,8 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     nothing is registered). ``tensors`` are kept alive by the hold; ``groups`` is
     ``by_device(extents)`` when the caller has it; holds in ``exempt`` are not checked
     against; ``lasting`` marks the read borrow of a Shared value (``Registry.add``). The
-    caller need not hold ``LOCK``."""
+    caller need not hold ``LOCK``. Inside a walk of the registries (a finalizer a collection
+    ran mid-check): ``ExecutionError`` (``refuse_inside_walk``)."""
     if WALK.depth:                            # (the message is built only when it may raise)
         refuse_inside_walk(f"borrow memory for {holder}")
     owner = getattr(_owner, "ctx", None)
@@ -379,7 +381,7 @@ def check_host_read(t: torch.Tensor, what: str) -> None:
     """Raise :class:`BorrowError` if an in-flight operation writes memory ``t`` covers.
 
     ``what`` completes "cannot ...", e.g. ``"read Tensor(shape=(4,), float32) with
-    to_torch()"``.
+    to_torch()"``. Inside a walk of the registries: ``ExecutionError`` (``refuse_inside_walk``).
     """
     refuse_inside_walk(what)
     _check_read(t, what)
@@ -398,7 +400,7 @@ def _check_read(t: torch.Tensor, what: str) -> None:
 def host_read(t: torch.Tensor, what: str):
     """:func:`check_host_read`, then a read borrow of ``t``'s bytes while the block copies
     them: a launch that would write them meanwhile (from another thread) is refused with
-    ``AliasError`` instead of tearing the copy."""
+    ``AliasError`` instead of tearing the copy. Inside a walk: ``ExecutionError``."""
     refuse_inside_walk(what)
     with WALK:
         _check_read(t, what)
@@ -419,7 +421,8 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
     (used before handing out mutable access: DLPack export, ``into_torch``, unwrap), the hold
     ``exempt`` aside (a Shared value's own read borrow, which ends only once this passes).
     ``touches_bytes=False``: only ownership changes hands now (unwrapping a Shared value),
-    so the running execution's launches, ordered before what follows, never conflict."""
+    so the running execution's launches, ordered before what follows, never conflict.
+    Inside a walk of the registries: ``ExecutionError`` (``refuse_inside_walk``)."""
     refuse_inside_walk(what)
     found = _conflicting(t, writes_only=False, exempt=exempt, touches_bytes=touches_bytes)
     if found is not None:

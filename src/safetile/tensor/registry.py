@@ -114,6 +114,8 @@ class Disjoint:
 
     def insert(self, e: Extent, hold: "Hold") -> bool:
         """File ``e``; False (and nothing filed) if it overlaps an extent already here."""
+        if e.hi <= e.lo:                       # an empty extent would share a start
+            return False
         k = bisect_right(self.starts, e.lo)
         if (k and self.ends[k - 1] > e.lo) or (k < len(self.starts) and self.starts[k] < e.hi):
             return False
@@ -125,6 +127,7 @@ class Disjoint:
     def remove(self, e: Extent) -> None:
         """Take out ``e`` (filed by ``insert``: no other extent here starts where it does)."""
         k = bisect_left(self.starts, e.lo)
+        assert self.entries[k][0] is e, "an extent filed by insert is where it starts"
         del self.starts[k], self.ends[k], self.entries[k]
 
     def near(self, lo: int, hi: int) -> list:

@@ -31,15 +31,30 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Shared"]
 
-# Tensor methods a Shared value lacks: each needs the Tensor back first.
-_UNWRAP_FIRST = {
-    name: f"take the Tensor back with .try_unwrap() once no other handle holds it, then call "
-          f".{name}() on it; .to_torch() gives a copy of the data meanwhile"
-    for name in ("into_torch", "view", "reshape", "slice", "stride", "is_contiguous")
-}
-_UNWRAP_FIRST["partition"] = ("a Shared value is read-only; take it back as a Partition with "
-                              ".try_partition(tile_shape) once no other handle holds it")
-_UNWRAP_FIRST["share"] = "it is shared already; .clone() makes another read handle"
+class _TensorOnly:
+    """A Tensor method a Shared value lacks: reading it says how to get at the Tensor."""
+
+    # A class-level descriptor rather than ``Shared.__getattr__``: on Python 3.11 a class with
+    # ``__getattr__`` loses the specialized lookup of every other attribute, and each launch
+    # reads a Shared argument's attributes several times.
+    __slots__ = ("name", "hint")
+
+    def __init__(self, hint: str | None = None):
+        self.hint = hint
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+        if self.hint is None:
+            self.hint = (f"take the Tensor back with .try_unwrap() once no other handle holds "
+                         f"it, then call .{name}() on it; .to_torch() gives a copy of the data "
+                         f"meanwhile")
+
+    def __get__(self, shared, owner=None):
+        if shared is None:
+            return self
+        # obj=None: Python's "Did you mean" must not point at the private ``_core``
+        raise AttributeError(f"'Shared' object has no attribute '{self.name}': {self.hint}",
+                             name=self.name, obj=None)
 
 
 class _SharedCore:
@@ -169,13 +184,11 @@ class Shared(Handle):
         with host_read(self._core.tensor._torch, self._describe(), "numpy()"):
             return _to_numpy(self._core.tensor._torch)
 
-    def __getattr__(self, name: str):
-        # Only reached for names a Shared lacks: say how to reach a Tensor's methods (with
-        # obj=None, so Python's "Did you mean" cannot point at the private ``_core``).
-        if name in _UNWRAP_FIRST:
-            raise AttributeError(f"'Shared' object has no attribute '{name}': "
-                                 f"{_UNWRAP_FIRST[name]}", name=name, obj=None)
-        raise AttributeError(f"'Shared' object has no attribute '{name}'", name=name, obj=self)
+    # One descriptor per Tensor method (each learns its name from __set_name__).
+    into_torch, view, reshape, slice, stride, is_contiguous = (_TensorOnly() for _ in range(6))
+    partition = _TensorOnly("a Shared value is read-only; take it back as a Partition with "
+                            ".try_partition(tile_shape) once no other handle holds it")
+    share = _TensorOnly("it is shared already; .clone() makes another read handle")
 
     # -- handles ---------------------------------------------------------------------------
     def clone(self) -> "Shared":
