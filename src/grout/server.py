@@ -95,11 +95,13 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        # OpenAI's API gives an unknown route ("Invalid URL") the type of any bad request; an
+        # unknown model differs from it by its code, model_not_found.
         # The path is the client's (up to the HTTP parser's limit of tens of kilobytes).
         path = cut(request.url.path, 200)
         return error_response(APIError(f"{request.method} {path}: {exc.detail}",
-                                       status=exc.status_code, type=kind), exc.headers)
+                                       status=exc.status_code, type="invalid_request_error"),
+                              exc.headers)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
