@@ -39,7 +39,8 @@ import weakref
 
 from ..errors import ExecutionError
 from . import streams
-from .op import DeviceOp, _state, enqueue, executing, refuse_inside_recording, refused
+from .execution import _state, enqueue, executing, refuse_inside_recording, refused
+from .op import DeviceOp
 from .unsafe_block import in_unsafe_block, on_behalf
 
 

@@ -34,7 +34,8 @@ from ..errors import ArgumentError, CollectiveError, GraphCaptureError, MovedErr
 from ..tensor import LOCK, Partition, Shared, Tensor, borrows
 from ..tensor.ownership import LIVE, finalize, restore_all_locked
 from ..tensor.tensor import within_storage
-from .op import UNKNOWN, DeviceOp, RunContext, note_built
+from .execution import UNKNOWN, RunContext, note_built
+from .op import DeviceOp
 from .unrun import building_site, warn_unrun
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,

@@ -15,8 +15,9 @@ import inspect
 import threading
 
 from ..errors import ArgumentError, ExecutionError
-from .op import (UNKNOWN, DeviceOp, RunContext, _state, attach_recovered, collecting_built,
-                 fail_in_sequence, in_callback, refused, spread)
+from .execution import (UNKNOWN, RunContext, _state, attach_recovered, collecting_built,
+                        in_callback, refused, spread)
+from .op import DeviceOp, fail_in_sequence
 
 
 def _check_op(value, what: str) -> DeviceOp:

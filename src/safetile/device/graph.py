@@ -45,7 +45,8 @@ from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
 from ..tensor.overlap import Extent, past_storage
 from ..tensor.spans import covering_views
-from .op import DeviceOp, RunContext, attach_recovered, fail_in_sequence
+from .execution import RunContext, attach_recovered
+from .op import DeviceOp, fail_in_sequence
 from .scope import GraphScope
 from .unrun import building_site, warn_unrun
 from .unsafe_block import in_unsafe_block

@@ -13,13 +13,9 @@ import warnings
 from asyncio.events import _get_running_loop as _running_loop
 
 from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, NotRunError
-from ..tensor.hints import a_type_name
+from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LOCK, NoCopies
-# Names other modules import from here, defined in execution.py.
-from .execution import (UNKNOWN, RunContext, _state, abandon_and_finish,  # noqa: F401
-                        attach_recovered, collecting_built, enqueue, executing,
-                        finish_when_complete, in_callback, note_built, refuse_inside_recording,
-                        refused, spread)
+from .execution import RunContext, attach_recovered, enqueue, finish_when_complete
 
 
 def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
@@ -69,6 +65,15 @@ def unrun_argument(op, callee: str | None = None) -> str:
     return (f"an op that has not run ({a_type_name(op)}), not its output; pass its output "
             f"instead: run it first and pass what op.sync() returns (a kernel's output is every "
             f"argument, in order: `x, y, z = op.sync()`), or chain the call after it with {chain}")
+
+
+def given_argument(v, want: str, callee: str | None = None) -> str:
+    """``v`` named as what was given where ``want`` (``"input"``, ``"output"``, ``"tensor"``)
+    was expected (by ``callee``), with what to pass instead."""
+    if isinstance(v, DeviceOp):
+        return unrun_argument(v, callee)
+    hint = how_to_pass(v, want)
+    return f"{a_type_name(v)}{f'; {hint}' if hint else ''}"
 
 
 def _end_of(values: tuple, i: int, which: str):

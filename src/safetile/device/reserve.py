@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ..tensor import borrows
 from ..tensor.ownership import finalize
-from .op import DeviceOp, RunContext, note_built
+from .execution import RunContext, note_built
+from .op import DeviceOp
 
 
 class ReservingOp(DeviceOp):

@@ -24,7 +24,8 @@ from ..errors import CopyError, GraphCaptureError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies
-from .op import DeviceOp, RunContext, abandon_and_finish, attach_recovered, executing
+from .execution import RunContext, abandon_and_finish, attach_recovered, executing
+from .op import DeviceOp
 
 
 class GraphScope(NoCopies):

@@ -1,7 +1,8 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
-from ..device.op import UNKNOWN, DeviceOp, RunContext, note_built
+from ..device.execution import UNKNOWN, RunContext, note_built
+from ..device.op import DeviceOp
 from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap

@@ -14,12 +14,12 @@ from ..errors import ArgumentError, LaunchError, UnsafeError
 from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
-from ..tensor.hints import a_type_name, how_to_pass, how_to_pass_number, type_name
+from ..tensor.hints import how_to_pass_number, type_name
 from ..tensor.ownership import LIVE, LOCK
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
-from ..device.op import DeviceOp, unrun_argument
+from ..device.op import DeviceOp, given_argument, unrun_argument
 from ..device.unsafe_block import in_unsafe_block
 
 # The largest element offset and dimension of an In/Out tensor (lang/semantics.py: generated
@@ -86,11 +86,8 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
         expected = {"In": (Tensor, Shared), "Out": (Partition,), "Ptr": (Tensor,)}[kind]
         if not isinstance(v, expected):
             want = "an " + " or ".join(f"st.{t.__name__}" for t in expected)
-            if isinstance(v, DeviceOp):
-                got = unrun_argument(v, kernel.name)
-            else:
-                hint = how_to_pass(v, {"In": "input", "Out": "output", "Ptr": "tensor"}[kind])
-                got = f"{a_type_name(v)}{f'; {hint}' if hint else ''}"
+            got = given_argument(v, {"In": "input", "Out": "output", "Ptr": "tensor"}[kind],
+                                 kernel.name)
             raise _fail(kernel, name, f"{spec.describe()} expects {want}, got {got}")
         if not v._is_live():
             v._check(f"pass it to kernel '{kernel.name}'")

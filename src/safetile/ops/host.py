@@ -16,13 +16,12 @@ import numbers
 import torch
 
 from ..errors import AliasError, ArgumentError, GraphCaptureError
-from ..device.op import DeviceOp, unrun_argument
+from ..device.op import given_argument
 from ..device.reserve import ReservingOp
 from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
-from ..tensor.hints import a_type_name, how_to_pass
 
 # Elements of one program's tile for memory-bound kernels: large enough to amortize the
 # per-program prologue, small enough to keep many programs in flight on every SM.
@@ -148,19 +147,11 @@ def pdl_flags(name: str, pdl, trigger_early) -> tuple[bool, bool]:
     return pdl, pdl if trigger_early is None else trigger_early
 
 
-def _given(v, want: str) -> str:
-    """``v`` named as what was given where ``want`` was expected, with what to pass instead."""
-    if isinstance(v, DeviceOp):
-        return unrun_argument(v)
-    hint = how_to_pass(v, want)
-    return f"{a_type_name(v)}{f'; {hint}' if hint else ''}"
-
-
 def check_value(name: str, v) -> None:
     """``v`` must be a safetile Tensor or Shared (a torch tensor is wrapped by st.from_torch)."""
     if not isinstance(v, (Tensor, Shared)):
         raise ArgumentError(f"{name}: expected an st.Tensor or st.Shared, got "
-                            f"{_given(v, 'input')}")
+                            f"{given_argument(v, 'input')}")
 
 
 def check_dtype(name: str, v, allowed,
@@ -177,7 +168,7 @@ def check_dtype(name: str, v, allowed,
 def check_target(name: str, v) -> None:
     """``v``, which an op writes, must be a Tensor (a Shared handle is read-only)."""
     if not isinstance(v, Tensor):
-        raise ArgumentError(f"{name}: expected an st.Tensor, got {_given(v, 'tensor')}")
+        raise ArgumentError(f"{name}: expected an st.Tensor, got {given_argument(v, 'tensor')}")
 
 
 def check_workspace(name: str, ws, fields) -> None:
