@@ -207,10 +207,12 @@ class Registry:
         """File ``hold``'s extents; ``lasting``: a read borrow held for long (a Shared value's)."""
         self.holds[hold] = extents
         if lasting:
-            placed = tuple(e for e in extents if not e.write and self.lasting.insert(e, hold))
+            placed, rest = [], []
+            for e in extents:
+                (placed if not e.write and self.lasting.insert(e, hold) else rest).append(e)
             if placed:
-                self.placed[hold] = placed
-                extents = tuple(e for e in extents if e not in placed)
+                self.placed[hold] = tuple(placed)
+                extents = tuple(rest)
                 if not extents:
                     return
         self.others[hold] = extents
