@@ -7,15 +7,10 @@ import torch
 import safetile as st
 import safetile.lang as sl
 
+import support
 from support import add
 
-pytestmark = pytest.mark.usefixtures("cpu")
-
-
-@pytest.fixture
-def cpu():
-    with st.backend("interpret", seed=0):
-        yield
+cpu_executor = support.cpu_executor(seed=0)
 
 
 @st.kernel
