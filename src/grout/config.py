@@ -138,6 +138,12 @@ def _read_json(path: Path, required: bool) -> dict | None:
     return data
 
 
+# What transformers' Qwen3Config reads for a key that config.json leaves out (a null is read
+# otherwise: see from_dict); a checkpoint it saved loads with the shapes it was saved with.
+MISSING_AS_TRANSFORMERS = {"head_dim": 128, "num_key_value_heads": 32,
+                           "max_position_embeddings": 32768, "rope_theta": 10_000.0}
+
+
 def _rope_theta(raw: dict, path: Path) -> float:
     """rope_theta from transformers 5's ``rope_parameters`` or the older top-level keys;
     only the default (unscaled) rotary embedding is supported."""
@@ -157,7 +163,9 @@ def _rope_theta(raw: dict, path: Path) -> float:
     # partial_rotary_factor is not read: transformers' Qwen3 rotates the whole head_dim
     # whatever it says (its default rotary embedding never looks at it), and so does grout.
     theta = (params or {}).get("rope_theta", raw.get("rope_theta"))
-    return _number(path, "rope_theta", 1_000_000.0 if theta is None else theta, positive=True)
+    if theta is None:
+        theta = MISSING_AS_TRANSFORMERS["rope_theta"]
+    return _number(path, "rope_theta", theta, positive=True)
 
 
 def _number(path, key: str, value, positive: bool = False) -> float:
@@ -179,10 +187,6 @@ def _flag(path, key: str, value, default: bool = False) -> bool:
     if not isinstance(value, bool):
         raise CheckpointError(f"{path}: {key} must be true or false, got {value!r:.60}")
     return value
-
-
-def _positive_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 def _eos_ids(raw: dict, path, generation: dict | None, generation_path) -> tuple:
@@ -229,21 +233,20 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
     eos = _eos_ids(raw, path, generation, generation_path)
     try:
         heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
-        kv = raw.get("num_key_value_heads")
-        head_dim = raw.get("head_dim")
-        if head_dim is None and _positive_int(heads) and _positive_int(hidden):
-            head_dim = hidden // heads      # otherwise the config check names the bad field
+        kv = raw.get("num_key_value_heads", MISSING_AS_TRANSFORMERS["num_key_value_heads"])
         cfg = Qwen3Config(
             vocab_size=raw["vocab_size"], hidden_size=hidden,
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"], num_attention_heads=heads,
             # null as transformers reads it: as many key/value heads as query heads
-            num_key_value_heads=heads if kv is None else kv, head_dim=head_dim,
+            num_key_value_heads=heads if kv is None else kv,
+            head_dim=raw.get("head_dim", MISSING_AS_TRANSFORMERS["head_dim"]),
             tie_word_embeddings=_flag(path, "tie_word_embeddings",
                                       raw.get("tie_word_embeddings", False)),
             rope_theta=_rope_theta(raw, path),
             rms_norm_eps=_number(path, "rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=raw.get("max_position_embeddings", 40960),
+            max_position_embeddings=raw.get(
+                "max_position_embeddings", MISSING_AS_TRANSFORMERS["max_position_embeddings"]),
             dtype=dtype, eos_token_ids=eos, name=name)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None

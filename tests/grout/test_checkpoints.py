@@ -137,8 +137,24 @@ def test_a_null_num_key_value_heads_means_one_per_query_head_as_in_transformers(
     assert from_dict(raw, "config.json").num_key_value_heads == raw["num_attention_heads"]
 
 
-@pytest.mark.parametrize("fields", [dict(max_position_embeddings=None), dict(rms_norm_eps=None)],
-                         ids=["max_position_embeddings", "rms_norm_eps"])
+@pytest.mark.parametrize("key", ["head_dim", "num_key_value_heads", "max_position_embeddings",
+                                 "rope_theta"])
+def test_a_key_left_out_of_config_json_reads_as_transformers_reads_it(checkpoint_copy, key):
+    from transformers import AutoConfig
+    from grout.config import from_checkpoint
+    raw = json.loads((checkpoint_copy / "config.json").read_text())
+    raw.update(num_attention_heads=64, hidden_size=64)   # 32 kv heads divide 64 query heads
+    for k in (key, "rope_parameters") if key == "rope_theta" else (key,):
+        raw.pop(k, None)
+    (checkpoint_copy / "config.json").write_text(json.dumps(raw))
+    theirs = AutoConfig.from_pretrained(checkpoint_copy)
+    expected = theirs.rope_parameters["rope_theta"] if key == "rope_theta" else getattr(theirs, key)
+    assert getattr(from_checkpoint(checkpoint_copy), key) == expected
+
+
+@pytest.mark.parametrize("fields", [dict(max_position_embeddings=None), dict(rms_norm_eps=None),
+                                    dict(head_dim=None)],
+                         ids=["max_position_embeddings", "rms_norm_eps", "head_dim"])
 def test_a_null_that_transformers_refuses_is_refused_naming_the_field(checkpoint_copy, fields):
     from grout.config import from_dict
     raw = dict(json.loads((checkpoint_copy / "config.json").read_text()), **fields)
