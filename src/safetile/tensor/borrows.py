@@ -136,7 +136,7 @@ class Hold:
     def release(self) -> None:
         """Remove this hold's borrows from the registry (inside a walk of the registries, once
         that walk ends). Calling it again does nothing."""
-        if WALK.depth and LOCK._is_owned():
+        if WALK.depth and LOCK._is_owned():     # WALK.here() inline: every op releases one
             # Called by code a collection ran inside a walk (a user's finalizer syncing an
             # op): removing holds under the walk could make it skip one that conflicts. The
             # borrow ends once the walk does (ownership.run_finalizers).
@@ -368,7 +368,7 @@ def refuse_inside_walk(what: str) -> None:
     running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
     in the middle of a borrow check or registration, which has the registries half-updated.
     A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
-    if WALK.depth and LOCK._is_owned():
+    if WALK.here():
         raise ExecutionError(
             f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
             f"__del__, or a weakref or gc callback that a garbage collection started in the "

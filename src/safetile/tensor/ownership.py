@@ -59,6 +59,11 @@ class Walk:
         LOCK.acquire()
         self.depth += 1
 
+    def here(self) -> bool:
+        """True in code that runs inside a walk of this thread: a finalizer, or a weakref or
+        gc callback, that a collection started in the middle of one."""
+        return bool(self.depth) and LOCK._is_owned()
+
     def __exit__(self, *exc) -> None:
         try:
             self.depth -= 1
@@ -73,7 +78,7 @@ WALK = Walk()
 
 def finalize(work) -> None:
     """Run a finalizer's ``work()`` now, or queue it if this thread is inside a walk."""
-    if WALK.depth and LOCK._is_owned():
+    if WALK.here():
         QUEUED_FINALIZERS.append(work)
     else:
         work()
@@ -82,7 +87,7 @@ def finalize(work) -> None:
 def run_finalizers() -> None:
     """Run the queued finalizer work (not inside a walk). A failure is reported as Python
     reports one in ``__del__`` (on stderr) and the rest still runs."""
-    while QUEUED_FINALIZERS and not (WALK.depth and LOCK._is_owned()):
+    while QUEUED_FINALIZERS and not WALK.here():
         try:
             work = QUEUED_FINALIZERS.pop(0)
         except IndexError:                    # another thread took the last one
