@@ -338,6 +338,24 @@ def test_an_async_map_callback_is_refused_when_the_map_is_built_and_the_op_can_s
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
 
 
+def test_a_partial_of_an_async_def_is_refused_when_the_then_is_built():
+    import functools
+
+    async def next_op(k, x, y, z):
+        return add(x, y, z)
+
+    op = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out())
+    with pytest.raises(ExecutionError, match="coroutine function"):
+        op.then(functools.partial(next_op, 1))
+    _, _, z = op.sync()
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+def test_a_kernel_passes_as_a_then_callback():
+    x, y, z = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out()).then(add).sync()
+    assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
 def test_an_async_then_callback_is_refused_when_the_then_is_built():
     async def next_op(x, y, z):
         return add(x, y, z)

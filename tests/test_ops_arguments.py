@@ -126,6 +126,20 @@ def test_argmax_refuses_a_block_that_is_not_a_power_of_two(block):
         ops.argmax_workspace(3000, block=block)
 
 
+class _TwoFacedInt(int):
+    """An int that compares as 64 but converts to 3 (``int()`` of it)."""
+
+    def __int__(self):
+        return 3
+
+    __index__ = __int__
+
+
+def test_a_tile_size_is_checked_as_the_int_the_op_uses():
+    with pytest.raises(st.ArgumentError, match="ops.argmax: block must be a power of two"):
+        ops.argmax(st.zeros((3000,)), block=_TwoFacedInt(64))
+
+
 def test_argmax_takes_a_numpy_int_block():
     t = rand(3000, st.f32, 6)
     assert ops.argmax(wrap(t), block=np.int64(256)).sync().to_torch().item() == t.argmax()

@@ -47,8 +47,11 @@ def async_error(kind: str, f, returned=None) -> ExecutionError:
 def refuse_async(kind: str, f, op: DeviceOp) -> None:
     """Raise when ``f`` is an ``async def``, as ``op.then(f)`` / ``op.map(f)`` is built."""
     # A function's (or bound method's) code flags answer without inspect's unwrapping, which
-    # every op of a chain would pay; a partial or another callable asks inspect.
+    # every op of a chain would pay, and so does a class that sets ``_st_sync_call`` (calling
+    # an instance never makes a coroutine: a kernel); a partial or another callable asks inspect.
     code = getattr(f, "__code__", None)
+    if code is None and getattr(type(f), "_st_sync_call", False):
+        return
     if code.co_flags & inspect.CO_COROUTINE if code is not None else \
             inspect.iscoroutinefunction(f):
         err = async_error(kind, f)

@@ -168,6 +168,7 @@ class Kernel(_Frozen):
     """
 
     _FROZEN = frozenset({"fn", "name", "unsafe", "_src", "params", "_info", "opts"})
+    _st_sync_call = True      # a call builds an op, never a coroutine (op.then(kernel))
 
     def __init__(self, fn, unsafe: bool = False, options: dict | None = None):
         _plain(fn, "@st.kernel")

@@ -61,10 +61,10 @@ def check_int(name: str, v, lo: int | None = None, hi: int | None = None) -> int
 def check_pow2(name: str, v, lo: int = 1, hi: int = MAX_TILE_ELEMENTS) -> int:
     """``v`` as a power of two in ``[lo, hi]``: a tile size (the GPU builds tiles from
     ``tl.arange``, whose lengths are powers of two)."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi \
-            or v & (v - 1):
+    n = int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else None
+    if n is None or not lo <= n <= hi or n & (n - 1):     # the int used is the int checked
         raise ArgumentError(f"{name} must be a power of two in [{lo}, {hi}], got {v!r}")
-    return int(v)
+    return n
 
 
 def check_warps(name: str, v) -> int:
