@@ -168,3 +168,42 @@ def test_every_source_file_has_at_most_450_lines():
     long = {str(p.relative_to(SRC)): n for p in sorted(SRC.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+GROUT = SRC / "grout"
+
+
+def grout_trees():
+    return [(p.name, ast.parse(p.read_text())) for p in sorted(GROUT.glob("*.py"))]
+
+
+def st_attributes(tree):
+    """Every ``st.NAME`` a module reads (grout imports safetile as ``st``)."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "st"]
+
+
+def test_grout_imports_only_safetiles_public_api_and_its_ops():
+    import safetile
+    public = set(safetile.__all__) | {"ops"}
+    allowed = {"safetile", "safetile.ops"}
+    found = []
+    for name, tree in grout_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(name, a.name) for a in node.names
+                          if a.name.startswith("safetile") and a.name not in allowed]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("safetile"):
+                found += [(name, f"{node.module}.{a.name}") for a in node.names
+                          if node.module not in allowed
+                          or (node.module == "safetile" and a.name not in public)]
+        found += [(name, f"st.{node.attr}") for node in st_attributes(tree)
+                  if node.attr not in public and not node.attr.startswith("__")]
+    assert found == []
+
+
+def test_grout_defines_no_kernels_of_its_own():
+    grammar = {"kernel", "function", "In", "Out", "Const", "Ptr", "unsafe"}
+    found = [(name, node.lineno) for name, tree in grout_trees()
+             for node in st_attributes(tree) if node.attr in grammar]
+    assert found == []

@@ -56,6 +56,17 @@ def test_generate_sampling_dtype_and_cache_flags_reach_the_engine(capsys, monkey
     assert (seen["device"], seen["dtype"], seen["max_seq_len"]) == ("cpu", "float32", 64)
 
 
+def test_generate_chat_sends_the_prompt_as_one_user_turn_of_the_chat_template(capsys):
+    import grout
+    assert cli.main(["generate", "--model", "tiny", "--prompt", "Hi", "--chat",
+                     "--max-new-tokens", "3", "--device", "cpu", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    eng = grout.load("tiny", device="cpu", progress=False)
+    chat = eng.chat([{"role": "user", "content": "Hi"}], enable_thinking=False,
+                    max_new_tokens=3)
+    assert out == chat.text + "\n" != eng.generate("Hi", max_new_tokens=3).text + "\n"
+
+
 def test_generate_stops_where_prompt_and_output_fill_max_seq_len(capsys):
     # "Hello, world" is 3 tokens: 5 more fill an 8-position context, as in the engine
     assert cli.main(["generate", "--model", "tiny", "--prompt", "Hello, world", "--max-seq-len",
@@ -123,6 +134,16 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
     for key in ("ttft_ms", "decode_tok_s", "ms_per_token", "pct_of_roofline", "roofline_tok_s"):
         assert r[key] > 0
     assert r["graph"] and r["model"] == "tiny"
+
+
+def test_bench_gemm_cublas_times_the_torch_matmul_projections(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",
+                     "--repeats", "1", "--device", "cpu", "--no-progress", "--gemm", "cublas",
+                     "--json", str(out)]) == 0
+    assert "gemm=cublas" in capsys.readouterr().out
+    r = json.loads(out.read_text())["results"][0]
+    assert r["gemm"] == "cublas" and not r["graph"] and r["decode_tok_s"] > 0
 
 
 def _bench_checkpoint(path, tmp_path, *args):

@@ -277,6 +277,26 @@ def test_named_shape_weights_are_random_varied_and_bf16():
     assert c.text == eng.tokenizer.decode(c.token_ids)
 
 
+# (hidden, intermediate, layers, heads, key/value heads, tied embeddings) of each model's
+# config.json as Qwen published it; every one has head_dim 128 and Qwen's 151936-token vocabulary
+QWEN3_DIMENSIONS = {
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, True), "qwen3-1.7b": (2048, 6144, 28, 16, 8, True),
+    "qwen3-4b": (2560, 9728, 36, 32, 8, True), "qwen3-8b": (4096, 12288, 36, 32, 8, False),
+    "qwen3-14b": (5120, 17408, 40, 40, 8, False), "qwen3-32b": (5120, 25600, 64, 64, 8, False)}
+
+
+def test_the_named_shapes_are_tiny_and_the_qwen3_models():
+    assert set(grout.SHAPES) == {"tiny", *QWEN3_DIMENSIONS}
+
+
+@pytest.mark.parametrize("name", QWEN3_DIMENSIONS)
+def test_a_named_shape_has_the_real_dimensions_of_its_qwen3_model(name):
+    c = grout.SHAPES[name]
+    assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+            c.num_key_value_heads, c.tie_word_embeddings) == QWEN3_DIMENSIONS[name]
+    assert (c.head_dim, c.vocab_size, c.rope_theta, c.rms_norm_eps) == (128, 151936, 1e6, 1e-6)
+
+
 def test_sampling_parameters_may_be_numpy_numbers(eng):
     # as safetile's ops take them (a numpy float32 is no Python float, an int64 no int)
     import numpy as np
