@@ -72,6 +72,13 @@ def test_arange_takes_a_shape_as_the_other_allocators_do():
     assert arange(3, dtypes.i32, device="cpu").dtype is dtypes.int32    # dtype positionally
 
 
+def test_arange_takes_its_shape_by_keyword_as_the_other_allocators_do():
+    assert arange(shape=(4,), dtype=dtypes.f32, device="cpu").to_torch().tolist() == \
+        [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ArgumentError, match="not both"):
+        arange(4, shape=(4,), device="cpu")
+
+
 @pytest.mark.parametrize("args", [((2, 3),), ("4",), (None,), (4, "8"), (True,)])
 def test_arange_refuses_what_is_not_a_count_or_a_1d_shape(args):
     with pytest.raises(ArgumentError, match="st.arange"):

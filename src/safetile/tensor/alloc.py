@@ -201,14 +201,22 @@ def _integral(value) -> bool:
         return True
 
 
-def arange(start, stop=None, step=1, dtype=None, device=None) -> Tensor:
+def arange(start=None, stop=None, step=1, dtype=None, device=None, *, shape=None) -> Tensor:
     """``[start, stop)`` in steps of ``step``: ``arange(n)`` (or, as the other allocators take
-    a shape, ``arange((n,))``) is ``0 .. n-1``; a dtype may follow the count positionally
-    (``arange(n, st.f32)``).
+    a shape, ``arange((n,))`` and ``arange(shape=(n,))``) is ``0 .. n-1``; a dtype may follow
+    the count positionally (``arange(n, st.f32)``).
 
     ``dtype`` defaults to ``st.int64`` when all arguments are ints, else ``st.float32``.
     """
     _guard("arange")
+    if (shape is None) == (start is None):
+        raise ArgumentError("st.arange takes a count or a shape: arange(n), arange((n,)) or "
+                            "arange(shape=(n,))" + (", not both" if shape is not None else ""))
+    if shape is not None:
+        if stop is not None:
+            raise ArgumentError("st.arange(shape=...) counts from 0: give start and stop "
+                                "instead of a shape")
+        start = shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
     if isinstance(stop, _dtypes.DType) and dtype is None:
         stop, dtype = None, stop
     if isinstance(start, (tuple, list, torch.Size)) and stop is None:
