@@ -9,7 +9,9 @@ Scenarios (a tiny safe kernel: z = x + y on 1024 fp32 elements, one tile program
   submit_1000    the same ops as ``st.submit(op)`` futures, gathered directly (no Tasks)
   graph_replay   replay of a graph of 1000 recorded ops, per op (GPU only)
   with_shared    sync_each while 400 ``Shared`` values of assorted sizes hold read borrows
-                 (as a model's weights do)
+                 (as a model's weights do), measured alternately with sync_each without
+                 them (``SHARED_ROUNDS`` rounds; the host's speed drifts by tens of percent
+                 over a run): its ``ratio_to_sync_each`` is the median of the rounds' ratios
   construct      launch + hand-back, nothing enqueued; bare: ``op._execute`` alone
 and the peers: raw Triton ``kernel[grid](...)`` and ``torch.add(out=)``, each synced on its
 own and back to back. Every GPU variant's result is checked against torch before timing.
@@ -85,13 +87,8 @@ def scenarios(device: str, sync) -> tuple[dict, dict]:
         futs = [st.submit(add(*t)) for t in triples]
         triples[:] = await asyncio.gather(*futs)
 
-    held: list = []                   # made at the first run, kept: it runs last
-
-    def with_shared():
-        if not held:
-            held.extend(st.randn((1 << (8 + i % 12),), device=device).share()
-                        for i in range(400))
-        sync_each()
+    def weights():
+        return [st.randn((1 << (8 + i % 12),), device=device).share() for i in range(400)]
 
     def construct(iters=CHAIN):
         x, y, z = state["v"]
@@ -111,9 +108,28 @@ def scenarios(device: str, sync) -> tuple[dict, dict]:
             "in_flight": (in_flight, CHAIN),
             "await_1000": (lambda: loop.run_until_complete(gather_tasks()), CHAIN),
             "submit_1000": (lambda: loop.run_until_complete(gather_futures()), CHAIN),
-            "construct": (construct, CHAIN), "bare": (bare, CHAIN),
-            "with_shared": (with_shared, CHAIN)}, \
-        {"state": state, "triples": triples}
+            "construct": (construct, CHAIN), "bare": (bare, CHAIN)}, \
+        {"state": state, "triples": triples, "weights": weights}
+
+
+SHARED_ROUNDS = 3
+
+
+def with_shared(fns: dict, st_state: dict) -> dict:
+    """sync_each with and without 400 Shared values held, alternating: the figure with them,
+    and the median ratio of the two over the rounds."""
+    sync_each = fns["sync_each"][0]
+    without, with_, ratios = [], [], []
+    for _ in range(SHARED_ROUNDS):
+        without.append(median_us(sync_each, CHAIN))
+        held = st_state["weights"]()
+        sync_each()
+        with_.append(median_us(sync_each, CHAIN))
+        del held
+        ratios.append(with_[-1] / without[-1])
+    return {"us_per_op": statistics.median(with_), "note": "400 Shared values held",
+            "ratio_to_sync_each": statistics.median(ratios),
+            "rounds": [{"without": a, "with": b} for a, b in zip(without, with_)]}
 
 
 def torch_peers(device: str, sync) -> dict:
@@ -162,12 +178,14 @@ def profile(fns: dict) -> dict:
 def run_cpu() -> int:
     import host_only
     host_only.install()
-    fns, _ = scenarios("cpu", lambda: None)
+    fns, st_state = scenarios("cpu", lambda: None)
     rows, results = [], {}
     peers = torch_peers("cpu", lambda: None)
     for name, (fn, per) in {**{f"safetile {k}": v for k, v in fns.items()}, **peers}.items():
         results[name] = {"us_per_op": median_us(fn, per)}
         rows.append({"variant": name, "us_per_op": results[name]["us_per_op"]})
+    results["safetile with_shared"] = shared = with_shared(fns, st_state)
+    rows.append({"variant": "safetile with_shared", "us_per_op": shared["us_per_op"]})
     payload = {"mode": "cpu host path (no kernel runs)", "n": N, "chain": CHAIN,
                "repeats": REPEATS, "results": results}
     if "--profile" in sys.argv:
@@ -207,10 +225,14 @@ def run_gpu() -> int:
 
     for name, (fn, per) in fns.items():
         fn()
-        check(name, state["v"] if name in ("sync_each", "then_chain", "construct", "bare",
-                                           "with_shared")
+        check(name, state["v"] if name in ("sync_each", "then_chain", "construct", "bare")
               else triples[-1], torch.add)
         record(f"safetile {name}", median_us(fn, per))
+    shared = with_shared(fns, st_state)
+    check("with_shared", state["v"], torch.add)
+    record("safetile with_shared", shared["us_per_op"],
+           f"400 Shared values held: {shared['ratio_to_sync_each']:.3f}x sync_each, alternating")
+    results["safetile with_shared"].update(shared)
 
     x, y, z = state["v"]
     with st.graph_scope() as scope:
