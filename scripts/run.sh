@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job: set up the environment (scripts/env.sh), then run every numbered example
 # (examples/[0-9][0-9]_*.py, in order) or the example paths given as arguments, then (in a
-# full run) grout: `grout generate --model tiny` on the CPU executor. Each example checks its
-# own results. Without a GPU the examples run on the CPU executor (safetile picks its default
-# backend); with one, on the GPU. Exits non-zero if any example or the grout run fails.
+# full run) grout: `grout generate --model tiny`. Each example checks its own results. Without
+# a GPU the examples and grout run on the CPU executor (safetile and grout pick their default
+# backend and device); with one, on the GPU. Exits non-zero if any example or the grout run
+# fails.
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -52,8 +53,8 @@ for ex in "${examples[@]}"; do
     run_one "$ex" "$SAFETILE_PYTHON" "$ex"
 done
 if [ "$full" -eq 1 ]; then
-    run_one "grout generate --model tiny (CPU executor)" "$SAFETILE_PYTHON" -m grout generate \
-        --model tiny --device cpu --prompt "Hello, world" --max-new-tokens 8
+    run_one "grout generate --model tiny" "$SAFETILE_PYTHON" -m grout generate \
+        --model tiny --prompt "Hello, world" --max-new-tokens 8
 fi
 
 echo
