@@ -179,8 +179,11 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> None:
+    # No model, or an empty name, is the served one (as vLLM takes it).
     model = fields.get("model")
-    if model is not None and model != model_name:
+    if model is not None and not isinstance(model, str):
+        raise APIError(f"'model' must be a string, got {shown(model)}", param="model")
+    if model and model != model_name:
         raise APIError(f"the model {shown(model)} does not exist; this server serves "
                        f"'{model_name}'", status=404, param="model", code="model_not_found")
     req.stream = _bool(fields, "stream", default=False)

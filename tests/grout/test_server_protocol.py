@@ -175,6 +175,17 @@ def test_an_unknown_model_is_refused_as_not_found():
     assert (err.status, err.param, err.code) == (404, "model", "model_not_found")
 
 
+@pytest.mark.parametrize("parse", [completion, chat])
+def test_an_empty_model_name_means_the_served_model_as_in_vllm(parse):
+    parse(model="")
+
+
+@pytest.mark.parametrize("model", [5, ["tiny"], True])
+def test_a_model_that_is_not_a_string_is_a_400_not_a_missing_model(model):
+    err = refused(completion, model=model)
+    assert (err.param, err.code) == ("model", None) and "must be a string" in err.message
+
+
 def test_chat_takes_up_to_twenty_top_logprobs():
     assert chat(logprobs=True, top_logprobs=20).logprobs == 20
 
