@@ -115,6 +115,10 @@ def test_enable_thinking_comes_from_chat_template_kwargs():
     assert chat(chat_template_kwargs={"enable_thinking": False}).enable_thinking is False
 
 
+def test_a_null_enable_thinking_means_its_default_as_other_null_fields_do():
+    assert chat(chat_template_kwargs={"enable_thinking": None}).enable_thinking is True
+
+
 def test_default_valued_fields_are_accepted():
     req = completion(n=1, best_of=1, echo=False, presence_penalty=0, logit_bias={}, user="u")
     assert req.max_tokens == 16
