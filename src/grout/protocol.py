@@ -278,7 +278,8 @@ def _reasoning(message: dict[str, Any], where: str) -> str | None:
 
 
 def _content(message: dict[str, Any], role: str, where: str) -> str:
-    """A message's text, its string or text parts joined; only an assistant's may be null."""
+    """A message's text, its string or its text parts joined by newlines (as vLLM joins
+    them for a template that reads text content); only an assistant's may be null."""
     content = message.get("content")
     if content is None:
         if role == "assistant":
@@ -296,7 +297,7 @@ def _content(message: dict[str, Any], role: str, where: str) -> str:
                 raise APIError(f"{where}: only text content parts are supported (in a {role} "
                                f"message)", param=where, code="unsupported_parameter")
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)
     raise APIError(f"{where}: a {role} message's content must be a string or a list of text "
                    f"parts, got {shown(content)}", param=where)
 

@@ -75,10 +75,15 @@ def test_a_role_that_is_not_a_known_string_is_a_400_naming_it(role):
 
 def test_developer_role_and_text_parts_are_understood():
     req = chat(messages=[{"role": "developer", "content": "Be brief."},
-                         {"role": "user", "content": [{"type": "text", "text": "a"},
-                                                      {"type": "text", "text": "b"}]}])
+                         {"role": "user", "content": [{"type": "text", "text": "a"}]}])
     assert req.messages == [{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "ab"}]
+                            {"role": "user", "content": "a"}]
+
+
+def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_joins_them():
+    parts = [{"type": "text", "text": "Summarize:"}, {"type": "text", "text": "the text"}]
+    req = chat(messages=[{"role": "system", "content": parts}, {"role": "user", "content": parts}])
+    assert [m["content"] for m in req.messages] == ["Summarize:\nthe text"] * 2
 
 
 @pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
