@@ -79,6 +79,15 @@ def _model(text: str) -> str:
     return text
 
 
+def _served_name(text: str) -> str:
+    """An argparse type: a served model name that is not blank, in valid Unicode (every
+    response carries it)."""
+    if not text.strip():
+        raise GroutError("give the name clients send as 'model' (or leave the option out)")
+    check_unicode(text)
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_checked(_model), required=True,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
@@ -135,7 +144,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=_int_in(0, 65535, "a port (0 to 65535)"), default=8000,
                    help="port to listen on (0: any free one)")
-    s.add_argument("--served-model-name", default=None,
+    s.add_argument("--served-model-name", type=_checked(_served_name), default=None,
                    help="the model name clients send (default: the --model argument)")
     s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
                    default=None, help="largest request body accepted (default 4 MiB); larger "

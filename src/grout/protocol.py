@@ -144,7 +144,9 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
         if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
             raise APIError("'chat_template_kwargs' supports only 'enable_thinking'",
                            param="chat_template_kwargs")
-        thinking = kwargs.get("enable_thinking", True)
+        thinking = kwargs.get("enable_thinking")
+        if thinking is None:
+            thinking = True
         if not isinstance(thinking, bool):
             raise APIError("'chat_template_kwargs.enable_thinking' must be a boolean",
                            param="chat_template_kwargs.enable_thinking")
@@ -179,8 +181,11 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> None:
+    # No model, or an empty name, is the served one (as vLLM takes it).
     model = fields.get("model")
-    if model is not None and model != model_name:
+    if model is not None and not isinstance(model, str):
+        raise APIError(f"'model' must be a string, got {shown(model)}", param="model")
+    if model and model != model_name:
         raise APIError(f"the model {shown(model)} does not exist; this server serves "
                        f"'{model_name}'", status=404, param="model", code="model_not_found")
     req.stream = _bool(fields, "stream", default=False)
@@ -273,7 +278,8 @@ def _reasoning(message: dict[str, Any], where: str) -> str | None:
 
 
 def _content(message: dict[str, Any], role: str, where: str) -> str:
-    """A message's text, its string or text parts joined; only an assistant's may be null."""
+    """A message's text, its string or its text parts joined by newlines (as vLLM joins
+    them for a template that reads text content); only an assistant's may be null."""
     content = message.get("content")
     if content is None:
         if role == "assistant":
@@ -291,7 +297,7 @@ def _content(message: dict[str, Any], role: str, where: str) -> str:
                 raise APIError(f"{where}: only text content parts are supported (in a {role} "
                                f"message)", param=where, code="unsupported_parameter")
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)
     raise APIError(f"{where}: a {role} message's content must be a string or a list of text "
                    f"parts, got {shown(content)}", param=where)
 

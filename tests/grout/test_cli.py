@@ -228,6 +228,15 @@ def test_serve_options_out_of_range_are_usage_errors(capsys, args, message):
     assert e.value.code == 2 and "usage: grout serve" in err and message in err
 
 
+@pytest.mark.parametrize("name", ["", " "])
+def test_a_blank_served_model_name_is_a_usage_error(capsys, name):
+    # The bad --port after it keeps a wrongly accepted name from starting a server.
+    with pytest.raises(SystemExit) as e:
+        cli.main(["serve", "--model", "tiny", "--served-model-name", name, "--port", "-1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--served-model-name: give the name clients send" in err
+
+
 @pytest.mark.parametrize("command", ["generate", "serve", "bench"])
 def test_the_seed_options_take_exactly_the_samplers_seeds(capsys, command):
     from grout.sampler import SEED_END, SEED_MIN

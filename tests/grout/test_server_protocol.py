@@ -75,10 +75,15 @@ def test_a_role_that_is_not_a_known_string_is_a_400_naming_it(role):
 
 def test_developer_role_and_text_parts_are_understood():
     req = chat(messages=[{"role": "developer", "content": "Be brief."},
-                         {"role": "user", "content": [{"type": "text", "text": "a"},
-                                                      {"type": "text", "text": "b"}]}])
+                         {"role": "user", "content": [{"type": "text", "text": "a"}]}])
     assert req.messages == [{"role": "system", "content": "Be brief."},
-                            {"role": "user", "content": "ab"}]
+                            {"role": "user", "content": "a"}]
+
+
+def test_a_messages_text_parts_are_joined_by_newlines_as_vllm_joins_them():
+    parts = [{"type": "text", "text": "Summarize:"}, {"type": "text", "text": "the text"}]
+    req = chat(messages=[{"role": "system", "content": parts}, {"role": "user", "content": parts}])
+    assert [m["content"] for m in req.messages] == ["Summarize:\nthe text"] * 2
 
 
 @pytest.mark.parametrize("role", ["system", "developer", "user", "tool"])
@@ -113,6 +118,10 @@ def test_an_assistant_message_with_tool_calls_is_refused_as_unsupported():
 def test_enable_thinking_comes_from_chat_template_kwargs():
     assert chat().enable_thinking is True
     assert chat(chat_template_kwargs={"enable_thinking": False}).enable_thinking is False
+
+
+def test_a_null_enable_thinking_means_its_default_as_other_null_fields_do():
+    assert chat(chat_template_kwargs={"enable_thinking": None}).enable_thinking is True
 
 
 def test_default_valued_fields_are_accepted():
@@ -173,6 +182,17 @@ def test_chat_refusals_name_the_field(fields, param):
 def test_an_unknown_model_is_refused_as_not_found():
     err = refused(completion, 404, model="gpt-4")
     assert (err.status, err.param, err.code) == (404, "model", "model_not_found")
+
+
+@pytest.mark.parametrize("parse", [completion, chat])
+def test_an_empty_model_name_means_the_served_model_as_in_vllm(parse):
+    parse(model="")
+
+
+@pytest.mark.parametrize("model", [5, ["tiny"], True])
+def test_a_model_that_is_not_a_string_is_a_400_not_a_missing_model(model):
+    err = refused(completion, model=model)
+    assert (err.param, err.code) == ("model", None) and "must be a string" in err.message
 
 
 def test_chat_takes_up_to_twenty_top_logprobs():
