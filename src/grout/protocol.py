@@ -108,6 +108,7 @@ _DEFAULTS_ONLY: dict[str, tuple[Any, ...]] = {
     "stop_token_ids": (None, []), "include_stop_str_in_output": (None, False),
     "add_generation_prompt": (None, True), "continue_final_message": (None, False),
 }
+_COUNTS = {"n", "best_of"}                  # completions a request: one
 _COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
            "seed", "stop", "ignore_eos"}
 _COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs"}
@@ -162,8 +163,13 @@ def _check_fields(body: Any, allowed: set[str]) -> dict[str, Any]:
             continue
         if name in _DEFAULTS_ONLY:
             if not any(_same(value, d) for d in _DEFAULTS_ONLY[name]):
-                raise APIError(f"'{name}' = {shown(value)} is not supported by this server "
-                               f"(batch-1 engine)", param=name, code="unsupported_parameter")
+                if name in _COUNTS and isinstance(value, int) and \
+                        not isinstance(value, bool) and value < 1:
+                    raise APIError(f"'{name}' must be at least 1, got {shown(value)}",
+                                   param=name)
+                why = " (it generates one completion a request)" if name in _COUNTS else ""
+                raise APIError(f"'{name}' = {shown(value)} is not supported by this server"
+                               f"{why}", param=name, code="unsupported_parameter")
             continue
         raise APIError(f"unrecognized request argument {shown(name)}", param=name[:200],
                        code="unsupported_parameter")

@@ -179,6 +179,17 @@ def test_chat_refusals_name_the_field(fields, param):
     assert refused(chat, **fields).param == param
 
 
+@pytest.mark.parametrize("n", [0, -1])
+def test_a_count_of_completions_below_one_is_out_of_range_not_unsupported(n):
+    err = refused(completion, n=n)
+    assert err.param == "n" and "must be at least 1" in str(err) and err.code is None
+
+
+def test_more_than_one_completion_is_refused_as_one_completion_a_request():
+    err = refused(chat, n=2)
+    assert err.code == "unsupported_parameter" and "one completion a request" in str(err)
+
+
 def test_an_unknown_model_is_refused_as_not_found():
     err = refused(completion, 404, model="gpt-4")
     assert (err.status, err.param, err.code) == (404, "model", "model_not_found")
