@@ -147,18 +147,29 @@ def check_unicode(text: str) -> None:
                            f"errors='replace'") from None
 
 
+def _token_id(i) -> int:
+    """``i`` as a plain int (numpy and torch integers too, never a bool), or RequestError."""
+    try:
+        if isinstance(i, bool):
+            raise TypeError
+        return operator.index(i)
+    except TypeError:
+        raise RequestError(f"token ids must be ints, got {type(i).__name__}") from None
+
+
 def _token_ids(ids) -> list[int]:
     """``ids`` as a list of ints in the tokenizer's id range [0, 2**32), or RequestError."""
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise RequestError(f"decode takes a list of token ids, got {type(ids).__name__}")
+    try:
+        if isinstance(ids, (str, bytes)):
+            raise TypeError
+        ids = iter(ids)             # a 0-d array has __iter__ and refuses it here
+    except TypeError:
+        zero_d = "a 0-d " if getattr(ids, "ndim", None) == 0 else ""
+        raise RequestError(f"decode takes a list of token ids, got {zero_d}"
+                           f"{type(ids).__name__}") from None
     out = []
     for i in ids:
-        try:
-            if isinstance(i, bool):
-                raise TypeError
-            i = operator.index(i)
-        except TypeError:
-            raise RequestError(f"token ids must be ints, got {type(i).__name__}") from None
+        i = _token_id(i)
         if not 0 <= i < 1 << 32:
             got = i if abs(i) < 1 << 64 else f"an int of {i.bit_length()} bits"
             raise RequestError(f"token ids must be in [0, 2**32), got {got}")
@@ -200,12 +211,17 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id of a single token's text (e.g. ``"<think>"``), or None."""
+        if not isinstance(text, str):
+            raise RequestError(f"token_id takes a str (one token's text), got "
+                               f"{type(text).__name__}")
         return self._tok.token_to_id(text)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for: a byte-level token may hold part of a character;
         an added token (``<|im_end|>``) gives its text; an id outside the vocabulary, b""."""
-        entry = self._tok.id_to_token(token_id)
+        token_id = _token_id(token_id)
+        # the backend takes 32-bit ids; no vocabulary reaches past them
+        entry = self._tok.id_to_token(token_id) if 0 <= token_id < 1 << 32 else None
         if entry is None:
             return b""
         table = _char_bytes()

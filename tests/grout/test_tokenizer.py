@@ -183,3 +183,29 @@ def test_the_chat_format_is_its_own_module_and_still_importable_from_the_tokeniz
     assert tokenizer.qwen3_chat is chat_template.qwen3_chat
     messages = [{"role": "user", "content": "Hi"}]
     assert qwen_tokenizer().apply_chat_template(messages) == chat_template.render(messages)
+
+
+@pytest.mark.parametrize("ids", ["torch", "numpy"])
+def test_decoding_a_zero_dimensional_array_is_a_request_error(tok, ids):
+    import numpy as np
+    import torch
+    scalar = torch.tensor(9707) if ids == "torch" else np.array(9707)
+    with pytest.raises(grout.RequestError, match="list of token ids"):
+        tok.decode(scalar)
+
+
+@pytest.mark.parametrize("token_id", [-1, 2 ** 40, 2 ** 70])
+def test_the_bytes_of_an_id_outside_the_vocabulary_are_empty(tok, token_id):
+    assert tok.token_bytes(token_id) == b""
+
+
+@pytest.mark.parametrize("token_id", ["a", None, 1.5, True])
+def test_token_bytes_of_what_is_not_a_token_id_is_a_request_error(tok, token_id):
+    with pytest.raises(grout.RequestError, match="token id"):
+        tok.token_bytes(token_id)
+
+
+@pytest.mark.parametrize("text", [None, 5, b"<think>"])
+def test_the_token_id_of_what_is_not_a_str_is_a_request_error(tok, text):
+    with pytest.raises(grout.RequestError, match="str"):
+        tok.token_id(text)
