@@ -145,13 +145,8 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
         if not isinstance(kwargs, dict) or set(kwargs) - {"enable_thinking"}:
             raise APIError("'chat_template_kwargs' supports only 'enable_thinking'",
                            param="chat_template_kwargs")
-        thinking = kwargs.get("enable_thinking")
-        if thinking is None:
-            thinking = True
-        if not isinstance(thinking, bool):
-            raise APIError("'chat_template_kwargs.enable_thinking' must be a boolean",
-                           param="chat_template_kwargs.enable_thinking")
-        req.enable_thinking = thinking
+        req.enable_thinking = _bool(kwargs, "enable_thinking", default=True,
+                                    param="chat_template_kwargs.enable_thinking")
     return req
 
 
