@@ -351,6 +351,9 @@ def _token_id(i) -> int:
     if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
         raise RequestError("the prompt must be one sequence of token ids, not a batch of "
                            "them (grout runs one request at a time: pass input_ids[0])")
+    if isinstance(i, str):                 # a list of prompts, as batch engines take
+        raise RequestError("the prompt must be one str or one list of token ids, not a list "
+                           "of strings (grout runs one request at a time)")
     raise RequestError(f"token ids must be ints, got {i!r:.60}")
 
 

@@ -330,6 +330,11 @@ def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
     assert len(str(e.value)) < 200
 
 
+def test_a_list_of_prompt_strings_is_refused_saying_grout_runs_one(eng):
+    with pytest.raises(grout.RequestError, match="not a list of strings"):
+        eng.generate(["Hello", "world"], max_new_tokens=1)
+
+
 @pytest.fixture
 def echo_engine():
     """A tied model with every layer zeroed: greedy decoding repeats the last token."""
