@@ -80,6 +80,7 @@ class GenerationRequest:
     messages: list[dict[str, str]] | None = None  # chat: role, content, reasoning_content
     enable_thinking: bool = True
     max_tokens: int | None = None               # None: up to the context's end
+    max_tokens_param: str = "max_tokens"        # the field max_tokens came from (errors name it)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                              # 0: no top-k cut
@@ -135,6 +136,8 @@ def parse_chat_request(body: Any, model_name: str) -> GenerationRequest:
     # Both are checked; the newer max_completion_tokens wins when both are sent.
     legacy = _int(fields, "max_tokens", default=None, low=0)
     req.max_tokens = _int(fields, "max_completion_tokens", default=legacy, low=0)
+    if fields.get("max_completion_tokens") is not None:
+        req.max_tokens_param = "max_completion_tokens"
     want = _bool(fields, "logprobs", default=False)
     top = _int(fields, "top_logprobs", default=None, low=0, high=MAX_TOP_LOGPROBS_CHAT)
     if top is not None and not want:

@@ -85,7 +85,7 @@ def prepare(engine: Any, job: Job) -> None:
     if req.max_tokens is not None and req.max_tokens > budget:
         raise APIError(f"this model's maximum context length is {context} tokens: the prompt "
                        f"has {len(ids)} and {shown(req.max_tokens)} more were asked for; ask "
-                       f"for at most {budget}", param="max_tokens",
+                       f"for at most {budget}", param=req.max_tokens_param,
                        code="context_length_exceeded")
     job.prompt_ids = ids
     job.max_new_tokens = budget if req.max_tokens is None else req.max_tokens

@@ -203,8 +203,9 @@ def test_an_unknown_model_id_is_the_same_404_as_an_unknown_model_in_a_request(cl
     ({"messages": [{"role": "user", "content": "fox " * 400}]}, "messages"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ({"messages": [{"role": "system"}, {"role": "user", "content": "Hi"}]}, "messages[0].content"),
+    ({"max_completion_tokens": MAX_SEQ_LEN}, "max_completion_tokens"),
 ], ids=["unknown role", "top_logprobs without logprobs", "tools", "too long", "null content",
-        "no content"])
+        "no content", "max_completion_tokens past the context"])
 def test_a_bad_chat_request_is_a_400_and_the_next_is_served(client, fields, param):
     args = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 4, **fields}
