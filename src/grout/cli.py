@@ -153,6 +153,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the sampling seed of every request that sends no \"seed\" of its own, "
                         "so such requests repeat their samples (default: a fresh seed per "
                         "request); a request's \"seed\" wins")
+    s.add_argument("--generation-config", choices=("auto", "none"), default="auto",
+                   help="auto: a request that leaves temperature, top_p or top_k out takes the "
+                        "checkpoint's generation_config.json value, as vLLM does; none: the "
+                        "OpenAI defaults (1, 1, off)")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     # testing aid, not listed: a request's X-Grout-Fault: N header fails it after N tokens
@@ -256,7 +260,8 @@ def serve(args) -> int:
                       port=args.port, log_level=args.log_level,
                       fault_injection=args.fault_injection,
                       max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES,
-                      default_seed=args.seed)
+                      default_seed=args.seed,
+                      generation_config=args.generation_config == "auto")
 
 
 def _reader_left() -> int:

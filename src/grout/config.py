@@ -38,6 +38,9 @@ class Qwen3Config:
     dtype: str = "bfloat16"
     eos_token_ids: tuple = QWEN3_EOS
     name: str = ""
+    # generation_config.json's sampling settings, as (name, value) pairs of SAMPLING_KEYS:
+    # the defaults `grout serve` gives requests that leave them out (--generation-config).
+    sampling_defaults: tuple = ()
 
     def __post_init__(self):
         where = self.name or "config"
@@ -203,9 +206,32 @@ def _eos_ids(raw: dict, path, generation: dict | None, generation_path) -> tuple
     return tuple(ids)
 
 
+SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+
+
+def _sampling_defaults(generation: dict | None, path) -> tuple:
+    """generation_config.json's temperature, top_k and top_p (a null counts as absent), each
+    checked as a request's would be: a default no request could send would fail every one."""
+    found = []
+    for key in SAMPLING_KEYS:
+        value = (generation or {}).get(key)
+        if value is None:
+            continue
+        if key == "top_k":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CheckpointError(f"{path}: top_k must be an int >= 0, got {value!r:.60}")
+        else:
+            value = _number(path, key, value, positive=key == "top_p")
+            if key == "top_p" and value > 1:
+                raise CheckpointError(f"{path}: top_p must be in (0, 1], got {value!r:.60}")
+        found.append((key, value))
+    return tuple(found)
+
+
 def from_checkpoint(directory: Path) -> Qwen3Config:
     """The config of a Hugging Face Qwen3 checkpoint: config.json (required) and
-    generation_config.json (its eos ids, when present). ``CheckpointError`` names the file."""
+    generation_config.json (its eos ids and sampling defaults, when present).
+    ``CheckpointError`` names the file."""
     path = directory / "config.json"
     raw = _read_json(path, required=True)
     generation_path = directory / "generation_config.json"
@@ -231,6 +257,7 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
     eos = _eos_ids(raw, path, generation, generation_path)
+    sampling = _sampling_defaults(generation, generation_path)
     try:
         heads, hidden = raw["num_attention_heads"], raw["hidden_size"]
         kv = raw.get("num_key_value_heads", MISSING_AS_TRANSFORMERS["num_key_value_heads"])
@@ -247,7 +274,7 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
             rms_norm_eps=_number(path, "rms_norm_eps", raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=raw.get(
                 "max_position_embeddings", MISSING_AS_TRANSFORMERS["max_position_embeddings"]),
-            dtype=dtype, eos_token_ids=eos, name=name)
+            dtype=dtype, eos_token_ids=eos, name=name, sampling_defaults=sampling)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing key {e.args[0]!r}") from None
     except CheckpointError as e:

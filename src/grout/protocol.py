@@ -84,6 +84,7 @@ class GenerationRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0                              # 0: no top-k cut
+    sampling_sent: frozenset = frozenset()      # which of temperature, top_p, top_k were sent
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
@@ -208,6 +209,8 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
                            code="unsupported_parameter")
         req.include_usage = _bool(options, "include_usage", default=False,
                                   param="stream_options.include_usage")
+    req.sampling_sent = frozenset(k for k in ("temperature", "top_p", "top_k")
+                                  if fields.get(k) is not None)
     req.temperature = _float(fields, "temperature", default=1.0, low=0.0)
     req.top_p = _float(fields, "top_p", default=1.0)
     if not 0.0 < req.top_p <= 1.0:

@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -56,6 +56,8 @@ class ServerState:
     fault_injection: bool
     max_request_bytes: int = MAX_REQUEST_BYTES
     default_seed: int | None = None     # the seed of requests that send none (None: fresh)
+    generation_config: bool = True      # requests default to generation_config.json's sampling
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)   # known once loaded
     load_error: BaseException | None = None
 
 
@@ -66,22 +68,31 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> JSON
 def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
                on_load_failure: Callable[[BaseException], None] | None = None,
                max_request_bytes: int = MAX_REQUEST_BYTES,
-               default_seed: int | None = None) -> Starlette:
+               default_seed: int | None = None, generation_config: bool = True) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
     ``default_seed``: the sampling seed of a request that sends no ``seed`` (None: a fresh
     one each request), so that a server started with one repeats such requests' samples.
+    ``generation_config``: a request that leaves temperature, top_p or top_k out takes the
+    checkpoint's generation_config.json value (as vLLM does), else the OpenAI default.
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
     state = ServerState(Scheduler(load, generate), model_name, fault_injection,
-                        max_request_bytes, default_seed)
+                        max_request_bytes, default_seed, generation_config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async def start() -> None:
             try:
                 await state.scheduler.start()
+                if generation_config:
+                    state.sampling_defaults = dict(
+                        state.scheduler.engine.config.sampling_defaults)
+                if state.sampling_defaults:
+                    log.info("requests that leave them out sample with generation_config.json's "
+                             "%s (--generation-config none: the OpenAI defaults)",
+                             ", ".join(f"{k}={v}" for k, v in state.sampling_defaults.items()))
                 log.info("ready: serving %r", model_name)
             except Exception as err:
                 state.load_error = err
@@ -206,6 +217,9 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
         fault_after = _fault_after(state, request)
         if req.seed is None:
             req.seed = state.default_seed
+        for key, value in state.sampling_defaults.items():
+            if key not in req.sampling_sent:
+                setattr(req, key, value)
     except APIError as err:
         return error_response(err)
     except ClientDisconnect:
@@ -351,11 +365,12 @@ def _exit_while_loading(status: int) -> None:
 
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False,
-          max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None) -> int:
+          max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None,
+          generation_config: bool = True) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130). ``default_seed``: as :func:`create_app`."""
+    process at once with 130). ``default_seed``, ``generation_config``: as :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
@@ -373,7 +388,7 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
 
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
                      on_load_failure=on_load_failure, max_request_bytes=max_request_bytes,
-                     default_seed=default_seed)
+                     default_seed=default_seed, generation_config=generation_config)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)

@@ -49,6 +49,36 @@ def test_generation_config_eos_ids_stop_generation(checkpoint_copy, engines):
     assert c.token_ids == first[:first.index(first[2]) + 1] and c.finish_reason == "stop"
 
 
+def test_generation_config_sampling_settings_are_read_as_serving_defaults(checkpoint_copy):
+    from grout.config import from_checkpoint
+    (checkpoint_copy / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": None}))
+    assert from_checkpoint(checkpoint_copy).sampling_defaults == (
+        ("temperature", 0.6), ("top_k", 20), ("top_p", 0.95))
+
+
+def test_a_null_sampling_setting_in_generation_config_is_no_default(checkpoint_copy):
+    from grout.config import from_checkpoint
+    (checkpoint_copy / "generation_config.json").write_text(json.dumps(
+        {"temperature": None, "top_p": 0.5}))
+    assert from_checkpoint(checkpoint_copy).sampling_defaults == (("top_p", 0.5),)
+
+
+def test_named_shapes_have_no_sampling_defaults():
+    assert all(cfg.sampling_defaults == () for cfg in grout.SHAPES.values())
+
+
+@pytest.mark.parametrize("key, value", [("temperature", -0.5), ("temperature", "hot"),
+                                        ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+                                        ("top_k", 2.5), ("top_k", True)])
+def test_a_sampling_setting_no_request_could_send_is_a_checkpoint_error(checkpoint_copy, key,
+                                                                        value):
+    from grout.config import from_checkpoint
+    (checkpoint_copy / "generation_config.json").write_text(json.dumps({key: value}))
+    with pytest.raises(grout.CheckpointError, match=f"generation_config.json: {key} must"):
+        from_checkpoint(checkpoint_copy)
+
+
 def _rewrite_header(path, edit):
     data = path.read_bytes()
     (n,) = struct.unpack("<Q", data[:8])
