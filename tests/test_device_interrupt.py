@@ -14,6 +14,7 @@ from safetile.device import streams
 from safetile.device.execution import RunContext
 from safetile.kernel.kernel_op import KernelOp
 from safetile.tensor import active_holds, borrows
+from safetile.tensor.registry import Registry
 
 from support import add, cpu_executor, no_leftover_holds, vec
 
@@ -184,4 +185,10 @@ def test_an_interrupted_hand_back_between_then_steps_still_hands_the_values_back
 def test_an_interrupted_end_of_a_borrow_still_ends_it():
     op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
     _interrupted(borrows.Hold.release.__code__, op.sync)
+    assert active_holds() == []
+
+
+def test_an_interrupt_as_a_borrow_leaves_the_registry_still_ends_it():
+    op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    _interrupted(Registry.remove.__code__, op.sync)
     assert active_holds() == []
