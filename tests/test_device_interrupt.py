@@ -3,11 +3,18 @@
 The CPU machine has no stream to wait on, so these tests give an execution a stand-in
 stream whose first wait is interrupted (a KeyboardInterrupt raised as ``op.sync()`` starts
 waiting) and record what is still borrowed at each later wait."""
+import gc
+import sys
+import threading
+
 import pytest
 
 import safetile as st
 from safetile.device import streams
-from safetile.tensor import active_holds
+from safetile.device.execution import RunContext
+from safetile.kernel.kernel_op import KernelOp
+from safetile.tensor import active_holds, borrows
+from safetile.tensor.registry import Registry
 
 from support import add, cpu_executor, no_leftover_holds, vec
 
@@ -87,4 +94,101 @@ def test_an_interrupt_between_two_restores_still_hands_every_value_back(monkeypa
     assert interrupts == [x]
     assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))      # every handle is live
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert active_holds() == []
+
+
+def _interrupt_on_entry(code):
+    """A trace function raising KeyboardInterrupt as ``code`` is entered (once): a signal
+    lands where Python checks for one, at the start of a function."""
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            sys.settrace(None)
+            raise KeyboardInterrupt
+    return tracer
+
+
+def _interrupted(code, fn):
+    """``fn()`` with a KeyboardInterrupt raised as ``code`` is first entered; the interrupt."""
+    outer = sys.gettrace()
+    sys.settrace(_interrupt_on_entry(code))
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            fn()
+    finally:
+        sys.settrace(outer)
+    return e.value
+
+
+def test_an_interrupt_as_the_launch_builds_its_op_moves_nothing():
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    e = _interrupted(KernelOp.__init__.__code__, lambda: add(x, y, z))
+    assert e.recovered == (x, y, z)
+    del e
+    gc.collect()
+    assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))      # every handle is live
+    assert active_holds() == []
+
+
+def test_an_interrupt_as_an_op_starts_running_hands_its_values_back():
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    op = add(x, y, z)
+    e = _interrupted(RunContext.keeps.__code__, op.sync)
+    assert e.recovered == (x, y, z)
+    assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))
+    assert active_holds() == []
+
+
+class _InterruptedOwnerRead(threading.local):
+    """The thread's execution owner, whose first read is interrupted."""
+
+    interrupts = 1
+
+    @property
+    def ctx(self):
+        if self.interrupts:
+            self.interrupts = 0
+            raise KeyboardInterrupt
+        return None
+
+    @ctx.setter
+    def ctx(self, value):
+        pass
+
+
+def test_an_interrupt_as_a_sync_starts_leaves_the_thread_free_to_run_ops(monkeypatch):
+    op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    monkeypatch.setattr(borrows, "_owner", _InterruptedOwnerRead())
+    with pytest.raises(KeyboardInterrupt):
+        op.sync()
+    monkeypatch.undo()
+    x, y, z = op.sync()                    # neither run nor marked as running
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
+def test_an_interrupt_as_a_sync_finishes_still_hands_every_value_back():
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    op = add(x, y, z)
+    e = _interrupted(RunContext.finish.__code__, op.sync)
+    assert e.recovered == (x, y, z)
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+    assert active_holds() == []
+
+
+def test_an_interrupted_hand_back_between_then_steps_still_hands_the_values_back():
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    op = add(x, y, z).then(lambda a, b, c: add(a, b, c))
+    _interrupted(KernelOp._hand_back.__code__, op.sync)
+    assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))
+    assert active_holds() == []
+
+
+def test_an_interrupted_end_of_a_borrow_still_ends_it():
+    op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    _interrupted(borrows.Hold.release.__code__, op.sync)
+    assert active_holds() == []
+
+
+def test_an_interrupt_as_a_borrow_leaves_the_registry_still_ends_it():
+    op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    _interrupted(Registry.remove.__code__, op.sync)
     assert active_holds() == []

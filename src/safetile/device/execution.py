@@ -111,13 +111,20 @@ class RunContext:
     def finish(self) -> None:
         """The work is complete: end every borrow, then hand every value back."""
         self.last = UNKNOWN                       # (no cycle keeps the last op's values alive)
-        pending, self._finish = self._finish, []
-        error = None
-        for fn in pending:
+        # The loop of ``settle``, over the borrows' ends (inlined: once per execution).
+        pending, error, i = self._finish, None, 0
+        while True:
             try:
-                fn()
-            except BaseException as e:            # keep releasing; report the first failure
+                while i < len(pending):
+                    pending[i]()
+                    i += 1
+                break
+            except Exception as e:                # keep releasing; report the first failure
                 error = error or e
+                i += 1
+            except BaseException as e:            # interrupted: run it again (see settle)
+                error = error or e
+        del pending[:i]
         try:
             self.settle()
         finally:
@@ -125,27 +132,24 @@ class RunContext:
                 raise error
 
     def settle(self) -> None:
-        """Run every deferred release (in order; all of them, even if one raises)."""
-        if len(self._settle) == 1:                # the common case: one op's hand-back
-            fn = self._settle.pop()
+        """Run every deferred release in order (and those deferred meanwhile), all of them
+        even if one raises; the first failure is raised. One cut short by an interrupt (a
+        ``KeyboardInterrupt``) runs again, as its values come back nowhere else (releases are
+        idempotent); each stays listed until it has run, so an interrupt that escapes (landing
+        between two of them) leaves the rest to a later call."""
+        pending, error, i = self._settle, None, 0
+        while True:
             try:
-                fn()
-            except BaseException:
-                try:
-                    self.settle()                 # anything deferred meanwhile
-                except BaseException:
-                    pass
-                raise                             # report the first failure
-            if not self._settle:
-                return
-        error = None
-        while self._settle:
-            pending, self._settle = self._settle, []
-            for fn in pending:
-                try:
-                    fn()
-                except BaseException as e:        # keep releasing; report the first failure
-                    error = error or e
+                while i < len(pending):
+                    pending[i]()
+                    i += 1
+                break
+            except Exception as e:                # keep releasing; report the first failure
+                error = error or e
+                i += 1
+            except BaseException as e:
+                error = error or e
+        del pending[:i]
         if error is not None:
             raise error
 
@@ -239,7 +243,24 @@ def finish_when_complete(ctx: RunContext) -> None:
                 continue
             except BaseException:
                 break
-    ctx.finish()
+    finish_fully(ctx)
+
+
+def finish_fully(ctx: RunContext) -> None:
+    """``ctx.finish()``, called again while an interrupt cuts it short (what an execution
+    owes is handed back only there); then the first interrupt or failure is raised."""
+    first = None
+    while True:
+        try:
+            ctx.finish()
+            break
+        except Exception as e:                    # a release failed; the others have run
+            first = first or e
+            break
+        except BaseException as e:
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def refuse_inside_recording(op, what: str) -> None:
@@ -269,16 +290,18 @@ def enqueue(op, stream, what: str):
     if getattr(_state, "busy", None) is not None:
         with executing(what):                    # raises ExecutionError
             pass
+    owner = borrows._owner
     try:
         if _guarded():                           # maybe inside a graph scope's block
             refuse_inside_recording(op, what)
         handle = streams.resolve(stream)
+        outer_owner = getattr(owner, "ctx", None)
     except BaseException as e:
         refused(e, op)
         raise
+    # Marked busy only right before the block that unmarks it: an interrupt landing at a
+    # call in between would leave the thread marked, refusing every later execution.
     _state.busy = "execution"
-    owner = borrows._owner
-    outer_owner = getattr(owner, "ctx", None)
     try:
         ctx = RunContext(handle)
         owner.ctx = ctx                          # `with borrows.owned_by(ctx)`, inlined

@@ -15,7 +15,8 @@ from asyncio.events import _get_running_loop as _running_loop
 from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, NotRunError
 from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LOCK, NoCopies
-from .execution import RunContext, attach_recovered, enqueue, finish_when_complete
+from .execution import (RunContext, attach_recovered, enqueue, finish_fully,
+                        finish_when_complete)
 
 
 def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
@@ -188,7 +189,16 @@ class DeviceOp(NoCopies):
             attach_recovered(e, out)
             finish_when_complete(ctx)             # never end borrows of running work
             raise
-        ctx.finish()
+        try:
+            ctx.finish()
+        except BaseException as e:
+            attach_recovered(e, out)
+            if not isinstance(e, Exception):      # an interrupt may have cut it short
+                try:
+                    finish_fully(ctx)
+                except BaseException:             # (e is the one to report)
+                    pass
+            raise
         return out
 
     def __await__(self):

@@ -1,7 +1,7 @@
 """``KernelOp``: one launch of a kernel, holding its moved arguments until it is settled."""
 from __future__ import annotations
 
-from ..device.execution import UNKNOWN, RunContext, note_built
+from ..device.execution import UNKNOWN, RunContext, attach_recovered, note_built
 from ..device.op import DeviceOp
 from ..device.unrun import warn_unrun
 from ..tensor import borrows
@@ -35,7 +35,9 @@ class KernelOp(DeviceOp):
         self._serial = False
         self._running = ()
         self._released = False
-        self._consumed = False
+        # Runnable only once the launcher has it (``launch`` clears this): an interrupt while
+        # it is built leaves an op that hands nothing back, as the launcher does that then.
+        self._consumed = True
         self._executed = False                    # ran outside a recording (_let_go)
         self.site = None                          # where it was built (kernel.__call__ sets it)
         note_built(self)
@@ -118,15 +120,22 @@ class KernelOp(DeviceOp):
 
     def _run(self, ctx: RunContext) -> tuple:
         self._take()                              # an op runs once (raises if it ran)
-        hold = self._hold
-        if hold.checked_in is not None and hold.checked_in is not ctx:
-            hold = self._borrow_again(ctx)
-        hold.owner = ctx                          # ordered with the rest of this execution
-        if ctx.keeps(self._plan.extents):
-            hold.release()                        # the execution already borrows these bytes
-        else:
-            ctx._finish.append(hold.release)
-        ctx._settle.append(self._hand_back)
+        try:
+            hold = self._hold
+            if hold.checked_in is not None and hold.checked_in is not ctx:
+                hold = self._borrow_again(ctx)
+            hold.owner = ctx                      # ordered with the rest of this execution
+            if ctx.keeps(self._plan.extents):
+                hold.release()                    # the execution already borrows these bytes
+            else:
+                ctx._finish.append(hold.release)
+            ctx._settle.append(self._hand_back)
+        except BaseException as e:
+            # Taken, and nothing enqueued: an interrupt before ctx owes the release would
+            # leave the values moved for good (both steps are idempotent).
+            self._release()
+            attach_recovered(e, self._args)
+            raise
         opts = self._kernel.opts
         if opts.get("pdl"):
             recording = ctx.recording

@@ -15,10 +15,11 @@ from ..lang import semantics as _sem
 from ..tensor import Partition, Shared, Tensor
 from ..tensor import borrows
 from ..tensor.hints import how_to_pass_number, type_name
-from ..tensor.ownership import LIVE, LOCK
+from ..tensor.ownership import LIVE, LOCK, restore_all_locked
 from ..tensor.overlap import past_storage, self_overlapping
 from .kernel_op import KernelOp
 from .plan import BoundArg, LaunchPlan
+from ..device.execution import attach_recovered
 from ..device.op import DeviceOp, given_argument, unrun_argument
 from ..device.unsafe_block import in_unsafe_block
 
@@ -304,7 +305,21 @@ def launch(kernel, args, kwargs):
             except AttributeError:            # exceptions without a __dict__
                 pass
         raise
-    return KernelOp(kernel, plan, values, choice, hold)
+    try:
+        op = KernelOp(kernel, plan, values, choice, hold)
+    except BaseException as e:            # an interrupt as it was built: undo the moves
+        _undo_moves(values, plan.moves, hold)
+        attach_recovered(e, values)
+        raise
+    op._consumed = False                  # (a plain store: no interrupt can land before it)
+    return op
+
+
+def _undo_moves(values, moves, hold) -> None:
+    """Hand back the moved arguments of a launch that made no op, then end its borrows."""
+    with LOCK:
+        restore_all_locked([values[i] for i, _ in moves])
+    hold.release()
 
 
 def _given(kernel, args, kwargs) -> tuple:

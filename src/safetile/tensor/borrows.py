@@ -145,10 +145,13 @@ class Hold:
         with WALK:
             if self._released:
                 return
+            # Released only once out of every registry, each dropped from _regs once out of
+            # it: a release cut short by an interrupt is run again and resumes here.
+            regs = self._regs
+            while regs:
+                regs[-1].remove(self)
+                regs.pop()
             self._released = True
-            for reg in self._regs:
-                reg.remove(self)
-            self._regs = []
             self.tensors = ()
 
     def __enter__(self) -> "Hold":
