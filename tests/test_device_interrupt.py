@@ -192,3 +192,64 @@ def test_an_interrupt_as_a_borrow_leaves_the_registry_still_ends_it():
     op = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
     _interrupted(Registry.remove.__code__, op.sync)
     assert active_holds() == []
+
+
+def _entered(fn) -> list:
+    """The code objects of safetile's functions that ``fn()`` enters, in first-entry order."""
+    import safetile
+    root = safetile.__file__.rsplit("/", 1)[0]
+    seen: dict = {}
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            seen.setdefault(frame.f_code, None)
+    outer = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(outer)
+    return list(seen)
+
+
+def _lock_is_free() -> bool:
+    """Whether another thread can take the ownership lock now."""
+    from safetile.tensor.ownership import LOCK
+    got = []
+
+    def take():
+        if LOCK.acquire(timeout=5):
+            got.append(True)
+            LOCK.release()
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    return bool(got)
+
+
+def _launch_and_sync():
+    add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))).sync()
+
+
+def _then_chain():
+    add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))).then(add).sync()
+
+
+@pytest.mark.parametrize("work", [_launch_and_sync, _then_chain])
+def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_working(work):
+    from safetile.tensor.ownership import in_walk
+    for code in _entered(work):
+        outer = sys.gettrace()
+        sys.settrace(_interrupt_on_entry(code))
+        try:
+            work()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(outer)
+        where = f"interrupted at {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        assert not in_walk(), where
+        assert _lock_is_free(), where
+        _launch_and_sync()                     # neither refused nor blocked
+    gc.collect()
+    assert active_holds() == []

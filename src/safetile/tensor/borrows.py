@@ -34,8 +34,9 @@ from typing import Sequence
 import torch
 
 from ..errors import AliasError, BorrowError, ExecutionError
-from .ownership import LOCK, QUEUED_FINALIZERS, WALK
-from .overlap import EXACT_LIMIT, Extent, _overlap, overlaps  # noqa: F401  (re-exported)
+from .ownership import LOCK, QUEUED_FINALIZERS, WALK, end_walk
+from .overlap import EXACT_LIMIT, overlaps  # noqa: F401  (re-exported)
+from .overlap import Extent, _overlap, describe_overlap, label
 from .registry import Registry
 from .scoped import Scoped
 
@@ -82,27 +83,6 @@ def owned_by(ctx):
 _REGISTRIES: dict[torch.device, Registry] = {}
 
 
-def _label(name: str, write: bool) -> str:
-    """Render an argument name: a bare identifier ``z`` becomes ``Out 'z'`` / ``In 'z'``;
-    anything else (``"Ptr 'p'"``) is used verbatim."""
-    if name.isidentifier():
-        return f"{'Out' if write else 'In'} '{name}'"
-    return name
-
-
-def _where(a: Extent, b: Extent) -> str:
-    """Describe the overlapping memory of two extents for a message."""
-    try:
-        sa = a.t.untyped_storage().data_ptr()
-        sb = b.t.untyped_storage().data_ptr()
-    except Exception:                                   # pragma: no cover - exotic tensors
-        sa, sb = None, object()
-    if sa == sb:
-        return (f"same storage, bytes [{a.lo - sa}, {a.hi - sa}) and "
-                f"[{b.lo - sb}, {b.hi - sb})")
-    return f"overlapping memory, addresses [{a.lo:#x}, {a.hi:#x}) and [{b.lo:#x}, {b.hi:#x})"
-
-
 class Hold:
     """The borrows one in-flight operation holds; :meth:`release` ends them (idempotent).
 
@@ -136,23 +116,27 @@ class Hold:
     def release(self) -> None:
         """Remove this hold's borrows from the registry (inside a walk of the registries, once
         that walk ends). Calling it again does nothing."""
-        if WALK.depth and LOCK._is_owned():     # WALK.here() inline: every op releases one
+        if WALK._is_owned():                    # in_walk() inline: every op releases one
             # Called by code a collection ran inside a walk (a user's finalizer syncing an
             # op): removing holds under the walk could make it skip one that conflicts. The
             # borrow ends once the walk does (ownership.run_finalizers).
             QUEUED_FINALIZERS.append(self.release)
             return
-        with WALK:
-            if self._released:
-                return
-            # Released only once out of every registry, each dropped from _regs once out of
-            # it: a release cut short by an interrupt is run again and resumes here.
-            regs = self._regs
-            while regs:
-                regs[-1].remove(self)
-                regs.pop()
-            self._released = True
-            self.tensors = ()
+        try:
+            with LOCK, WALK:
+                if self._released:
+                    return
+                # Released only once out of every registry, each dropped from _regs once
+                # out of it: a release cut short by an interrupt runs again, resuming here.
+                regs = self._regs
+                while regs:
+                    regs[-1].remove(self)
+                    regs.pop()
+                self._released = True
+                self.tensors = ()
+        finally:
+            if QUEUED_FINALIZERS:
+                end_walk()
 
     def __enter__(self) -> "Hold":
         return self
@@ -201,25 +185,29 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     against; ``lasting`` marks the read borrow of a Shared value (``Registry.add``). The
     caller need not hold ``LOCK``. Inside a walk of the registries (a finalizer a collection
     ran mid-check): ``ExecutionError`` (``refuse_inside_walk``)."""
-    if WALK.depth:                            # (the message is built only when it may raise)
+    if WALK._is_owned():                      # (the message is built only when it may raise)
         refuse_inside_walk(f"borrow memory for {holder}")
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
-    with WALK:
-        for device, mine in groups:
-            reg = _REGISTRIES.get(device)
-            if reg is None:
-                reg = _REGISTRIES[device] = Registry()   # kept: devices are few
-            if not reg.holds:
-                continue
-            for x in mine:
-                found = reg.conflict_except(x, owner, exempt) if exempt else \
-                    reg.conflict(x, owner)
-                if found is not None:
-                    _raise_external(holder, x, found[0], found[1])
-        _file(hold, groups, lasting)
+    try:
+        with LOCK, WALK:
+            for device, mine in groups:
+                reg = _REGISTRIES.get(device)
+                if reg is None:
+                    reg = _REGISTRIES[device] = Registry()   # kept: devices are few
+                if not reg.holds:
+                    continue
+                for x in mine:
+                    found = reg.conflict_except(x, owner, exempt) if exempt else \
+                        reg.conflict(x, owner)
+                    if found is not None:
+                        _raise_external(holder, x, found[0], found[1])
+            _file(hold, groups, lasting)
+    finally:
+        if QUEUED_FINALIZERS:
+            end_walk()
     return hold
 
 
@@ -239,7 +227,7 @@ def acquire(holder: str,
     """Register the storage an operation reads and writes while it is in flight.
 
     ``holder`` names the operation (``"kernel 'add' (examples/01.py:12)"``); ``reads`` and
-    ``writes`` are ``(name, torch_tensor)`` pairs, names as in :func:`_label`. Raises
+    ``writes`` are ``(name, torch_tensor)`` pairs, names as in :func:`overlap.label`. Raises
     :class:`AliasError` (and registers nothing) if a write overlaps another argument of the
     same call, or conflicts with a hold already registered (other than those in ``exempt``).
     """
@@ -295,8 +283,8 @@ def hold_shared(t: torch.Tensor, what: str) -> Hold:
 
 def _raise_internal(holder: str, w: Extent, other: Extent):
     raise AliasError(
-        f"{holder}: {_label(w.name, True)} overlaps {_label(other.name, other.write)} "
-        f"({_where(w, other)}); an output must not share memory with another argument of "
+        f"{holder}: {label(w.name, True)} overlaps {label(other.name, other.write)} "
+        f"({describe_overlap(w, other)}); an output must not share memory with another argument of "
         f"the same launch: pass a copy or non-overlapping slices")
 
 
@@ -324,8 +312,8 @@ def _remedy(hold: Hold, write: bool = True) -> str:
 
 def _raise_external(holder: str, new: Extent, held: Extent, hold: Hold):
     raise AliasError(
-        f"{holder}: {_label(new.name, new.write)} overlaps {_label(held.name, held.write)} "
-        f"held by {hold.holder} ({_where(new, held)}); {_remedy(hold)}, or use separate "
+        f"{holder}: {label(new.name, new.write)} overlaps {label(held.name, held.write)} "
+        f"held by {hold.holder} ({describe_overlap(new, held)}); {_remedy(hold)}, or use separate "
         f"storage")
 
 
@@ -343,15 +331,19 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
         return None
     x = Extent(t)
     replayed = touches_bytes and _recording(owner)
-    with WALK:
-        reg = _REGISTRIES.get(x.device)
-        if reg is not None and x.hi > x.lo:
-            for e, h in reg.near(x.lo, x.hi):
-                if (e.write or not writes_only) and h is not exempt and \
-                        (owner is None or h.owner is not owner or
-                         (replayed and (e.write or not writes_only))) \
-                        and _overlap(x, e):
-                    return e, h
+    try:
+        with LOCK, WALK:
+            reg = _REGISTRIES.get(x.device)
+            if reg is not None and x.hi > x.lo:
+                for e, h in reg.near(x.lo, x.hi):
+                    if (e.write or not writes_only) and h is not exempt and \
+                            (owner is None or h.owner is not owner or
+                             (replayed and (e.write or not writes_only))) \
+                            and _overlap(x, e):
+                        return e, h
+    finally:
+        if QUEUED_FINALIZERS:
+            end_walk()
     return None
 
 
@@ -371,7 +363,7 @@ def refuse_inside_walk(what: str) -> None:
     running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
     in the middle of a borrow check or registration, which has the registries half-updated.
     A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
-    if WALK.here():
+    if WALK._is_owned():
         raise ExecutionError(
             f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
             f"__del__, or a weakref or gc callback that a garbage collection started in the "
@@ -396,7 +388,7 @@ def _check_read(t: torch.Tensor, what: str) -> None:
         e, h = found
         raise BorrowError(
             f"cannot {what}: {h.holder} is writing this memory through "
-            f"{_label(e.name, True)}; {_remedy(h)}")
+            f"{label(e.name, True)}; {_remedy(h)}")
 
 
 @contextlib.contextmanager
@@ -405,11 +397,15 @@ def host_read(t: torch.Tensor, what: str):
     them: a launch that would write them meanwhile (from another thread) is refused with
     ``AliasError`` instead of tearing the copy. Inside a walk: ``ExecutionError``."""
     refuse_inside_walk(what)
-    with WALK:
-        _check_read(t, what)
-        hold = Hold(f"a host copy ({what})", (t,))
-        hold.remedy = "let the copy finish first"
-        _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
+    try:
+        with LOCK, WALK:
+            _check_read(t, what)
+            hold = Hold(f"a host copy ({what})", (t,))
+            hold.remedy = "let the copy finish first"
+            _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
+    finally:
+        if QUEUED_FINALIZERS:
+            end_walk()
     try:
         yield
         if t.is_cuda:                      # the copy is enqueued: it must end under the borrow
@@ -433,14 +429,18 @@ def check_host_write(t: torch.Tensor, what: str, exempt: Hold | None = None,
         verb = "writing" if e.write else "reading"
         raise BorrowError(
             f"cannot {what}: {h.holder} is {verb} this memory through "
-            f"{_label(e.name, e.write)}; {_remedy(h, e.write)}")
+            f"{label(e.name, e.write)}; {_remedy(h, e.write)}")
 
 
 def active_holds() -> list[tuple[str, str, bool, str]]:
     """A snapshot ``(holder, name, is_write, bytes)`` of every registered borrow; ``bytes``
     describes the extent (``"cpu [0x7f..., 0x7f...)"``). It names no tensor: a borrowed
     tensor handed out here would let its bytes be read or written while they are borrowed."""
-    with WALK:
-        return [(h.holder, e.name, e.write, f"{e.device} [{e.lo:#x}, {e.hi:#x})")
-                for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
-                for e in extents]
+    try:
+        with LOCK, WALK:
+            return [(h.holder, e.name, e.write, f"{e.device} [{e.lo:#x}, {e.hi:#x})")
+                    for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
+                    for e in extents]
+    finally:
+        if QUEUED_FINALIZERS:
+            end_walk()

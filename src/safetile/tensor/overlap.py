@@ -10,7 +10,7 @@ import weakref
 
 import torch
 
-__all__ = ["Extent", "overlaps", "self_overlapping", "EXACT_LIMIT"]
+__all__ = ["Extent", "overlaps", "self_overlapping", "EXACT_LIMIT", "label", "describe_overlap"]
 
 #: Above this many elements (either tensor) the exact element-set check is skipped and
 #: overlapping extents are conservatively reported as overlapping.
@@ -158,3 +158,24 @@ def past_storage(t: torch.Tensor) -> bool:
     the view was made): reading or writing it would touch freed memory."""
     s = t.untyped_storage()
     return bool(t.numel()) and Extent(t).hi > s.data_ptr() + s.nbytes()
+
+
+def label(name: str, write: bool) -> str:
+    """Render an argument name: a bare identifier ``z`` becomes ``Out 'z'`` / ``In 'z'``;
+    anything else (``"Ptr 'p'"``) is used verbatim."""
+    if name.isidentifier():
+        return f"{'Out' if write else 'In'} '{name}'"
+    return name
+
+
+def describe_overlap(a: Extent, b: Extent) -> str:
+    """Describe the overlapping memory of two extents for a message."""
+    try:
+        sa = a.t.untyped_storage().data_ptr()
+        sb = b.t.untyped_storage().data_ptr()
+    except Exception:                                   # pragma: no cover - exotic tensors
+        sa, sb = None, object()
+    if sa == sb:
+        return (f"same storage, bytes [{a.lo - sa}, {a.hi - sa}) and "
+                f"[{b.lo - sb}, {b.hi - sb})")
+    return f"overlapping memory, addresses [{a.lo:#x}, {a.hi:#x}) and [{b.lo:#x}, {b.hi:#x})"

@@ -13,8 +13,7 @@ import weakref
 import torch
 
 from ..errors import BorrowError
-from .borrows import _label
-from .overlap import Extent, _overlap
+from .overlap import Extent, _overlap, label
 from .ownership import LOCK
 
 __all__ = ["note_replayed", "note_recorded", "forget_replayed", "check_not_replayed"]
@@ -58,9 +57,9 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
                     if getattr(graph, "recording", False):
                         raise BorrowError(
                             f"cannot {what}: {graph!r} recorded a launch that {verb}s this "
-                            f"memory ({_label(e.name, e.write)}), and the graph's replays will "
+                            f"memory ({label(e.name, e.write)}), and the graph's replays will "
                             f"{verb} it; hand it to torch before recording, or once the graph "
                             f"is dropped")
                     raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
-                                      f"this memory ({_label(e.name, e.write)}); drop the "
+                                      f"this memory ({label(e.name, e.write)}); drop the "
                                       f"graph first (del g)")
