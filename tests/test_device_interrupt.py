@@ -212,6 +212,21 @@ def _entered(fn) -> list:
     return list(seen)
 
 
+def _interrupt_outside_finalizers(code):
+    """``_interrupt_on_entry``, at the first entry of ``code`` outside a ``__del__``: Python
+    reports an exception raised in a finalizer instead of raising it, and the finalizer's
+    work is lost with it (a limit of finalizers, not of safetile's launch path)."""
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            f = frame
+            while f is not None and f.f_code.co_name != "__del__":
+                f = f.f_back
+            if f is None:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+    return tracer
+
+
 def _lock_is_free() -> bool:
     """Whether another thread can take the ownership lock now."""
     from safetile.tensor.ownership import LOCK
@@ -235,21 +250,36 @@ def _then_chain():
     add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))).then(add).sync()
 
 
-@pytest.mark.parametrize("work", [_launch_and_sync, _then_chain])
+def _many_in_flight():
+    """Six ops in flight (their borrows kept in the registry's address index), one of them
+    reading a Shared value (a lasting borrow), then each synced."""
+    w = st.randn((2,), device="cpu").share()
+    ops = [add(w.clone(), vec(1, 2), st.empty((2,)).partition((2,)))]
+    ops += [add(vec(i, 2), vec(3, 4), st.empty((2,)).partition((2,))) for i in range(5)]
+    for op in ops:
+        op.sync()
+
+
+@pytest.mark.parametrize("work", [_launch_and_sync, _then_chain, _many_in_flight])
 def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_working(work):
     from safetile.tensor.ownership import in_walk
     for code in _entered(work):
         outer = sys.gettrace()
-        sys.settrace(_interrupt_on_entry(code))
+        # One raised in a finalizer or a weakref callback is reported, not raised, as Python
+        # does: dropped here, so that the report keeps no frame (nor its values) alive.
+        hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+        sys.settrace(_interrupt_outside_finalizers(code))
         try:
             work()
         except KeyboardInterrupt:
             pass
         finally:
             sys.settrace(outer)
+            sys.unraisablehook = hook
         where = f"interrupted at {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
         assert not in_walk(), where
         assert _lock_is_free(), where
         _launch_and_sync()                     # neither refused nor blocked
-    gc.collect()
-    assert active_holds() == []
+        if active_holds():
+            gc.collect()                       # (values in a cycle go only with it)
+            assert active_holds() == [], where

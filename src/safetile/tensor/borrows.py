@@ -205,6 +205,10 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
                     if found is not None:
                         _raise_external(holder, x, found[0], found[1])
             _file(hold, groups, lasting)
+    except BaseException:
+        if hold._regs:                        # filing cut short by an interrupt: undo it
+            hold.release()
+        raise
     finally:
         if QUEUED_FINALIZERS:
             end_walk()
@@ -217,8 +221,8 @@ def _file(hold: Hold, groups: tuple, lasting: bool = False) -> None:
         reg = _REGISTRIES.get(device)
         if reg is None:
             reg = _REGISTRIES[device] = Registry()
+        hold._regs.append(reg)                # first: a release undoes a partial add
         reg.add(hold, mine, lasting)
-        hold._regs.append(reg)
 
 
 def acquire(holder: str,

@@ -64,24 +64,26 @@ class Index:
                 bucket.append((e, hold))
 
     def remove(self, extents, hold: "Hold", writes_only: bool = False) -> None:
-        """Take ``extents`` of ``hold`` out (as ``add`` filed them)."""
+        """Take ``extents`` of ``hold`` out (as ``add`` filed them); those already out are
+        skipped, so a removal cut short by an interrupt can run again."""
         levels = self.levels
         for e in extents:
             if writes_only and not e.write:
                 continue
             c = e.level
-            level = levels[c]
+            level = levels.get(c)
             key = e.lo >> c
-            bucket = level[key]
-            if len(bucket) == 1:
-                del level[key]
-                if not level:
-                    del levels[c]
+            bucket = level.get(key) if level is not None else None
+            if bucket is None:
                 continue
             for i, entry in enumerate(bucket):
                 if entry[0] is e and entry[1] is hold:
                     del bucket[i]
                     break
+            if not bucket:
+                del level[key]
+                if not level:
+                    del levels[c]
 
     def near(self, lo: int, hi: int):
         """Every held ``(extent, hold)`` whose bytes may intersect ``[lo, hi)`` (a superset:
@@ -125,10 +127,11 @@ class Disjoint:
         return True
 
     def remove(self, e: Extent) -> None:
-        """Take out ``e`` (filed by ``insert``: no other extent here starts where it does)."""
+        """Take out ``e`` (filed by ``insert``: no other extent here starts where it does;
+        if it is out already, nothing)."""
         k = bisect_left(self.starts, e.lo)
-        assert self.entries[k][0] is e, "an extent filed by insert is where it starts"
-        del self.starts[k], self.ends[k], self.entries[k]
+        if k < len(self.entries) and self.entries[k][0] is e:
+            del self.starts[k], self.ends[k], self.entries[k]
 
     def near(self, lo: int, hi: int) -> list:
         """The ``(extent, hold)`` pairs whose bytes ``[e.lo, e.hi)`` meet ``[lo, hi)``."""
@@ -146,7 +149,7 @@ class Registry:
         self.index: Index | None = None      # the extents of ``others``, beyond SMALL holds
         self.writes: Index | None = None     # their write extents, alongside ``index``
         self.lasting = Disjoint()            # lasting read borrows that overlap no other
-        self.placed: dict[Hold, tuple] = {}   # hold -> its extents in ``lasting``
+        self.placed: dict[Hold, list] = {}    # hold -> its extents in ``lasting``
 
     def near(self, lo: int, hi: int):
         """Held ``(extent, hold)`` pairs that may intersect ``[lo, hi)``."""
@@ -205,40 +208,47 @@ class Registry:
 
     def add(self, hold: "Hold", extents: tuple, lasting: bool = False) -> None:
         """File ``hold``'s extents; ``lasting``: a read borrow held for long (a Shared value's)."""
+        # Every step is recorded before it is taken, so that ``remove`` undoes an add that an
+        # interrupt cut short; a new index is used only once it is whole.
         self.holds[hold] = extents
         if lasting:
             placed, rest = [], []
+            self.placed[hold] = placed
             for e in extents:
                 (placed if not e.write and self.lasting.insert(e, hold) else rest).append(e)
-            if placed:
-                self.placed[hold] = tuple(placed)
-                extents = tuple(rest)
-                if not extents:
-                    return
+            if not placed:
+                del self.placed[hold]
+            extents = tuple(rest)
+            if not extents:
+                return
         self.others[hold] = extents
         index = self.index
         if index is not None:
             index.add(extents, hold)
             self.writes.add(extents, hold, True)
         elif len(self.others) > SMALL:
-            self.index, self.writes = index, writes = Index(), Index()
+            index, writes = Index(), Index()
             for h, held in self.others.items():
                 index.add(held, h)
                 writes.add(held, h, True)
+            self.index, self.writes = index, writes
 
     def remove(self, hold: "Hold") -> None:
-        del self.holds[hold]
-        placed = self.placed.pop(hold, None)
+        """Take ``hold`` out. Each step can run again and the hold leaves ``holds`` last, so
+        a removal cut short by an interrupt completes when it is called again."""
+        placed = self.placed.get(hold)
         if placed is not None:
             for e in placed:
                 self.lasting.remove(e)
-        extents = self.others.pop(hold, None)
-        if extents is None:
-            return
-        index = self.index
-        if index is not None:
-            if not self.others:
-                self.index = self.writes = None
-                return
-            index.remove(extents, hold)
-            self.writes.remove(extents, hold, True)
+            del self.placed[hold]
+        extents = self.others.get(hold)
+        if extents is not None:
+            index = self.index
+            if index is not None:
+                if len(self.others) == 1:
+                    self.index = self.writes = None
+                else:
+                    index.remove(extents, hold)
+                    self.writes.remove(extents, hold, True)
+            del self.others[hold]
+        self.holds.pop(hold, None)

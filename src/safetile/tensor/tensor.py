@@ -301,13 +301,16 @@ class Tensor(Handle):
         self._check("share it")
         hold = borrows.hold_shared(self._torch, self._describe())   # AliasError if written
         try:
+            # The handle first: an interrupt that lands before the move leaves the tensor
+            # live, and the dropped handle ends the borrow too.
+            shared = _shared.Shared._create(self, hold)
             self._move("a Shared value by .share()",
                        hint="use the Shared handle share() returned; its .try_unwrap() gives "
                             "the Tensor back once no other handle holds it")
         except BaseException:
             hold.release()
             raise
-        return _shared.Shared._create(self, hold)
+        return shared
 
     # -- zero-copy views (do not consume) --------------------------------------------------
     def _derive(self, t: torch.Tensor, action: str) -> "Tensor":
