@@ -262,7 +262,7 @@ def _many_in_flight():
 
 @pytest.mark.parametrize("work", [_launch_and_sync, _then_chain, _many_in_flight])
 def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_working(work):
-    from safetile.tensor.ownership import in_walk
+    from safetile.tensor.ownership import WALK
     for code in _entered(work):
         outer = sys.gettrace()
         # One raised in a finalizer or a weakref callback is reported, not raised, as Python
@@ -277,7 +277,7 @@ def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_wor
             sys.settrace(outer)
             sys.unraisablehook = hook
         where = f"interrupted at {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
-        assert not in_walk(), where
+        assert not WALK.here(), where
         assert _lock_is_free(), where
         _launch_and_sync()                     # neither refused nor blocked
         if active_holds():

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 
 from ..errors import AliasError, BorrowError, ExecutionError
-from .ownership import LOCK, QUEUED_FINALIZERS, WALK, end_walk
+from .ownership import LOCK, QUEUED_FINALIZERS, WALK, run_finalizers, walk
 from .overlap import EXACT_LIMIT, overlaps  # noqa: F401  (re-exported)
 from .overlap import Extent, _overlap, describe_overlap, label
 from .registry import Registry
@@ -116,14 +116,15 @@ class Hold:
     def release(self) -> None:
         """Remove this hold's borrows from the registry (inside a walk of the registries, once
         that walk ends). Calling it again does nothing."""
-        if WALK._is_owned():                    # in_walk() inline: every op releases one
+        if WALK.depth and LOCK._is_owned():     # WALK.here() inline: every op releases one
             # Called by code a collection ran inside a walk (a user's finalizer syncing an
             # op): removing holds under the walk could make it skip one that conflicts. The
             # borrow ends once the walk does (ownership.run_finalizers).
             QUEUED_FINALIZERS.append(self.release)
             return
-        try:
-            with LOCK, WALK:
+        with LOCK:                                # a walk (ownership.Walk), written out
+            WALK.depth += 1
+            try:
                 if self._released:
                     return
                 # Released only once out of every registry, each dropped from _regs once
@@ -134,9 +135,10 @@ class Hold:
                     regs.pop()
                 self._released = True
                 self.tensors = ()
-        finally:
-            if QUEUED_FINALIZERS:
-                end_walk()
+            finally:
+                WALK.depth -= 1
+                if QUEUED_FINALIZERS and not WALK.depth:
+                    run_finalizers()
 
     def __enter__(self) -> "Hold":
         return self
@@ -185,14 +187,15 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
     against; ``lasting`` marks the read borrow of a Shared value (``Registry.add``). The
     caller need not hold ``LOCK``. Inside a walk of the registries (a finalizer a collection
     ran mid-check): ``ExecutionError`` (``refuse_inside_walk``)."""
-    if WALK._is_owned():                      # (the message is built only when it may raise)
+    if WALK.depth:                            # (the message is built only when it may raise)
         refuse_inside_walk(f"borrow memory for {holder}")
     owner = getattr(_owner, "ctx", None)
     hold = Hold(f"in-flight {holder}", tensors, owner)     # no owner until its op runs
     if groups is None:
         groups = by_device(extents)
-    try:
-        with LOCK, WALK:
+    with LOCK:                                # a walk (ownership.Walk), written out
+        WALK.depth += 1
+        try:
             for device, mine in groups:
                 reg = _REGISTRIES.get(device)
                 if reg is None:
@@ -205,13 +208,14 @@ def register(holder: str, extents: tuple, tensors=(), groups=None, exempt=frozen
                     if found is not None:
                         _raise_external(holder, x, found[0], found[1])
             _file(hold, groups, lasting)
-    except BaseException:
-        if hold._regs:                        # filing cut short by an interrupt: undo it
-            hold.release()
-        raise
-    finally:
-        if QUEUED_FINALIZERS:
-            end_walk()
+        except BaseException:
+            if hold._regs:                    # filing cut short by an interrupt: undo it
+                hold.release()                # (queued: it runs as the walk ends, below)
+            raise
+        finally:
+            WALK.depth -= 1
+            if QUEUED_FINALIZERS and not WALK.depth:
+                run_finalizers()
     return hold
 
 
@@ -335,20 +339,18 @@ def _conflicting(t: torch.Tensor, writes_only: bool, exempt: Hold | None = None,
         return None
     x = Extent(t)
     replayed = touches_bytes and _recording(owner)
-    try:
-        with LOCK, WALK:
-            reg = _REGISTRIES.get(x.device)
-            if reg is not None and x.hi > x.lo:
-                for e, h in reg.near(x.lo, x.hi):
-                    if (e.write or not writes_only) and h is not exempt and \
-                            (owner is None or h.owner is not owner or
-                             (replayed and (e.write or not writes_only))) \
-                            and _overlap(x, e):
-                        return e, h
-    finally:
-        if QUEUED_FINALIZERS:
-            end_walk()
-    return None
+
+    def scan():
+        reg = _REGISTRIES.get(x.device)
+        if reg is not None and x.hi > x.lo:
+            for e, h in reg.near(x.lo, x.hi):
+                if (e.write or not writes_only) and h is not exempt and \
+                        (owner is None or h.owner is not owner or
+                         (replayed and (e.write or not writes_only))) \
+                        and _overlap(x, e):
+                    return e, h
+        return None
+    return walk(scan)
 
 
 def _order_after(ctx, t: torch.Tensor) -> None:
@@ -367,7 +369,7 @@ def refuse_inside_walk(what: str) -> None:
     running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
     in the middle of a borrow check or registration, which has the registries half-updated.
     A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
-    if WALK._is_owned():
+    if WALK.here():
         raise ExecutionError(
             f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
             f"__del__, or a weakref or gc callback that a garbage collection started in the "
@@ -401,15 +403,14 @@ def host_read(t: torch.Tensor, what: str):
     them: a launch that would write them meanwhile (from another thread) is refused with
     ``AliasError`` instead of tearing the copy. Inside a walk: ``ExecutionError``."""
     refuse_inside_walk(what)
-    try:
-        with LOCK, WALK:
-            _check_read(t, what)
-            hold = Hold(f"a host copy ({what})", (t,))
-            hold.remedy = "let the copy finish first"
-            _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
-    finally:
-        if QUEUED_FINALIZERS:
-            end_walk()
+
+    def borrow():
+        _check_read(t, what)
+        hold = Hold(f"a host copy ({what})", (t,))
+        hold.remedy = "let the copy finish first"
+        _file(hold, by_device(prepare(what, reads=[("the copied bytes", t)])))
+        return hold
+    hold = walk(borrow)
     try:
         yield
         if t.is_cuda:                      # the copy is enqueued: it must end under the borrow
@@ -440,11 +441,6 @@ def active_holds() -> list[tuple[str, str, bool, str]]:
     """A snapshot ``(holder, name, is_write, bytes)`` of every registered borrow; ``bytes``
     describes the extent (``"cpu [0x7f..., 0x7f...)"``). It names no tensor: a borrowed
     tensor handed out here would let its bytes be read or written while they are borrowed."""
-    try:
-        with LOCK, WALK:
-            return [(h.holder, e.name, e.write, f"{e.device} [{e.lo:#x}, {e.hi:#x})")
-                    for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
-                    for e in extents]
-    finally:
-        if QUEUED_FINALIZERS:
-            end_walk()
+    return walk(lambda: [(h.holder, e.name, e.write, f"{e.device} [{e.lo:#x}, {e.hi:#x})")
+                         for reg in _REGISTRIES.values() for h, extents in reg.holds.items()
+                         for e in extents])

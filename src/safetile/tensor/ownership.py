@@ -31,7 +31,7 @@ from typing import NoReturn
 from ..errors import ArgumentError, CopyError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_all_locked",
-           "finalize", "run_finalizers", "QUEUED_FINALIZERS", "WALK", "in_walk", "end_walk"]
+           "finalize", "run_finalizers", "QUEUED_FINALIZERS", "WALK", "walk"]
 
 #: Guards every ownership state change and the borrow registry (re-entrant: a state change
 #: may call another one, e.g. ``Shared.try_partition`` unwraps then partitions).
@@ -40,36 +40,58 @@ LOCK = threading.RLock()
 # A finalizer (``__del__``) may run inside any allocation: a garbage collection can start in
 # the middle of a walk over the borrow registries on this thread, and LOCK, re-entrant, would
 # let the finalizer's release change the holds under that walk (skipping the hold that
-# conflicts). So a walk holds WALK too, a finalizer that runs inside one queues its work
-# here, and the queue runs once the thread is out of every walk (``end_walk``).
+# conflicts). So the walks count themselves (``Walk``), a finalizer that runs inside one
+# queues its work here, and the outermost walk runs the queue as it ends.
 QUEUED_FINALIZERS: list = []
 
 
-#: Held, with LOCK, by a walk over the borrow registries: ``with LOCK, WALK:``, then
-#: ``end_walk()`` (in a ``finally``). Both are C-level locks, so an interrupt (a
-#: KeyboardInterrupt, raised where Python checks for signals) cannot land between taking
-#: one and entering the block, or between leaving the block and letting go of it: a
-#: Python-level ``__enter__``/``__exit__`` could be cut short there and keep LOCK for good.
-#: Taken only under LOCK, so its owner is always LOCK's; re-entrant for nested walks.
-WALK = threading.RLock()
+class Walk:
+    """The walks over the borrow registries in progress, counted in ``depth`` (changed under
+    LOCK, so only by the thread that holds it). A walk is written out where it happens::
+
+        with LOCK:
+            WALK.depth += 1
+            try:
+                ...
+            finally:
+                WALK.depth -= 1
+                if QUEUED_FINALIZERS and not WALK.depth:
+                    run_finalizers()
+
+    (or ``walk(fn)``): no call stands between taking LOCK and counting the walk, or between
+    uncounting it and letting LOCK go, so an interrupt (raised where Python checks for
+    signals: at calls and loop jumps) cannot leave LOCK held or the count off, as a Python
+    ``__enter__``/``__exit__`` cut short there would."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self):
+        self.depth = 0
+
+    def here(self) -> bool:
+        """True in code that runs inside a walk of this thread: a finalizer, or a weakref or
+        gc callback, that a collection started in the middle of one."""
+        return bool(self.depth) and LOCK._is_owned()
 
 
-def in_walk() -> bool:
-    """True in code that runs inside a walk of this thread: a finalizer, or a weakref or gc
-    callback, that a collection started in the middle of one."""
-    return WALK._is_owned()
+WALK = Walk()
 
 
-def end_walk() -> None:
-    """Run the finalizer work queued during walks, once this thread is out of every walk
-    (an interrupt here leaves it queued for the next walk's end)."""
-    if QUEUED_FINALIZERS and not WALK._is_owned():
-        run_finalizers()
+def walk(fn):
+    """``fn()`` inside a walk (see ``Walk``), and its result."""
+    with LOCK:
+        WALK.depth += 1
+        try:
+            return fn()
+        finally:
+            WALK.depth -= 1
+            if QUEUED_FINALIZERS and not WALK.depth:
+                run_finalizers()
 
 
 def finalize(work) -> None:
     """Run a finalizer's ``work()`` now, or queue it if this thread is inside a walk."""
-    if WALK._is_owned():
+    if WALK.here():
         QUEUED_FINALIZERS.append(work)
     else:
         work()
@@ -78,7 +100,7 @@ def finalize(work) -> None:
 def run_finalizers() -> None:
     """Run the queued finalizer work (not inside a walk). A failure is reported as Python
     reports one in ``__del__`` (on stderr) and the rest still runs."""
-    while QUEUED_FINALIZERS and not WALK._is_owned():
+    while QUEUED_FINALIZERS and not WALK.here():
         try:
             work = QUEUED_FINALIZERS.pop(0)
         except IndexError:                    # another thread took the last one

@@ -27,7 +27,7 @@ from ..errors import ArgumentError, BorrowError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows, replayed
 from .overlap import overlaps, past_storage
-from .ownership import LOCK, QUEUED_FINALIZERS, WALK, Handle, end_walk
+from .ownership import LOCK, Handle, walk
 from .partition import Partition, _validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -264,19 +264,19 @@ class Tensor(Handle):
             borrows.check_host_write(self._torch, f"turn {self._describe()} into torch")
             # In a walk: a finalizer run by a collection during the scans makes no view, and
             # records no graph, that the scans would miss.
-            try:
-                with LOCK, WALK:
-                    replayed.check_not_replayed(self._torch, f"turn {self._describe()} into torch")
-                    self._refuse_live_views(f"turn {self._describe()} into torch")
-                    if self._views is not None:
-                        self._views.discard(self)
-                    self._move("torch by into_torch()",
-                               hint="use the torch tensor into_torch() returned "
-                                    "(st.from_torch(t) wraps it again)")
-            finally:
-                if QUEUED_FINALIZERS:
-                    end_walk()
+            walk(self._hand_to_torch)
         return self._torch
+
+    def _hand_to_torch(self) -> None:
+        """into_torch's scans and move (inside a walk: ``ownership.walk``)."""
+        what = f"turn {self._describe()} into torch"
+        replayed.check_not_replayed(self._torch, what)
+        self._refuse_live_views(what)
+        if self._views is not None:
+            self._views.discard(self)
+        self._move("torch by into_torch()",
+                   hint="use the torch tensor into_torch() returned "
+                        "(st.from_torch(t) wraps it again)")
 
     def partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
                   persistent: int | None = None) -> "Partition":
