@@ -111,20 +111,7 @@ class RunContext:
     def finish(self) -> None:
         """The work is complete: end every borrow, then hand every value back."""
         self.last = UNKNOWN                       # (no cycle keeps the last op's values alive)
-        # The loop of ``settle``, over the borrows' ends (inlined: once per execution).
-        pending, error, i = self._finish, None, 0
-        while True:
-            try:
-                while i < len(pending):
-                    pending[i]()
-                    i += 1
-                break
-            except Exception as e:                # keep releasing; report the first failure
-                error = error or e
-                i += 1
-            except BaseException as e:            # interrupted: run it again (see settle)
-                error = error or e
-        del pending[:i]
+        error = _run_each(self._finish)
         try:
             self.settle()
         finally:
@@ -133,25 +120,32 @@ class RunContext:
 
     def settle(self) -> None:
         """Run every deferred release in order (and those deferred meanwhile), all of them
-        even if one raises; the first failure is raised. One cut short by an interrupt (a
-        ``KeyboardInterrupt``) runs again, as its values come back nowhere else (releases are
-        idempotent); each stays listed until it has run, so an interrupt that escapes (landing
-        between two of them) leaves the rest to a later call."""
-        pending, error, i = self._settle, None, 0
-        while True:
-            try:
-                while i < len(pending):
-                    pending[i]()
-                    i += 1
-                break
-            except Exception as e:                # keep releasing; report the first failure
-                error = error or e
-                i += 1
-            except BaseException as e:
-                error = error or e
-        del pending[:i]
+        even if one raises; the first failure is raised (see ``_run_each``)."""
+        error = _run_each(self._settle)
         if error is not None:
             raise error
+
+
+def _run_each(pending: list):
+    """Call every function of ``pending`` in order (and those added meanwhile), all of them
+    even if one raises, and return the first failure (or None). One cut short by an
+    interrupt (a ``KeyboardInterrupt``) runs again, as the values it hands back come back
+    nowhere else (releases are idempotent); each stays listed until it has run, so an
+    interrupt that escapes (landing between two of them) leaves the rest to a later call."""
+    error, i = None, 0
+    while True:
+        try:
+            while i < len(pending):
+                pending[i]()
+                i += 1
+            break
+        except Exception as e:                    # keep releasing; report the first failure
+            error = error or e
+            i += 1
+        except BaseException as e:
+            error = error or e
+    del pending[:i]
+    return error
 
 
 @contextlib.contextmanager
