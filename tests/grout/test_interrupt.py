@@ -13,6 +13,7 @@ import pytest
 import grout
 from safetile.device.execution import RunContext
 from safetile.device.graph import GraphLaunchOp
+from safetile.device.op import DeviceOp
 from safetile.device.reserve import ReservingOp
 from safetile.tensor import active_holds
 from safetile.tensor.ownership import LOCK, in_walk
@@ -121,4 +122,22 @@ def test_an_interrupt_as_a_graph_replay_starts_running_leaves_no_borrow(engine, 
     kept = _interrupted(_generate, engine, RunContext.at_finish.__code__,
                         GraphLaunchOp._run.__code__)
     _check_unharmed(engine, reference, kept, "at_finish from GraphLaunchOp._run")
+
+
+def test_an_interrupt_kept_with_its_traceback_leaves_the_next_request_unblocked(engine,
+                                                                             reference):
+    """Interrupted as the prefill chains a launch: the one built before it is never run."""
+    from grout.runner import run_steps
+    kept = _interrupted(_generate, engine, DeviceOp.then.__code__, run_steps.__code__)
+    assert isinstance(kept[-1], KeyboardInterrupt)
+    _check_unharmed(engine, reference, kept, "DeviceOp.then from run_steps")
+
+
+def test_an_interrupted_logits_call_kept_with_its_traceback_leaves_the_next_unblocked(engine):
+    from grout.runner import run_steps
+    expected = engine.logits(PROMPT)
+    kept = _interrupted(lambda eng, _: eng.logits(PROMPT), engine, DeviceOp.then.__code__,
+                        run_steps.__code__)
+    assert isinstance(kept[-1], KeyboardInterrupt)
+    assert engine.logits(PROMPT).equal(expected)
 
