@@ -25,7 +25,7 @@ import safetile as st
 
 from . import config as config_mod
 from .config import Qwen3Config
-from .errors import CheckpointError, RequestError, drop_locals
+from .errors import CheckpointError, RequestError, drop_locals, dropping_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, check_vocabulary, step_logprobs
 from .runner import Runner
 from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
@@ -249,7 +249,7 @@ class Engine:
             self._request += 1
             request = self._request
             params, key = sampling.tensors(self.device)
-            with st.backend(self.backend):
+            with dropping_locals(), st.backend(self.backend):
                 token = self.runner.begin(ids, params, key, sampling.greedy)
                 lp = step_logprobs(self.runner, token, logprobs)
                 if max_new_tokens > 1 and self.runner.graphable():
@@ -294,7 +294,7 @@ class Engine:
                 if self._request != request:
                     raise RequestError("this stream was superseded by a newer request on the "
                                        "same engine")
-                with st.backend(self.backend):
+                with dropping_locals(), st.backend(self.backend):
                     if not ahead:
                         # logprobs read each step's logits: one step at a time then
                         wanted = 1 if logprobs is not None else max_new_tokens - n
@@ -331,7 +331,7 @@ class Engine:
         ids = self._ids(ids)
         with self._lock:
             self._request += 1
-            with st.backend(self.backend):
+            with dropping_locals(), st.backend(self.backend):
                 return self.runner.logits(ids)
 
 

@@ -1,5 +1,7 @@
 """grout's typed errors: every failure a user can cause is one of these (all ValueErrors)."""
 
+import contextlib
+import sys
 import traceback
 
 
@@ -41,3 +43,17 @@ def drop_locals(error: BaseException, handled: BaseException | None = None) -> N
         seen.add(id(e))
         traceback.clear_frames(e.__traceback__)
         pending += [e.__cause__, e.__context__]
+
+
+@contextlib.contextmanager
+def dropping_locals():
+    """A block whose failure (an interrupt too) leaves :func:`drop_locals` done on its error."""
+    # A generation interrupted (Ctrl-C) between building a launch and running it leaves the
+    # launch, which borrows the engine's buffers, in a frame of the traceback that a REPL
+    # keeps: every later request would meet that borrow until the error is dropped.
+    handled = sys.exc_info()[1]
+    try:
+        yield
+    except BaseException as e:
+        drop_locals(e, handled)
+        raise

@@ -407,8 +407,9 @@ class GraphLaunchOp(DeviceOp):
             g._replay_done()
             raise
         hold.owner = ctx
-        ctx.at_finish(hold.release)
-        ctx.at_finish(g._replay_done)
+        # Both owed at once, through the list's own extend (no Python function entry, where
+        # an interrupt could land): the replay's borrows and its in-flight count end together.
+        ctx._finish.extend((hold.release, g._replay_done))
         g._replay(ctx)
         if g._records:
             ctx.last = g._records[-1]
