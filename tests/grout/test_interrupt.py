@@ -16,7 +16,7 @@ from safetile.device.graph import GraphLaunchOp
 from safetile.device.op import DeviceOp
 from safetile.device.reserve import ReservingOp
 from safetile.tensor import active_holds
-from safetile.tensor.ownership import LOCK, in_walk
+from safetile.tensor.ownership import LOCK, WALK
 
 PROMPT = [5, 17, 33, 2, 9]
 SEED = 7
@@ -103,7 +103,7 @@ def _free(lock) -> bool:
 def _check_unharmed(eng, reference, kept: list, where: str) -> None:
     """Locks free, the next requests give the reference tokens, no borrow once ``kept`` goes."""
     greedy, sampled, holds = reference
-    assert not in_walk() and _free(LOCK) and _free(eng._lock), where
+    assert not WALK.here() and _free(LOCK) and _free(eng._lock), where
     assert eng.generate(PROMPT, max_new_tokens=6).token_ids == greedy, where
     assert _sampled(eng) == sampled, where
     kept.clear()
