@@ -103,8 +103,10 @@ class CollectiveOp(DeviceOp):
                 e.recovered = self._output()
                 raise
         hold.owner = ctx
-        ctx.at_finish(hold.release)
-        ctx.defer(self._hand_back)
+        # Owed through the lists' own appends: an interrupt lands at a Python function's
+        # entry, and one landing before ctx owes these would keep the buffers for good.
+        ctx._finish.append(hold.release)
+        ctx._settle.append(self._hand_back)
         ctx.last = UNKNOWN                        # not a kernel: later PDL launches go in order
         try:
             self._call()

@@ -307,7 +307,7 @@ class SharedOp(DeviceOp):
                 # move them on into later launches of it (the release deferred at its finish
                 # runs after every hand-back deferred before).
                 self._ran_in = (ctx, threading.get_ident())
-                ctx.at_finish(lambda: ctx.defer(self._settled))
+                ctx._finish.append(lambda: ctx.defer(self._settled))
                 self._turn = ctx.turn
                 if ctx.stream is not None and ctx.recording is None:
                     import torch
