@@ -4,7 +4,6 @@ The CPU machine has no stream to wait on, so these tests give an execution a sta
 stream whose first wait is interrupted (a KeyboardInterrupt raised as ``op.sync()`` starts
 waiting) and record what is still borrowed at each later wait."""
 import gc
-import sys
 import threading
 
 import pytest
@@ -16,6 +15,7 @@ from safetile.kernel.kernel_op import KernelOp
 from safetile.tensor import active_holds, borrows
 from safetile.tensor.registry import Registry
 
+from interrupts import entered, interrupted, is_free
 from support import add, cpu_executor, no_leftover_holds, vec
 
 _cpu = cpu_executor(seed=0)
@@ -97,26 +97,11 @@ def test_an_interrupt_between_two_restores_still_hands_every_value_back(monkeypa
     assert active_holds() == []
 
 
-def _interrupt_on_entry(code):
-    """A trace function raising KeyboardInterrupt as ``code`` is entered (once): a signal
-    lands where Python checks for one, at the start of a function."""
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            sys.settrace(None)
-            raise KeyboardInterrupt
-    return tracer
-
-
 def _interrupted(code, fn):
     """``fn()`` with a KeyboardInterrupt raised as ``code`` is first entered; the interrupt."""
-    outer = sys.gettrace()
-    sys.settrace(_interrupt_on_entry(code))
-    try:
-        with pytest.raises(KeyboardInterrupt) as e:
-            fn()
-    finally:
-        sys.settrace(outer)
-    return e.value
+    e = interrupted(fn, code)
+    assert isinstance(e, KeyboardInterrupt), f"{code.co_name} was never entered"
+    return e
 
 
 def test_an_interrupt_as_the_launch_builds_its_op_moves_nothing():
@@ -194,54 +179,6 @@ def test_an_interrupt_as_a_borrow_leaves_the_registry_still_ends_it():
     assert active_holds() == []
 
 
-def _entered(fn) -> list:
-    """The code objects of safetile's functions that ``fn()`` enters, in first-entry order."""
-    import safetile
-    root = safetile.__file__.rsplit("/", 1)[0]
-    seen: dict = {}
-
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(root):
-            seen.setdefault(frame.f_code, None)
-    outer = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        fn()
-    finally:
-        sys.settrace(outer)
-    return list(seen)
-
-
-def _interrupt_outside_finalizers(code):
-    """``_interrupt_on_entry``, at the first entry of ``code`` outside a ``__del__``: Python
-    reports an exception raised in a finalizer instead of raising it, and the finalizer's
-    work is lost with it (a limit of finalizers, not of safetile's launch path)."""
-    def tracer(frame, event, arg):
-        if event == "call" and frame.f_code is code:
-            f = frame
-            while f is not None and f.f_code.co_name != "__del__":
-                f = f.f_back
-            if f is None:
-                sys.settrace(None)
-                raise KeyboardInterrupt
-    return tracer
-
-
-def _lock_is_free() -> bool:
-    """Whether another thread can take the ownership lock now."""
-    from safetile.tensor.ownership import LOCK
-    got = []
-
-    def take():
-        if LOCK.acquire(timeout=5):
-            got.append(True)
-            LOCK.release()
-    t = threading.Thread(target=take)
-    t.start()
-    t.join()
-    return bool(got)
-
-
 def _launch_and_sync():
     add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))).sync()
 
@@ -262,23 +199,13 @@ def _many_in_flight():
 
 @pytest.mark.parametrize("work", [_launch_and_sync, _then_chain, _many_in_flight])
 def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_working(work):
-    from safetile.tensor.ownership import WALK
-    for code in _entered(work):
-        outer = sys.gettrace()
-        # One raised in a finalizer or a weakref callback is reported, not raised, as Python
-        # does: dropped here, so that the report keeps no frame (nor its values) alive.
-        hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
-        sys.settrace(_interrupt_outside_finalizers(code))
-        try:
-            work()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(outer)
-            sys.unraisablehook = hook
+    from safetile.tensor.ownership import LOCK, WALK
+    root = st.__file__.rsplit("/", 1)[0]
+    for code in entered(work, lambda frame: frame.f_code.co_filename.startswith(root)):
+        interrupted(work, code)
         where = f"interrupted at {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
         assert not WALK.here(), where
-        assert _lock_is_free(), where
+        assert is_free(LOCK), where
         _launch_and_sync()                     # neither refused nor blocked
         if active_holds():
             gc.collect()                       # (values in a cycle go only with it)

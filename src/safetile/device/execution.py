@@ -104,10 +104,6 @@ class RunContext:
         """Run ``fn`` when the work enqueued so far is ordered before host use."""
         self._settle.append(fn)
 
-    def at_finish(self, fn) -> None:
-        """Run ``fn`` when the execution's work is complete (before the final settle)."""
-        self._finish.append(fn)
-
     def finish(self) -> None:
         """The work is complete: end every borrow, then hand every value back."""
         self.last = UNKNOWN                       # (no cycle keeps the last op's values alive)

@@ -64,9 +64,9 @@ class ReservingOp(DeviceOp):
                 e.recovered = self._inner._values()
                 raise
         hold.owner = ctx
-        # Owed through the list's own append, not ``ctx.at_finish``: an interrupt lands at a
-        # Python function's entry, and one landing after the claim but before ctx owes the
-        # release would keep the reservation for good (the op, claimed, never ends it).
+        # Owed through the list's own append (no Python function entry, where an interrupt
+        # lands): one landing after the claim but before ctx owes the release would keep the
+        # reservation for good (the op, claimed, never ends it).
         ctx._finish.append(hold.release)
         if self._handles:                      # once the later launches handed them back
             ctx._finish.append(lambda: ctx.defer(self._release_handles))
