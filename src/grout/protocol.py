@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import SAMPLING_KEYS
 from .errors import RequestError
 from .tokenizer import check_unicode
 
@@ -209,8 +210,7 @@ def _common(fields: dict[str, Any], req: GenerationRequest, model_name: str) -> 
                            code="unsupported_parameter")
         req.include_usage = _bool(options, "include_usage", default=False,
                                   param="stream_options.include_usage")
-    req.sampling_sent = frozenset(k for k in ("temperature", "top_p", "top_k")
-                                  if fields.get(k) is not None)
+    req.sampling_sent = frozenset(k for k in SAMPLING_KEYS if fields.get(k) is not None)
     req.temperature = _float(fields, "temperature", default=1.0, low=0.0)
     req.top_p = _float(fields, "top_p", default=1.0)
     if not 0.0 < req.top_p <= 1.0:
