@@ -210,3 +210,31 @@ def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_wor
         if active_holds():
             gc.collect()                       # (values in a cycle go only with it)
             assert active_holds() == [], where
+
+
+
+def _triple():
+    return vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+
+
+def test_an_interrupt_anywhere_in_a_graph_record_leaves_its_scope_recording():
+    """Interrupted at each function a record enters, with a ``then`` callback that gives up
+    the scope's turn while it runs: the turn is free after, and the scope still records."""
+    root = st.__file__.rsplit("/", 1)[0]
+    first, second = _triple(), _triple()
+    with st.graph_scope() as probe:
+        codes = entered(lambda: probe.record(add(*first).then(add)),
+                        lambda frame: frame.f_code.co_filename.startswith(root))
+    del probe
+    for code in codes:
+        where = f"interrupted at {code.co_name} ({code.co_filename}:{code.co_firstlineno})"
+        first, second = _triple(), _triple()
+        with st.graph_scope() as scope:
+            interrupted(lambda: scope.record(add(*first).then(add)), code)
+            assert is_free(scope._lock), where
+            scope.record(add(*second))
+        _, _, z = scope.launch().sync()[-1]
+        assert z.unpartition().to_torch().tolist() == [4.0, 6.0], where
+        del scope, first, second, z
+        gc.collect()
+        assert active_holds() == [], where

@@ -74,9 +74,9 @@ class GraphScope(NoCopies):
         # thread or task calls record(): they are entered for that caller too.
         with executing(f"a record into {self.reason}"), forbid_allocation(self.reason), \
                 borrows.collect_shared(self._shared_holds, self.count):
-            self._lock.acquire()
             turn = _Turn(self)
             try:
+                turn.take()
                 if self._closed is not None:      # closed while this one waited
                     self._refuse_closed(op)
                 self._turns.append(turn)
@@ -85,7 +85,9 @@ class GraphScope(NoCopies):
                 finally:
                     self._turns.remove(turn)
             finally:
-                self._lock.release()
+                if turn.held:                     # (no call between the test and the release)
+                    turn.held = False
+                    self._lock.release()
         self.outputs.append(out)
         return out
 
@@ -93,6 +95,7 @@ class GraphScope(NoCopies):
         """Record ``op`` holding ``turn``; its output, once its values are handed back."""
         ctx = RunContext(None, recording=self._records)
         ctx.turn = turn
+        out = None
         try:
             with borrows.owned_by(ctx):
                 out = op._run(ctx)
@@ -107,17 +110,27 @@ class GraphScope(NoCopies):
                     f"threads recording into it are done")
                 attach_recovered(err, out)
                 raise err
-        except BaseException:
+            # Until the graph is made, the scope keeps what its launches touch from torch
+            # (noted above, before the launches' borrows end: no moment leaves them free).
+            # Finished inside the try: a record cut short here (an interrupt) is a failed
+            # one, whose launches' borrows the handler below still ends.
+            ctx.finish()
+        except BaseException as e:
+            if out is not None:
+                attach_recovered(e, out)
             # The launches a failed record appended are dropped: its values come back to
             # the caller, so no replay may write them (and a value it shared follows no
-            # launch of it).
+            # launch of it). Dropping needs the turn, which an interrupt as a callback
+            # ended (at take()'s entry) left given up.
+            while not turn.held:
+                try:
+                    turn.take()
+                except BaseException:             # (taken by then, unless at its entry)
+                    pass
             turn.failed = True
             self._drop(turn)
             abandon_and_finish(op, ctx)
             raise
-        # Until the graph is made, the scope keeps what its launches touch from torch
-        # (noted above, before the launches' borrows end: no moment leaves them free).
-        ctx.finish()
         return out
 
     def _drop(self, turn: "_Turn") -> None:
@@ -176,21 +189,23 @@ class GraphScope(NoCopies):
 class _Turn:
     """A record's hold on its scope's turn, given up while a callback of the record runs."""
 
-    __slots__ = ("scope", "done", "start", "failed")
+    __slots__ = ("scope", "done", "start", "failed", "held")
 
     def __init__(self, scope: GraphScope):
-        """The turn of a record that has just taken it (``scope._lock``)."""
+        """The turn of a record about to take it (``take()``)."""
         self.scope = scope
         self.done: list = []             # [start, end) of the record's earlier stretches
-        self.start = len(scope._records)  # where its current stretch of launches begins
+        self.start = 0                   # where its current stretch of launches begins
         self.failed = False              # its launches were dropped: what it ran is not recorded
+        self.held = False                # whether it holds ``scope._lock``
 
     def take(self) -> None:
-        """Take the turn back; an interrupt while waiting is raised once it is taken."""
+        """Take the turn (again); an interrupt while waiting is raised once it is taken."""
         interrupted = None
         while True:
             try:
                 self.scope._lock.acquire()
+                self.held = True                  # (no call since the lock was taken)
                 break
             except BaseException as e:            # (KeyboardInterrupt): the record must
                 interrupted = interrupted or e    # hold the turn to drop its launches
@@ -210,6 +225,7 @@ class _Turn:
     def run(self, f, args):
         """``f(*args)``, a callback of the record, run without the turn."""
         self.done = self.stretches()
+        self.held = False
         self.scope._lock.release()
         try:
             return f(*args)
