@@ -101,6 +101,25 @@ def test_many_awaits_complete_with_correct_results():
         assert torch.equal(z.unpartition().to_torch(), xt + i)
 
 
+def test_a_submitted_op_hands_its_values_back_when_its_loop_stops_before_resolving_it():
+    """The loop stops with the op's completion still to come, and is closed without running
+    again: the op's borrows end and its values come back all the same."""
+    x, y = cuda(torch.randn(4096)), cuda(torch.randn(4096))
+    z = st.empty((4096,), device="cuda").partition((1024,))
+    loop = asyncio.new_event_loop()
+
+    async def main():
+        return st.submit(add(x, y, z))         # not awaited
+
+    fut = loop.run_until_complete(main())
+    deadline = time.monotonic() + 30
+    while active_holds() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.close()
+    assert active_holds() == [] and not fut.done()
+    assert torch.equal(z.unpartition().to_torch(), x.to_torch() + y.to_torch())
+
+
 def test_submitted_futures_gather_without_tasks_and_hand_values_back():
     xt = torch.randn(1024, device="cuda")
 

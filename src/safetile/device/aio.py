@@ -3,10 +3,10 @@
 GPU path: the op is enqueued on the loop thread (launching is cheap and non-blocking). Ops
 submitted in one loop iteration are batched: at the end of the iteration one CUDA event per
 stream is recorded after all of them and handed to the *reactor*, a daemon thread that
-waits on events in order (``event.synchronize()``, which releases the GIL) and then posts
-one ``call_soon_threadsafe`` per batch to the loop. The loop thread never spins or blocks;
-the completion step finishes each op (ends its borrows, hands its values back) and resolves
-its future.
+waits on events in order (``event.synchronize()``, which releases the GIL), finishes each
+op of the batch (ends its borrows, hands its values back) and then posts one
+``call_soon_threadsafe`` per batch to the loop, which resolves the futures. The loop thread
+never spins or blocks.
 
 Shapes: ``await op`` submits at once and waits on the op's future (no coroutine or Task of
 its own). ``st.submit(op)`` returns that ``asyncio.Future``: ``asyncio.gather`` of futures
@@ -215,14 +215,23 @@ def _batch_for(loop) -> _Batch:
     return b
 
 
-def _complete(entries, error) -> None:
-    """On the loop thread: hand values back and resolve the futures."""
+def _finish_all(entries, error) -> list:
+    """The work of ``entries`` is complete (or failed with ``error``): end their borrows and
+    hand their values back; ``(future, output, error)`` of each."""
+    done = []
     for ctx, out, fut in entries:
         try:
             ctx.finish()
         except BaseException as e:            # a release failed: report it to the awaiter
-            _settle(fut, out, e)
+            done.append((fut, out, e))
             continue
+        done.append((fut, out, error))
+    return done
+
+
+def _settle_all(done) -> None:
+    """On the loop thread: resolve each future of ``_finish_all``'s list."""
+    for fut, out, error in done:
         _settle(fut, out, error)
 
 
@@ -325,6 +334,9 @@ class _Reactor:
         self.queue.put(item)
 
     def _main(self) -> None:
+        # Values are handed back here, before the loop hears of it: a loop that stops, or
+        # closes (dropping the callbacks it was sent), before it runs the callback that
+        # resolves the futures then loses no value and leaves no borrow held.
         while True:
             event, loop, entries = self.queue.get()
             error = None
@@ -332,14 +344,12 @@ class _Reactor:
                 event.synchronize()
             except BaseException as e:        # e.g. a device fault: every awaiter sees it
                 error = e
+            done = _finish_all(entries, error)
             try:
-                loop.call_soon_threadsafe(_complete, entries, error)
-            except RuntimeError:              # the loop was closed: hand values back here
-                for ctx, _, _ in entries:
-                    try:
-                        ctx.finish()
-                    except BaseException:
-                        pass
+                loop.call_soon_threadsafe(_settle_all, done)
+            except RuntimeError:              # the loop was closed: no awaiter is left
+                pass
+            del event, loop, entries, done
 
 
 _the_reactor: list = []
