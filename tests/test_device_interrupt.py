@@ -238,3 +238,19 @@ def test_an_interrupt_anywhere_in_a_graph_record_leaves_its_scope_recording():
         del scope, first, second, z
         gc.collect()
         assert active_holds() == [], where
+
+
+def test_an_interrupt_as_a_reservation_is_checked_again_still_ends_it():
+    """An op of two launches built in one execution's callback and run in another borrows
+    its reservation again as it starts; interrupted there, the old reservation still ends."""
+    from safetile import ops
+    x, ws = st.randn((300,)), ops.argmax_workspace(300)
+    z = st.empty((1,), dtype=st.i64)
+    built = []
+    first = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+    first.map(lambda *out: built.append(ops.argmax(x, workspace=ws, out=z)) or out).sync()
+    _interrupted(borrows.borrow_again.__code__, built.pop().sync)
+    gc.collect()
+    assert active_holds() == []
+    ops.argmax(x, workspace=ws, out=z).sync()         # every byte of it is free again
+    assert z.to_torch().item() == x.to_torch().argmax().item()

@@ -60,6 +60,9 @@ class ReservingOp(DeviceOp):
                 hold = self._hold = borrows.borrow_again(hold, ctx, lambda exempt: (
                     borrows.acquire(self._holder, self._reads, self._writes, exempt)))
             except BaseException as e:
+                # The op is claimed, so nothing else ends the reservation: borrow_again ends
+                # it, unless an interrupt landed at its entry (releasing is idempotent).
+                self._end()
                 self._inner._abandon()
                 e.recovered = self._inner._values()
                 raise
