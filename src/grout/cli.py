@@ -107,8 +107,24 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.set_defaults(usage_error=p.error)
 
 
+def _version() -> str:
+    """grout's version, with the safetile, torch and triton it runs on."""
+    import importlib.metadata
+
+    import torch
+
+    import safetile
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = "not installed"
+    return f"grout {safetile.__version__} (safetile {safetile.__version__}, torch " \
+           f"{torch.__version__}, triton {triton})"
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="grout", description="A batch-1 Qwen3 engine on safetile.")
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text, streamed as it is produced")
     _common(g)

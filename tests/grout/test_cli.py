@@ -108,6 +108,16 @@ def test_usage_errors_exit_2():
     assert e.value.code == 2
 
 
+def test_version_names_grout_safetile_torch_and_triton_and_exits_0(capsys):
+    import safetile
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"grout {safetile.__version__} (safetile {safetile.__version__}, "
+                          f"torch {torch.__version__}, triton ")
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["bench", "--help"],
                                   ["serve", "--help"]])
 def test_help_prints_usage_and_exits_0(capsys, argv):
