@@ -197,7 +197,18 @@ def _many_in_flight():
         op.sync()
 
 
-@pytest.mark.parametrize("work", [_launch_and_sync, _then_chain, _many_in_flight])
+def _shared_value_lifecycle():
+    """A value shared, cloned, read by a launch, its clones released, then unwrapped."""
+    w = st.randn((4,), device="cpu").share()
+    c = w.clone()
+    c, _, _ = add(c, vec(1, 2, 3, 4), st.empty((4,)).partition((4,))).sync()
+    c.release()
+    w.clone().release()
+    w.try_unwrap()
+
+
+@pytest.mark.parametrize("work", [_launch_and_sync, _then_chain, _many_in_flight,
+                                  _shared_value_lifecycle])
 def test_an_interrupt_anywhere_in_a_launch_leaves_the_lock_free_and_launches_working(work):
     from safetile.tensor.ownership import LOCK, WALK
     root = st.__file__.rsplit("/", 1)[0]

@@ -380,8 +380,9 @@ class GraphLaunchOp(DeviceOp):
         self._consumed = True
 
     def __del__(self):
-        if not self._consumed:
-            finalize(lambda: warn_unrun(f"a replay of {self._graph!r}", self.site))
+        graph = getattr(self, "_graph", None)     # (None if an interrupt cut __init__ short)
+        if graph is not None and not self._consumed:
+            finalize(lambda: warn_unrun(f"a replay of {graph!r}", self.site))
 
     def __repr__(self) -> str:
         return f"<GraphLaunchOp {self._graph!r}>"

@@ -70,11 +70,6 @@ class _SharedCore:
         # share() (or a graph that recorded one) cannot write it while it is shared.
         self.hold = hold
 
-    def drop_handle(self) -> None:
-        """One handle fewer (caller holds LOCK); the last one ends the read borrow."""
-        self.handles -= 1
-        if self.handles == 0:
-            self.hold.release()
 
 
 class Shared(Handle):
@@ -202,9 +197,30 @@ class Shared(Handle):
         """End this handle now (dropping the last reference does the same)."""
         with LOCK:
             self._check("release it")
-            self._release("release()", "use another handle of the shared value (clone "
-                                       "before releasing)")
-            self._core.drop_handle()
+            self._end("release()", "use another handle of the shared value (clone before "
+                                   "releasing)")
+
+    def _end(self, by: str, hint: str) -> None:
+        """Mark this handle released and count one handle fewer; the last one ends the
+        value's read borrow (caller holds LOCK). Past the mark the only call is the hold's
+        release, idempotent: one an interrupt cuts short (at its entry) runs again, so the
+        count and the borrow never disagree."""
+        self._release(by, hint)
+        core = self._core                         # (no call between the mark and the count)
+        core.handles -= 1
+        if core.handles:
+            return
+        interrupted = None
+        while True:
+            try:
+                core.hold.release()
+                break
+            except Exception:
+                raise
+            except BaseException as e:
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
 
     def __del__(self):
         finalize(self._finalize)
@@ -215,8 +231,7 @@ class Shared(Handle):
             with LOCK:
                 if self._state is not RELEASED:
                     self._core.in_flight.pop(id(self), None)
-                    self._state = RELEASED
-                    self._core.drop_handle()
+                    self._end("its collection", "")
         except Exception:  # pragma: no cover - interpreter shutdown, half-built handle
             pass
 
@@ -272,10 +287,11 @@ class Shared(Handle):
 
     def _unwrap_locked(self, by: str, hint: str) -> "Tensor":
         """Consume the last handle (``_sole_owner_or_raise`` passed, under the same LOCK)."""
-        self._release(by, hint)
-        self._core.drop_handle()                # the last one: ends the value's read borrow
+        # The Tensor first (idempotent; it stays out of reach until this returns): an
+        # interrupt before the handle ends leaves the value shared, to unwrap again.
         tensor = self._core.tensor
-        tensor._restore()
+        tensor._restore_locked()
+        self._end(by, hint)                     # the last one: ends the value's read borrow
         return tensor
 
     def try_partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
