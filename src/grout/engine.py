@@ -11,7 +11,6 @@ raises if resumed).
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ from .logprobs import TokenLogprobs, check_top_logprobs, check_vocabulary, step_
 from .runner import Runner
 from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
 from .stops import StopTail, stop_strings
-from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer, qwen_tokenizer
+from .tokenizer import StreamDecoder, Tokenizer, as_token_id, load_tokenizer, qwen_tokenizer
 from .weights import Weights, load_checkpoint, random_weights
 from .weights import from_tensors as weights_from_tensors
 
@@ -207,7 +206,7 @@ class Engine:
             if not isinstance(ids, list):
                 raise RequestError(f"prompt must be a str or a list of token ids, got a 0-d "
                                    f"{type(prompt).__name__}")
-            ids = [_token_id(i) for i in ids]
+            ids = [as_token_id(i) for i in ids]
         else:
             raise RequestError(f"prompt must be a str or a list of token ids, got "
                                f"{type(prompt).__name__}")
@@ -339,22 +338,6 @@ def _find_stop(text: str, stops, emitted: int) -> int:
     """Where the first stop string ending past ``text[:emitted]`` begins (-1: none)."""
     return min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
                 if i >= 0), default=-1)
-
-
-def _token_id(i) -> int:
-    """A token id as a plain int (numpy and torch integers too, never a bool)."""
-    if not isinstance(i, bool):
-        try:
-            return operator.index(i)
-        except TypeError:
-            pass
-    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
-        raise RequestError("the prompt must be one sequence of token ids, not a batch of "
-                           "them (grout runs one request at a time: pass input_ids[0])")
-    if isinstance(i, str):                 # a list of prompts, as batch engines take
-        raise RequestError("the prompt must be one str or one list of token ids, not a list "
-                           "of strings (grout runs one request at a time)")
-    raise RequestError(f"token ids must be ints, got {i!r:.60}")
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",

@@ -147,14 +147,21 @@ def check_unicode(text: str) -> None:
                            f"errors='replace'") from None
 
 
-def _token_id(i) -> int:
-    """``i`` as a plain int (numpy and torch integers too, never a bool), or RequestError."""
-    try:
-        if isinstance(i, bool):
-            raise TypeError
-        return operator.index(i)
-    except TypeError:
-        raise RequestError(f"token ids must be ints, got {type(i).__name__}") from None
+def as_token_id(i) -> int:
+    """``i`` as a plain int (numpy and torch integers too, never a bool), or RequestError,
+    which names what to pass instead of a batch engine's input (a row of ids, a string)."""
+    if not isinstance(i, bool):
+        try:
+            return operator.index(i)
+        except TypeError:
+            pass
+    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
+        raise RequestError("expected one sequence of token ids, not a batch of them (grout "
+                           "runs one request at a time: pass input_ids[0])")
+    if isinstance(i, str):                 # a list of prompts, as batch engines take
+        raise RequestError("expected one str or one list of token ids, not a list of "
+                           "strings (grout runs one request at a time)")
+    raise RequestError(f"token ids must be ints, got {type(i).__name__} {i!r:.60}")
 
 
 def _token_ids(ids) -> list[int]:
@@ -169,7 +176,7 @@ def _token_ids(ids) -> list[int]:
                            f"{type(ids).__name__}") from None
     out = []
     for i in ids:
-        i = _token_id(i)
+        i = as_token_id(i)
         if not 0 <= i < 1 << 32:
             got = i if abs(i) < 1 << 64 else f"an int of {i.bit_length()} bits"
             raise RequestError(f"token ids must be in [0, 2**32), got {got}")
@@ -219,7 +226,7 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for: a byte-level token may hold part of a character;
         an added token (``<|im_end|>``) gives its text; an id outside the vocabulary, b""."""
-        token_id = _token_id(token_id)
+        token_id = as_token_id(token_id)
         # the backend takes 32-bit ids; no vocabulary reaches past them
         entry = self._tok.id_to_token(token_id) if 0 <= token_id < 1 << 32 else None
         if entry is None:
