@@ -88,6 +88,23 @@ def _served_name(text: str) -> str:
     return text
 
 
+def _origin(text: str) -> str:
+    """An argparse type: a web origin as browsers send it (scheme://host[:port]), or *."""
+    from urllib.parse import urlsplit
+    if text == "*":
+        return text
+    try:
+        parts = urlsplit(text.rstrip("/"))
+        parts.port                                # (raises on a port out of range)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or \
+            parts.path or parts.query or parts.fragment or parts.username is not None:
+        raise GroutError(f"{text!r} is not a web origin: give scheme://host[:port] as a "
+                         f"browser sends it (e.g. http://localhost:3000), or * for any")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_checked(_model), required=True,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
@@ -173,6 +190,10 @@ def parser() -> argparse.ArgumentParser:
                    help="auto: a request that leaves temperature, top_p or top_k out takes the "
                         "checkpoint's generation_config.json value, as vLLM does; none: the "
                         "OpenAI defaults (1, 1, off)")
+    s.add_argument("--allowed-origin", type=_checked(_origin), action="append", default=[],
+                   metavar="ORIGIN",
+                   help="a web origin (scheme://host[:port], or *) whose browser pages may "
+                        "call the API (CORS; repeatable; default: none)")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     # testing aid, not listed: a request's X-Grout-Fault: N header fails it after N tokens
@@ -277,7 +298,8 @@ def serve(args) -> int:
                       fault_injection=args.fault_injection,
                       max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES,
                       default_seed=args.seed,
-                      generation_config=args.generation_config == "auto")
+                      generation_config=args.generation_config == "auto",
+                      allowed_origins=tuple(args.allowed_origin))
 
 
 def _reader_left() -> int:

@@ -30,6 +30,8 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -68,12 +70,15 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> JSON
 def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: bool = False,
                on_load_failure: Callable[[BaseException], None] | None = None,
                max_request_bytes: int = MAX_REQUEST_BYTES,
-               default_seed: int | None = None, generation_config: bool = True) -> Starlette:
+               default_seed: int | None = None, generation_config: bool = True,
+               allowed_origins: tuple[str, ...] = ()) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
     ``default_seed``: the sampling seed of a request that sends no ``seed`` (None: a fresh
     one each request), so that a server started with one repeats such requests' samples.
     ``generation_config``: a request that leaves temperature, top_p or top_k out takes the
     checkpoint's generation_config.json value (as vLLM does), else the OpenAI default.
+    ``allowed_origins``: the web origins (``"*"``: any) whose browser pages may call the API
+    (CORS); none by default, so a page from another origin cannot read the answers.
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
@@ -127,7 +132,10 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
         Route("/v1/chat/completions", partial(_generation, state, parse_chat_request),
               methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins),
+                             allow_methods=["GET", "POST"], allow_headers=["*"])
+                  ] if allowed_origins else []
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.grout = state
     return app
@@ -366,11 +374,12 @@ def _exit_while_loading(status: int) -> None:
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False,
           max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None,
-          generation_config: bool = True) -> int:
+          generation_config: bool = True, allowed_origins: tuple[str, ...] = ()) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130). ``default_seed``, ``generation_config``: as :func:`create_app`."""
+    process at once with 130). ``default_seed``, ``generation_config``, ``allowed_origins``:
+    as :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
@@ -388,7 +397,8 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
 
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
                      on_load_failure=on_load_failure, max_request_bytes=max_request_bytes,
-                     default_seed=default_seed, generation_config=generation_config)
+                     default_seed=default_seed, generation_config=generation_config,
+                     allowed_origins=allowed_origins)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)

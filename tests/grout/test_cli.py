@@ -410,3 +410,20 @@ def test_generate_options_out_of_range_are_usage_errors_before_the_model_loads(
     err = capsys.readouterr().err
     assert e.value.code == 2 and "usage: grout generate" in err
     assert "grout generate: error: " in err and message in err and "qwen3-32b runs" not in err
+
+
+@pytest.mark.parametrize("origin, parsed", [("http://localhost:3000", "http://localhost:3000"),
+                                            ("https://chat.example.com/", "https://chat.example.com"),
+                                            ("*", "*")])
+def test_serve_allowed_origins_are_origins_as_browsers_send_them(origin, parsed):
+    args = cli.parser().parse_args(["serve", "--model", "tiny", "--allowed-origin", origin,
+                                    "--allowed-origin", "http://127.0.0.1:8080"])
+    assert args.allowed_origin == [parsed, "http://127.0.0.1:8080"]
+
+
+@pytest.mark.parametrize("origin", ["localhost:3000", "http://host/path", "ftp://host", "",
+                                    "http://host:99999", "http://user@host"])
+def test_serve_refuses_an_allowed_origin_no_browser_sends(capsys, origin):
+    with pytest.raises(SystemExit) as e:
+        cli.parser().parse_args(["serve", "--model", "tiny", "--allowed-origin", origin])
+    assert e.value.code == 2 and "is not a web origin" in capsys.readouterr().err

@@ -324,3 +324,8 @@ def test_serve_seed_is_the_seed_of_requests_that_send_none(tmp_path_factory, cli
         first, again, own = sample(c), sample(c), sample(c, seed=8)
     assert first == again == sample(client, seed=7)
     assert own == sample(client, seed=8) != first       # a request's own seed wins
+
+
+def test_without_allowed_origins_a_browser_page_of_another_origin_gets_no_allow_header(server):
+    r = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://localhost:3000"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
