@@ -251,17 +251,47 @@ def test_an_interrupt_anywhere_in_a_graph_record_leaves_its_scope_recording():
         assert active_holds() == [], where
 
 
-def test_an_interrupt_as_a_reservation_is_checked_again_still_ends_it():
+@pytest.mark.parametrize("code, caller", [
+    (borrows.borrow_again.__code__, None),
+    (borrows.Hold.release.__code__, borrows.borrow_again.__code__),
+    (Registry.remove.__code__, borrows.Hold.release.__code__)],
+    ids=["borrow_again", "the old reservation's release", "its registry removal"])
+def test_an_interrupt_as_a_reservation_is_checked_again_ends_old_and_new(code, caller):
     """An op of two launches built in one execution's callback and run in another borrows
-    its reservation again as it starts; interrupted there, the old reservation still ends."""
+    its reservation again as it starts (the new one made before the old one ends);
+    interrupted there, neither stays held."""
     from safetile import ops
     x, ws = st.randn((300,)), ops.argmax_workspace(300)
     z = st.empty((1,), dtype=st.i64)
     built = []
     first = add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
     first.map(lambda *out: built.append(ops.argmax(x, workspace=ws, out=z)) or out).sync()
-    _interrupted(borrows.borrow_again.__code__, built.pop().sync)
+    e = interrupted(built.pop().sync, code, caller)
+    assert isinstance(e, KeyboardInterrupt)
+    del e
     gc.collect()
     assert active_holds() == []
     ops.argmax(x, workspace=ws, out=z).sync()         # every byte of it is free again
     assert z.to_torch().item() == x.to_torch().argmax().item()
+
+
+def test_a_record_interrupted_as_it_finishes_keeps_nothing_it_handed_back_from_torch():
+    x, y, z = _triple()
+    with st.graph_scope() as scope:
+        e = _interrupted(RunContext.finish.__code__, lambda: scope.record(add(x, y, z)))
+        x, y, z = e.recovered
+        assert scope.count() == 0
+        z.unpartition().into_torch()           # no recorded launch writes it any more
+
+
+def test_an_unwrap_interrupted_as_the_shared_borrow_ends_hands_the_tensor_over():
+    s = st.randn((4,)).share()
+    e = interrupted(s.try_unwrap, borrows.Hold.release.__code__)
+    assert isinstance(e, KeyboardInterrupt)
+    assert e.recovered.shape == (4,) and active_holds() == []
+
+
+def test_a_try_partition_interrupted_as_it_partitions_hands_the_tensor_over():
+    s = st.randn((4,)).share()
+    e = _interrupted(st.Tensor.partition.__code__, lambda: s.try_partition((2,)))
+    assert e.recovered.partition((2,)).grid == (2,)

@@ -206,7 +206,7 @@ class Engine:
             if not isinstance(ids, list):
                 raise RequestError(f"prompt must be a str or a list of token ids, got a 0-d "
                                    f"{type(prompt).__name__}")
-            ids = [as_token_id(i) for i in ids]
+            ids = [_prompt_token_id(i) for i in ids]
         else:
             raise RequestError(f"prompt must be a str or a list of token ids, got "
                                f"{type(prompt).__name__}")
@@ -338,6 +338,18 @@ def _find_stop(text: str, stops, emitted: int) -> int:
     """Where the first stop string ending past ``text[:emitted]`` begins (-1: none)."""
     return min((i for i in (text.find(s, max(0, emitted - len(s) + 1)) for s in stops)
                 if i >= 0), default=-1)
+
+
+def _prompt_token_id(i) -> int:
+    """A prompt's token id as a plain int; RequestError, naming what to pass instead of a
+    batch engine's input (a row of input_ids, a list of prompt strings)."""
+    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
+        raise RequestError("the prompt must be one sequence of token ids, not a batch of "
+                           "them (grout runs one request at a time: pass input_ids[0])")
+    if isinstance(i, str):                 # a list of prompts, as batch engines take
+        raise RequestError("the prompt must be one str or one list of token ids, not a list "
+                           "of strings (grout runs one request at a time)")
+    return as_token_id(i)
 
 
 def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",

@@ -148,19 +148,12 @@ def check_unicode(text: str) -> None:
 
 
 def as_token_id(i) -> int:
-    """``i`` as a plain int (numpy and torch integers too, never a bool), or RequestError,
-    which names what to pass instead of a batch engine's input (a row of ids, a string)."""
+    """``i`` as a plain int (numpy and torch integers too, never a bool), or RequestError."""
     if not isinstance(i, bool):
         try:
             return operator.index(i)
         except TypeError:
             pass
-    if isinstance(i, (list, tuple)):       # a row of a (1, n) input_ids, as tokenizers give
-        raise RequestError("expected one sequence of token ids, not a batch of them (grout "
-                           "runs one request at a time: pass input_ids[0])")
-    if isinstance(i, str):                 # a list of prompts, as batch engines take
-        raise RequestError("expected one str or one list of token ids, not a list of "
-                           "strings (grout runs one request at a time)")
     raise RequestError(f"token ids must be ints, got {type(i).__name__} {i!r:.60}")
 
 

@@ -199,10 +199,16 @@ def test_the_bytes_of_an_id_outside_the_vocabulary_are_empty(tok, token_id):
     assert tok.token_bytes(token_id) == b""
 
 
-@pytest.mark.parametrize("token_id", ["a", None, 1.5, True])
+@pytest.mark.parametrize("token_id", ["a", "5", None, 1.5, True, [5]])
 def test_token_bytes_of_what_is_not_a_token_id_is_a_request_error(tok, token_id):
-    with pytest.raises(grout.RequestError, match="token id"):
+    with pytest.raises(grout.RequestError, match=f"token ids must be ints, got "
+                                                 f"{type(token_id).__name__}"):
         tok.token_bytes(token_id)
+
+
+def test_decode_of_a_list_of_strings_says_token_ids_must_be_ints(tok):
+    with pytest.raises(grout.RequestError, match="token ids must be ints, got str 'hi'"):
+        tok.decode(["hi"])
 
 
 @pytest.mark.parametrize("text", [None, 5, b"<think>"])

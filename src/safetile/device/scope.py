@@ -95,12 +95,13 @@ class GraphScope(NoCopies):
         """Record ``op`` holding ``turn``; its output, once its values are handed back."""
         ctx = RunContext(None, recording=self._records)
         ctx.turn = turn
-        out = None
+        out, noted = None, False
         try:
             with borrows.owned_by(ctx):
                 out = op._run(ctx)
             # (noted first: a close that fails meanwhile forgets it, or this record does)
             replayed.note_recorded(self, [a for r in turn.launches() for a in r._accesses()])
+            noted = True
             if self._closed is not None:
                 replayed.forget_replayed(self)    # the scope makes no graph now
                 err = GraphCaptureError(
@@ -129,6 +130,8 @@ class GraphScope(NoCopies):
                     pass
             turn.failed = True
             self._drop(turn)
+            if noted and self._closed is None:    # what is kept from torch: the launches left
+                replayed.note_replayed(self, [a for r in self._records for a in r._accesses()])
             abandon_and_finish(op, ctx)
             raise
         return out

@@ -250,11 +250,25 @@ def borrow_again(old: Hold, ctx, register_new) -> Hold:
     ``ctx`` is not ordered with it. ``register_new(exempt)`` registers them anew (with
     ``exempt``, so ``old`` does not conflict) before ``old`` ends, so that no other thread can
     take the bytes in between. ``old`` ends either way (``AliasError`` propagates)."""
+    new = None
     try:
         with owned_by(ctx):
-            return register_new(frozenset((old,)))
+            new = register_new(frozenset((old,)))
     finally:
-        old.release()
+        # A release an interrupt cuts short (at its entry) runs again (it is idempotent);
+        # the new borrow then ends too, as its operation fails with the interrupt.
+        interrupted, ending = None, [old]
+        while ending:
+            try:
+                ending[-1].release()
+                ending.pop()
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+                if new is not None and new not in ending:
+                    ending.insert(0, new)
+        if interrupted is not None:
+            raise interrupted
+    return new
 
 
 # Where the read borrows of Shared values go while a graph scope records: only those the

@@ -22,7 +22,8 @@ _REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def note_replayed(graph, accesses) -> None:
-    """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``."""
+    """Record (or replace) what ``graph``'s replays touch: ``(name, tensor, written)``; for
+    an open graph scope, what all its recorded launches touch."""
     entry = tuple(Extent(t, name, written) for name, t, written in accesses)
     with LOCK:
         _REPLAYED[graph] = entry

@@ -291,7 +291,12 @@ class Shared(Handle):
         # interrupt before the handle ends leaves the value shared, to unwrap again.
         tensor = self._core.tensor
         tensor._restore_locked()
-        self._end(by, hint)                     # the last one: ends the value's read borrow
+        try:
+            self._end(by, hint)                 # the last one: ends the value's read borrow
+        except BaseException as e:              # (an interrupt) past the mark: the Tensor
+            if self._state is RELEASED:         # is the caller's, carried by the error
+                e.recovered = tensor
+            raise
         return tensor
 
     def try_partition(self, tile_shape, order: str = "row_major", group_size: int = 8,
@@ -310,5 +315,10 @@ class Shared(Handle):
             self._sole_owner_or_raise("partition")
             tensor = self._unwrap_locked("try_partition()",
                                          "use the Partition try_partition() returned")
-            return tensor.partition(tiles, order=po.kind, group_size=po.group_size,
-                                    persistent=po.persistent)
+            try:
+                return tensor.partition(tiles, order=po.kind, group_size=po.group_size,
+                                        persistent=po.persistent)
+            except BaseException as e:          # (an interrupt): the value is the caller's
+                if getattr(e, "recovered", None) is None and tensor._is_live():
+                    e.recovered = tensor
+                raise
