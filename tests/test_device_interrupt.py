@@ -295,3 +295,14 @@ def test_a_try_partition_interrupted_as_it_partitions_hands_the_tensor_over():
     s = st.randn((4,)).share()
     e = _interrupted(st.Tensor.partition.__code__, lambda: s.try_partition((2,)))
     assert e.recovered.partition((2,)).grid == (2,)
+
+
+def test_a_record_interrupted_before_it_starts_names_the_values_its_op_keeps():
+    from safetile.device.scope import _Turn
+    x, y, z = _triple()
+    with st.graph_scope() as scope:
+        op = add(x, y, z)
+        e = _interrupted(_Turn.take.__code__, lambda: scope.record(op))
+        assert e.recovered == (x, y, z) and scope.count() == 0
+        scope.record(op)                       # the op, unrun, can still be recorded
+    assert scope.count() == 1

@@ -24,7 +24,7 @@ from ..errors import CopyError, GraphCaptureError
 from ..tensor import borrows, replayed
 from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies
-from .execution import RunContext, abandon_and_finish, attach_recovered, executing
+from .execution import RunContext, abandon_and_finish, attach_recovered, executing, refused
 from .op import DeviceOp
 
 
@@ -72,22 +72,28 @@ class GraphScope(NoCopies):
             self._refuse_closed(op)
         # The scope's guards apply to the code a record runs (its callbacks), whichever
         # thread or task calls record(): they are entered for that caller too.
-        with executing(f"a record into {self.reason}"), forbid_allocation(self.reason), \
-                borrows.collect_shared(self._shared_holds, self.count):
-            turn = _Turn(self)
-            try:
-                turn.take()
-                if self._closed is not None:      # closed while this one waited
-                    self._refuse_closed(op)
-                self._turns.append(turn)
+        try:
+            with executing(f"a record into {self.reason}"), forbid_allocation(self.reason), \
+                    borrows.collect_shared(self._shared_holds, self.count):
+                turn = _Turn(self)
                 try:
-                    out = self._record(op, turn)
+                    turn.take()
+                    if self._closed is not None:  # closed while this one waited
+                        self._refuse_closed(op)
+                    self._turns.append(turn)
+                    try:
+                        out = self._record(op, turn)
+                    finally:
+                        self._turns.remove(turn)
                 finally:
-                    self._turns.remove(turn)
-            finally:
-                if turn.held:                     # (no call between the test and the release)
-                    turn.held = False
-                    self._lock.release()
+                    if turn.held:                 # (no call between the test and the release)
+                        turn.held = False
+                        self._lock.release()
+        except BaseException as e:
+            # Refused before it started (an interrupt, a re-entrant record), the op keeps
+            # its values: the error names them, as a refused sync's does.
+            refused(e, op)
+            raise
         self.outputs.append(out)
         return out
 
