@@ -157,6 +157,12 @@ def check_request(max_new_tokens, temperature, top_k, top_p, seed, stop, logprob
     """A request's arguments but the prompt, checked (``RequestError``) without an engine:
     (max_new_tokens as an int, its SamplingParams, its stop strings, logprobs as an int or
     None)."""
+    if isinstance(max_new_tokens, SamplingParams):    # vLLM's generate(prompt, params)
+        p = max_new_tokens
+        raise RequestError(f"the second argument is max_new_tokens, got {p!r}: pass the "
+                           f"sampling settings as keywords, generate(prompt, "
+                           f"max_new_tokens=..., temperature={p.temperature!r}, "
+                           f"top_k={p.top_k!r}, top_p={p.top_p!r}, seed={p.seed!r})")
     n = integer(max_new_tokens)
     if n is None or n < 0:
         raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")

@@ -330,6 +330,14 @@ def test_a_batch_of_prompts_is_refused_saying_grout_runs_one(eng):
     assert len(str(e.value)) < 200
 
 
+def test_sampling_params_passed_as_the_second_argument_say_to_pass_keywords(eng):
+    params = grout.SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=3)
+    with pytest.raises(grout.RequestError, match=r"pass the sampling settings as keywords, "
+                       r"generate\(prompt, max_new_tokens=\.\.\., temperature=0\.7, top_k=5, "
+                       r"top_p=0\.9, seed=3\)"):
+        eng.generate("hi", params)
+
+
 def test_a_list_of_prompt_strings_is_refused_saying_grout_runs_one(eng):
     with pytest.raises(grout.RequestError, match="not a list of strings"):
         eng.generate(["Hello", "world"], max_new_tokens=1)
