@@ -33,8 +33,8 @@ from typing import Sequence
 
 import torch
 
-from ..errors import AliasError, BorrowError, ExecutionError
-from .ownership import LOCK, QUEUED_FINALIZERS, WALK, run_finalizers, walk
+from ..errors import AliasError, BorrowError
+from .ownership import LOCK, QUEUED_FINALIZERS, WALK, refuse_inside_walk, run_finalizers, walk
 from .overlap import EXACT_LIMIT, overlaps  # noqa: F401  (re-exported)
 from .overlap import Extent, _overlap, describe_overlap, label
 from .registry import Registry
@@ -376,20 +376,6 @@ def _order_after(ctx, t: torch.Tensor) -> None:
         current = torch.cuda.current_stream(t.device)
         if current != stream:
             current.wait_stream(stream)
-
-
-def refuse_inside_walk(what: str) -> None:
-    """Raise ``ExecutionError`` if this thread is inside a walk over the registries: the code
-    running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
-    in the middle of a borrow check or registration, which has the registries half-updated.
-    A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
-    if WALK.here():
-        raise ExecutionError(
-            f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
-            f"__del__, or a weakref or gc callback that a garbage collection started in the "
-            f"middle of one), which has safetile's borrows or views half-updated; launch, share, "
-            f"view and read safetile values outside finalizers (e.g. hand the work to a queue "
-            f"there)")
 
 
 def check_host_read(t: torch.Tensor, what: str) -> None:

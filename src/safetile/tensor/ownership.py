@@ -28,7 +28,7 @@ import threading
 import traceback
 from typing import NoReturn
 
-from ..errors import ArgumentError, CopyError, MovedError
+from ..errors import ArgumentError, CopyError, ExecutionError, MovedError
 
 __all__ = ["LOCK", "Handle", "LIVE", "MOVED", "RELEASED", "restore_all_locked",
            "finalize", "run_finalizers", "QUEUED_FINALIZERS", "WALK", "walk"]
@@ -87,6 +87,20 @@ def walk(fn):
             WALK.depth -= 1
             if QUEUED_FINALIZERS and not WALK.depth:
                 run_finalizers()
+
+
+def refuse_inside_walk(what: str) -> None:
+    """Raise ``ExecutionError`` if this thread is inside a walk over the registries: the code
+    running is a finalizer (``__del__``) or a weakref or gc callback that a collection started
+    in the middle of a borrow check or registration, which has the registries half-updated.
+    A borrow checked or taken then could miss a conflicting one, or be missed by that walk."""
+    if WALK.here():
+        raise ExecutionError(
+            f"cannot {what}: this runs inside a borrow check of this thread (a finalizer, "
+            f"__del__, or a weakref or gc callback that a garbage collection started in the "
+            f"middle of one), which has safetile's borrows or views half-updated; launch, share, "
+            f"view and read safetile values outside finalizers (e.g. hand the work to a queue "
+            f"there)")
 
 
 def finalize(work) -> None:

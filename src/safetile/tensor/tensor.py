@@ -27,7 +27,7 @@ from ..errors import ArgumentError, BorrowError, IndexOutOfRangeError
 from .. import dtypes as _dtypes
 from . import borrows, replayed
 from .overlap import overlaps, past_storage
-from .ownership import LOCK, Handle, walk
+from .ownership import LOCK, Handle, refuse_inside_walk, walk
 from .partition import Partition, _validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -321,7 +321,7 @@ class Tensor(Handle):
             # not yet in the family then, would be a live handle over torch's memory. Nor may
             # it join while into_torch scans the family (from a finalizer a collection ran
             # in the scan): the scan would miss it.
-            borrows.refuse_inside_walk(action)
+            refuse_inside_walk(action)
             self._check(action)
             family = self._views
             if family is None:
