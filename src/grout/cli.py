@@ -95,14 +95,18 @@ def _origin(text: str) -> str:
         return text
     try:
         parts = urlsplit(text.rstrip("/"))
-        parts.port                                # (raises on a port out of range)
+        port = parts.port                         # (raises on a port out of range)
     except ValueError:
         parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or \
-            parts.path or parts.query or parts.fragment or parts.username is not None:
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname \
+            or parts.path or parts.query or parts.fragment or parts.username is not None:
         raise GroutError(f"{text!r} is not a web origin: give scheme://host[:port] as a "
                          f"browser sends it (e.g. http://localhost:3000), or * for any")
-    return f"{parts.scheme}://{parts.netloc}"
+    # As a browser writes it: scheme and host in lower case, no default port.
+    scheme, host = parts.scheme.lower(), parts.hostname     # (hostname is lower-cased)
+    host = f"[{host}]" if ":" in host else host
+    default = {"http": 80, "https": 443}[scheme]
+    return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -112,10 +116,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="default: cuda when a GPU is present, else cpu")
     p.add_argument("--dtype", type=_checked(lambda text: resolve_dtype(text, None)),
-                   default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+                   default=None, help="float32, bfloat16, float16 or auto (default: auto, the "
+                                      "checkpoint's)")
     p.add_argument("--max-seq-len", type=_int_in(1, None, "a positive count of positions"),
                    default=4096, help="KV cache positions, the context: prompt and generated "
                                       "tokens together (default 4096; at most the model's)")
+    # vLLM's name for it, unlisted (the help names one)
+    p.add_argument("--max-model-len", dest="max_seq_len", default=4096, help=argparse.SUPPRESS,
+                   type=_int_in(1, None, "a positive count of positions"))
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
     p.add_argument("--weights-seed", type=_request("seed", int), default=0,
@@ -131,11 +139,13 @@ def _version() -> str:
     import torch
 
     import safetile
+
+    from . import __version__
     try:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = "not installed"
-    return f"grout {safetile.__version__} (safetile {safetile.__version__}, torch " \
+    return f"grout {__version__} (safetile {safetile.__version__}, torch " \
            f"{torch.__version__}, triton {triton})"
 
 

@@ -121,7 +121,8 @@ def resolve_device(device) -> torch.device:
 
 
 def resolve_dtype(dtype, default: str) -> str:
-    if dtype is None:
+    """The dtype name ``dtype`` asks for; ``default`` (the checkpoint's) for None or "auto"."""
+    if dtype is None or (isinstance(dtype, str) and dtype.lower() == "auto"):
         return default
     if isinstance(dtype, st.DType):
         dtype = dtype.name
@@ -129,7 +130,8 @@ def resolve_dtype(dtype, default: str) -> str:
         dtype = str(dtype).removeprefix("torch.")
     name = DTYPE_NAMES.get(str(dtype).lower())
     if name is None:
-        raise RequestError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+        raise RequestError(f"unsupported dtype {dtype!r}; use float32, bfloat16, float16 or "
+                           f"auto (the checkpoint's)")
     return name
 
 

@@ -109,12 +109,13 @@ def test_usage_errors_exit_2():
 
 
 def test_version_names_grout_safetile_torch_and_triton_and_exits_0(capsys):
+    import grout
     import safetile
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"grout {safetile.__version__} (safetile {safetile.__version__}, "
+    assert out.startswith(f"grout {grout.__version__} (safetile {safetile.__version__}, "
                           f"torch {torch.__version__}, triton ")
 
 
@@ -412,9 +413,14 @@ def test_generate_options_out_of_range_are_usage_errors_before_the_model_loads(
     assert "grout generate: error: " in err and message in err and "qwen3-32b runs" not in err
 
 
-@pytest.mark.parametrize("origin, parsed", [("http://localhost:3000", "http://localhost:3000"),
-                                            ("https://chat.example.com/", "https://chat.example.com"),
-                                            ("*", "*")])
+@pytest.mark.parametrize("origin, parsed", [
+    ("http://localhost:3000", "http://localhost:3000"),
+    ("https://chat.example.com/", "https://chat.example.com"),
+    ("HTTP://LocalHost:3000", "http://localhost:3000"),
+    ("https://example.com:443", "https://example.com"),
+    ("http://example.com:80", "http://example.com"),
+    ("http://[::1]:8080", "http://[::1]:8080"),
+    ("*", "*")])
 def test_serve_allowed_origins_are_origins_as_browsers_send_them(origin, parsed):
     args = cli.parser().parse_args(["serve", "--model", "tiny", "--allowed-origin", origin,
                                     "--allowed-origin", "http://127.0.0.1:8080"])
@@ -427,3 +433,16 @@ def test_serve_refuses_an_allowed_origin_no_browser_sends(capsys, origin):
     with pytest.raises(SystemExit) as e:
         cli.parser().parse_args(["serve", "--model", "tiny", "--allowed-origin", origin])
     assert e.value.code == 2 and "is not a web origin" in capsys.readouterr().err
+
+
+def test_dtype_auto_is_the_checkpoints_dtype_as_vllm_and_transformers_take_it():
+    from grout.engine import resolve_dtype
+    args = cli.parser().parse_args(["generate", "--model", "tiny", "--prompt", "x",
+                                    "--dtype", "auto"])
+    assert args.dtype is None
+    assert resolve_dtype("auto", "bfloat16") == resolve_dtype("AUTO", "bfloat16") == "bfloat16"
+
+
+def test_max_model_len_is_vllms_name_of_max_seq_len():
+    args = cli.parser().parse_args(["serve", "--model", "tiny", "--max-model-len", "128"])
+    assert args.max_seq_len == 128
