@@ -12,7 +12,9 @@ from .errors import CheckpointError, GroutError, RequestError  # noqa: F401
 from .sampler import SamplingParams  # noqa: F401
 from .tokenizer import Tokenizer  # noqa: F401
 
-from safetile import __version__  # noqa: E402, F401  (one distribution, one version)
+import safetile as _safetile  # noqa: E402
+
+__version__ = _safetile.__version__               # one distribution, one version
 
 __all__ = ["load", "Engine", "Completion", "Piece", "Stream", "Qwen3Config", "SHAPES",
            "SamplingParams", "Tokenizer", "GroutError", "CheckpointError", "RequestError"]
