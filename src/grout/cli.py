@@ -109,6 +109,15 @@ def _origin(text: str) -> str:
     return f"{scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
+def _api_key(text: str) -> str:
+    """An argparse type: an API key a client can send in a Bearer header."""
+    if not text or any(c.isspace() for c in text) or not text.isprintable() or \
+            not text.isascii():
+        raise GroutError("an API key is one word of printable ASCII characters (no spaces), "
+                         "as an 'Authorization: Bearer <key>' header carries it")
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_checked(_model), required=True,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
@@ -204,6 +213,11 @@ def parser() -> argparse.ArgumentParser:
                    metavar="ORIGIN",
                    help="a web origin (scheme://host[:port], or *) whose browser pages may "
                         "call the API (CORS; repeatable; default: none)")
+    s.add_argument("--api-key", type=_checked(_api_key), action="append", default=[],
+                   metavar="KEY",
+                   help="a key every /v1 request must send as 'Authorization: Bearer KEY' "
+                        "(repeatable; default: the GROUT_API_KEY environment variable, else "
+                        "none: anyone who reaches the port may use the API)")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     # testing aid, not listed: a request's X-Grout-Fault: N header fails it after N tokens
@@ -309,7 +323,15 @@ def serve(args) -> int:
                       max_request_bytes=args.max_request_bytes or MAX_REQUEST_BYTES,
                       default_seed=args.seed,
                       generation_config=args.generation_config == "auto",
-                      allowed_origins=tuple(args.allowed_origin))
+                      allowed_origins=tuple(args.allowed_origin),
+                      api_keys=tuple(args.api_key) or _env_api_keys())
+
+
+def _env_api_keys() -> tuple[str, ...]:
+    """The key in GROUT_API_KEY (keys there stay out of the process list), checked."""
+    from .auth import KEY_ENV
+    key = os.environ.get(KEY_ENV, "")
+    return (_api_key(key),) if key else ()
 
 
 def _reader_left() -> int:

@@ -36,6 +36,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from grout.auth import RequireAPIKey
 from grout.protocol import APIError, GenerationRequest, cut, internal_error, \
     parse_chat_request, parse_completion_request, shown
 from grout.responses import ChunkWriter, full_body
@@ -71,7 +72,8 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
                on_load_failure: Callable[[BaseException], None] | None = None,
                max_request_bytes: int = MAX_REQUEST_BYTES,
                default_seed: int | None = None, generation_config: bool = True,
-               allowed_origins: tuple[str, ...] = ()) -> Starlette:
+               allowed_origins: tuple[str, ...] = (), api_keys: tuple[str, ...] = ()
+               ) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
     ``default_seed``: the sampling seed of a request that sends no ``seed`` (None: a fresh
     one each request), so that a server started with one repeats such requests' samples.
@@ -79,6 +81,7 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
     checkpoint's generation_config.json value (as vLLM does), else the OpenAI default.
     ``allowed_origins``: the web origins (``"*"``: any) whose browser pages may call the API
     (CORS); none by default, so a page from another origin cannot read the answers.
+    ``api_keys``: if any, a ``/v1`` request must carry one (``auth.py``).
 
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
@@ -135,6 +138,8 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
     middleware = [Middleware(CORSMiddleware, allow_origins=list(allowed_origins),
                              allow_methods=["GET", "POST"], allow_headers=["*"])
                   ] if allowed_origins else []
+    if api_keys:                 # inside CORS: its preflights and headers apply to a 401 too
+        middleware.append(Middleware(RequireAPIKey, keys=tuple(api_keys)))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error, Exception: server_error})
     app.state.grout = state
@@ -374,12 +379,13 @@ def _exit_while_loading(status: int) -> None:
 def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info", fault_injection: bool = False,
           max_request_bytes: int = MAX_REQUEST_BYTES, default_seed: int | None = None,
-          generation_config: bool = True, allowed_origins: tuple[str, ...] = ()) -> int:
+          generation_config: bool = True, allowed_origins: tuple[str, ...] = (),
+          api_keys: tuple[str, ...] = ()) -> int:
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130). ``default_seed``, ``generation_config``, ``allowed_origins``:
-    as :func:`create_app`."""
+    process at once with 130). ``default_seed``, ``generation_config``, ``allowed_origins``,
+    ``api_keys``: as :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:
@@ -398,7 +404,7 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
     app = create_app(lambda: warm_up(load()), model_name, fault_injection=fault_injection,
                      on_load_failure=on_load_failure, max_request_bytes=max_request_bytes,
                      default_seed=default_seed, generation_config=generation_config,
-                     allowed_origins=allowed_origins)
+                     allowed_origins=allowed_origins, api_keys=api_keys)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)

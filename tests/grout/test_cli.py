@@ -446,3 +446,17 @@ def test_dtype_auto_is_the_checkpoints_dtype_as_vllm_and_transformers_take_it():
 def test_max_model_len_is_vllms_name_of_max_seq_len():
     args = cli.parser().parse_args(["serve", "--model", "tiny", "--max-model-len", "128"])
     assert args.max_seq_len == 128
+
+
+@pytest.mark.parametrize("key", ["", "two words", "tab\tkey", "kéy"])
+def test_serve_refuses_an_api_key_no_bearer_header_can_carry(capsys, key):
+    with pytest.raises(SystemExit) as e:
+        cli.parser().parse_args(["serve", "--model", "tiny", "--api-key", key])
+    assert e.value.code == 2 and "an API key is one word" in capsys.readouterr().err
+
+
+def test_serve_takes_its_api_key_from_grout_api_key_when_none_is_given(monkeypatch):
+    monkeypatch.setenv("GROUT_API_KEY", "sk-env")
+    assert cli._env_api_keys() == ("sk-env",)
+    monkeypatch.setenv("GROUT_API_KEY", "")
+    assert cli._env_api_keys() == ()
