@@ -56,7 +56,8 @@ def bytes_per_token(engine, context: float) -> float:
     return cfg.decode_bytes(itemsize) + kv
 
 
-def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int) -> None:
+def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int,
+                  model_context: int | None = None) -> None:
     """``RequestError`` unless a bench of these lengths fits a ``max_seq_len`` cache: the
     command line checks them against ``--max-seq-len`` before it loads the model (which a
     bench that cannot run should not wait for), :func:`run` against the engine's cache (the
@@ -65,16 +66,18 @@ def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int) -> None:
         raise RequestError(f"bench needs prompt_len >= 1 and gen_len >= 2 (one timed decode "
                            f"step), got prompt_len {prompt_len} and gen_len {gen_len}")
     if gen_len > token_budget(max_seq_len, prompt_len):
+        fix = ("the model's context (its max_position_embeddings): shorten the bench"
+               if max_seq_len == model_context else "raise --max-seq-len or shorten the bench")
         raise RequestError(f"prompt_len {prompt_len} + gen_len {gen_len} = "
-                           f"{prompt_len + gen_len} exceeds max_seq_len {max_seq_len}: raise "
-                           f"--max-seq-len or shorten the bench")
+                           f"{prompt_len + gen_len} exceeds max_seq_len {max_seq_len}, {fix}")
 
 
 def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:
     """TTFT and decode figures (medians over ``repeats`` after one warm-up) for greedy
     decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt of random ids
     (:func:`prompt_ids` of ``seed``; greedy decoding draws nothing else)."""
-    check_lengths(prompt_len, gen_len, engine.max_seq_len)
+    check_lengths(prompt_len, gen_len, engine.max_seq_len,
+                  engine.config.max_position_embeddings)
     ids = prompt_ids(prompt_len, seed, engine.config.vocab_size)
     runner, dev = engine.runner, engine.device
     params, key = SamplingParams(0.0, seed=0).tensors(dev)

@@ -7,6 +7,7 @@ import socket
 import pytest
 import torch
 
+import grout
 from grout import cli
 from grout_support import run_cli
 
@@ -109,7 +110,6 @@ def test_usage_errors_exit_2():
 
 
 def test_version_names_grout_safetile_torch_and_triton_and_exits_0(capsys):
-    import grout
     import safetile
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
@@ -460,3 +460,12 @@ def test_serve_takes_its_api_key_from_grout_api_key_when_none_is_given(monkeypat
     assert cli._env_api_keys() == ("sk-env",)
     monkeypatch.setenv("GROUT_API_KEY", "")
     assert cli._env_api_keys() == ()
+
+
+def test_a_bench_past_the_models_own_context_says_to_shorten_it_not_to_raise_the_cache():
+    from grout.bench import check_lengths
+    with pytest.raises(grout.RequestError, match="exceeds max_seq_len 256, the model's context "
+                                                 r"\(its max_position_embeddings\): shorten"):
+        check_lengths(250, 10, 256, model_context=256)
+    with pytest.raises(grout.RequestError, match="exceeds max_seq_len 64, raise --max-seq-len"):
+        check_lengths(60, 10, 64, model_context=256)
