@@ -25,7 +25,25 @@ def _message_text(m, i: int) -> tuple[str, str]:
     got = "no 'content'" if "content" not in m else \
         "None" if content is None else type(content).__name__
     raise RequestError(f"message {i} ({role}): a {role} message needs its 'content' as a "
-                       f"string, got {got}")
+                       f"string or a list of text parts, got {got}")
+
+
+def _openai_message(m):
+    """An OpenAI-shaped message as the templates read one: ``developer`` as ``system``, text
+    content parts joined by newlines (as the server and vLLM join them), vLLM's
+    ``reasoning`` as ``reasoning_content``. Anything else is left for the checks."""
+    if not isinstance(m, dict):
+        return m
+    m = dict(m)
+    if m.get("role") == "developer":
+        m["role"] = "system"
+    content = m.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and
+                                         isinstance(p.get("text"), str) for p in content):
+        m["content"] = "\n".join(p["text"] for p in content)
+    if m.get("reasoning_content") is None and isinstance(m.get("reasoning"), str):
+        m["reasoning_content"] = m["reasoning"]
+    return m
 
 
 def _is_tool_result(role: str, content: str) -> bool:
@@ -47,6 +65,7 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
     empty think block, so the model answers directly."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise RequestError("messages must be a non-empty list of {'role', 'content'} dicts")
+    messages = [_openai_message(m) for m in messages]
     turns = [_message_text(m, i) for i, m in enumerate(messages)]
     last_query = max((i for i, (r, c) in enumerate(turns)
                       if r == "user" and not _is_tool_result(r, c)), default=len(turns) - 1)
@@ -93,6 +112,8 @@ def render(messages, add_generation_prompt: bool = True, enable_thinking: bool =
             raise RequestError(f"{name} must be True or False, got {value!r:.60}")
     if template is None:
         return qwen3_chat(messages, add_generation_prompt, enable_thinking)
+    if isinstance(messages, (list, tuple)):
+        messages = [_openai_message(m) for m in messages]
     # Checked; an assistant's None content renders as "" (as the server sends it), not "None".
     turns = [dict(m, content=_message_text(m, i)[1]) for i, m in enumerate(messages)]
     try:

@@ -154,15 +154,15 @@ def test_an_assistant_turn_with_tool_calls_is_refused_rather_than_rendered_witho
 
 
 @pytest.mark.parametrize("role", ["system", "user", "tool"])
-@pytest.mark.parametrize("message, got", [({"content": None}, "None"), ({}, "no 'content'"),
-                                          ({"content": 7}, "int"),
-                                          ({"content": [{"type": "text", "text": "x"}]}, "list")],
-                         ids=["None", "missing", "int", "list"])
+@pytest.mark.parametrize("message, got", [
+    ({"content": None}, "None"), ({}, "no 'content'"), ({"content": 7}, "int"),
+    ({"content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "list")],
+    ids=["None", "missing", "int", "an image part"])
 def test_a_message_without_text_is_a_request_error_naming_its_index_and_role(tok, role, message,
                                                                             got):
     msgs = [{"role": "user", "content": "Hi"}, {"role": role, **message}]
-    expected = rf"message 1 \({role}\): a {role} message needs its 'content' as a string, " \
-               rf"got {got}"
+    expected = rf"message 1 \({role}\): a {role} message needs its 'content' as a string or " \
+               rf"a list of text parts, got {got}"
     with pytest.raises(grout.RequestError, match=expected):
         qwen3_chat(msgs)
     with pytest.raises(grout.RequestError, match=expected):
@@ -215,3 +215,21 @@ def test_decode_of_a_list_of_strings_says_token_ids_must_be_ints(tok):
 def test_the_token_id_of_what_is_not_a_str_is_a_request_error(tok, text):
     with pytest.raises(grout.RequestError, match="str"):
         tok.token_id(text)
+
+
+def test_openai_shaped_messages_render_as_the_server_renders_them(tok):
+    """Text content parts joined by newlines, ``developer`` as ``system``, vLLM's
+    ``reasoning`` as ``reasoning_content``: what /v1/chat/completions accepts."""
+    openai_shaped = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                     {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": "Hello.", "reasoning": "greet back"},
+        {"role": "user", "content": "Bye"}]
+    plain = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi\nthere"},
+        {"role": "assistant", "content": "Hello.", "reasoning_content": "greet back"},
+        {"role": "user", "content": "Bye"}]
+    assert tok.apply_chat_template(openai_shaped) == tok.apply_chat_template(plain)
+    assert qwen3_chat(openai_shaped) == qwen3_chat(plain)
