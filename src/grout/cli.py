@@ -118,8 +118,8 @@ def _api_key(text: str) -> str:
     return text
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=_checked(_model), required=True,
+def _common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
+    p.add_argument("--model", type=_checked(_model), required=model_required,
                    help="a checkpoint directory or a named shape (tiny, qwen3-0.6b, ... "
                         "qwen3-32b: random weights)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -192,7 +192,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seed of the random prompt ids (default 0); bench decodes greedily, "
                         "so nothing else is drawn")
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (grout.server)")
-    _common(s)
+    _common(s, model_required=False)
+    s.add_argument("model_arg", nargs="?", type=_checked(_model), metavar="MODEL",
+                   help="the model, as --model gives it (`grout serve MODEL`, as vLLM takes it)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=_int_in(0, 65535, "a port (0 to 65535)"), default=8000,
                    help="port to listen on (0: any free one)")
@@ -351,6 +353,12 @@ def _reader_left() -> int:
 def _check_usage(args) -> None:
     """Usage errors between options, found before anything loads (minutes for a large model
     on a GPU)."""
+    if args.command == "serve":
+        if args.model is not None and args.model_arg is not None:
+            args.usage_error("give the model once: `grout serve MODEL` or `--model MODEL`")
+        args.model = args.model or args.model_arg
+        if args.model is None:
+            args.usage_error("the following arguments are required: MODEL (or --model MODEL)")
     if args.command == "generate" and not args.prompt and not args.chat:
         args.usage_error("--prompt is empty: give the text to continue")
     if getattr(args, "enable_thinking", False) and not args.chat:

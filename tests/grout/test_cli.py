@@ -469,3 +469,18 @@ def test_a_bench_past_the_models_own_context_says_to_shorten_it_not_to_raise_the
         check_lengths(250, 10, 256, model_context=256)
     with pytest.raises(grout.RequestError, match="exceeds max_seq_len 64, raise --max-seq-len"):
         check_lengths(60, 10, 64, model_context=256)
+
+
+def test_serve_takes_the_model_as_its_argument_as_vllm_serve_does():
+    args = cli.parser().parse_args(["serve", "tiny", "--port", "0"])
+    cli._check_usage(args)
+    assert args.model == "tiny"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve"], "the following arguments are required: MODEL (or --model MODEL)"),
+    (["serve", "tiny", "--model", "tiny"], "give the model once")])
+def test_serve_needs_its_model_exactly_once(capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
