@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .engine import check_request, resolve_dtype
 from .errors import GroutError
+from .protocol import SEED_RANGE
 from .tokenizer import check_unicode
 
 # A request's neutral arguments, beside which one flag's value is checked.
@@ -203,7 +204,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-request-bytes", type=_int_in(1, None, "a positive size"),
                    default=None, help="largest request body accepted (default 4 MiB); larger "
                                       "ones get HTTP 413")
-    s.add_argument("--seed", type=_request("seed", int), default=None,
+    s.add_argument("--seed", type=_int_in(*SEED_RANGE, "a signed 64-bit int, the seeds a "
+                                                        "request may send"), default=None,
                    help="the sampling seed of every request that sends no \"seed\" of its own, "
                         "so such requests repeat their samples (default: a fresh seed per "
                         "request); a request's \"seed\" wins")

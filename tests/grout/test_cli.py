@@ -227,7 +227,7 @@ def test_bench_repeats_must_be_positive(capsys, repeats):
 @pytest.mark.parametrize("args, message", [
     (["--port", "99999"], "--port: 99999 is not a port"), (["--port", "-1"], "--port: -1"),
     (["--max-request-bytes", "0"], "--max-request-bytes: 0 is not a positive size"),
-    (["--seed", str(2 ** 64)], "--seed: seed must be in [-2**63, 2**64)"),
+    (["--seed", str(2 ** 63)], "--seed: 9223372036854775808 is not a signed 64-bit int"),
     (["--max-seq-len", "0"], "--max-seq-len: 0 is not a positive count"),
     (["--dtype", "int8"], "--dtype: unsupported dtype 'int8'; use float32"),
     (["--weights-seed", "-" + str(2 ** 63 + 1)], "--weights-seed: seed must be in"),
@@ -248,7 +248,7 @@ def test_a_blank_served_model_name_is_a_usage_error(capsys, name):
     assert e.value.code == 2 and "--served-model-name: give the name clients send" in err
 
 
-@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+@pytest.mark.parametrize("command", ["generate", "bench"])
 def test_the_seed_options_take_exactly_the_samplers_seeds(capsys, command):
     from grout.sampler import SEED_END, SEED_MIN
     base = [command, "--model", "tiny"] + {"generate": ["--prompt", "x"], "serve": [],
@@ -484,3 +484,14 @@ def test_serve_needs_its_model_exactly_once(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_serve_seed_takes_exactly_the_seeds_a_request_may_send(capsys):
+    from grout.protocol import SEED_RANGE
+    for seed in SEED_RANGE:
+        assert cli.parser().parse_args(["serve", "tiny", f"--seed={seed}"]).seed == seed
+    for seed in (SEED_RANGE[0] - 1, SEED_RANGE[1] + 1):
+        with pytest.raises(SystemExit) as e:
+            cli.parser().parse_args(["serve", "tiny", f"--seed={seed}"])
+        assert e.value.code == 2 and "a signed 64-bit int, the seeds a request may send" in \
+            capsys.readouterr().err
