@@ -335,7 +335,10 @@ def _env_api_keys() -> tuple[str, ...]:
     """The key in GROUT_API_KEY (keys there stay out of the process list), checked."""
     from .auth import KEY_ENV
     key = os.environ.get(KEY_ENV, "")
-    return (_api_key(key),) if key else ()
+    try:
+        return (_api_key(key),) if key else ()
+    except GroutError as e:
+        raise GroutError(f"{KEY_ENV}: {e}") from None
 
 
 def _reader_left() -> int:

@@ -460,6 +460,9 @@ def test_serve_takes_its_api_key_from_grout_api_key_when_none_is_given(monkeypat
     assert cli._env_api_keys() == ("sk-env",)
     monkeypatch.setenv("GROUT_API_KEY", "")
     assert cli._env_api_keys() == ()
+    monkeypatch.setenv("GROUT_API_KEY", "two words")
+    with pytest.raises(grout.GroutError, match="GROUT_API_KEY: an API key is one word"):
+        cli._env_api_keys()
 
 
 def test_a_bench_past_the_models_own_context_says_to_shorten_it_not_to_raise_the_cache():
