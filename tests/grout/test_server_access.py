@@ -77,3 +77,7 @@ def test_another_origin_gets_no_allow_header(server):
     pre = httpx.options(f"{server.url}/v1/completions", headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert pre.status_code == 400 and "access-control-allow-origin" not in pre.headers
+
+
+def test_the_log_says_that_requests_need_a_key(server):
+    assert "/v1 requests need an API key" in server.log()
