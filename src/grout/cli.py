@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .engine import check_request, resolve_dtype
+from .engine import DEFAULT_MAX_SEQ_LEN, check_request, resolve_dtype
 from .errors import GroutError
 from .protocol import SEED_RANGE
 from .tokenizer import check_unicode
@@ -129,10 +129,10 @@ def _common(p: argparse.ArgumentParser, model_required: bool = True) -> None:
                    default=None, help="float32, bfloat16, float16 or auto (default: auto, the "
                                       "checkpoint's)")
     p.add_argument("--max-seq-len", type=_int_in(1, None, "a positive count of positions"),
-                   default=4096, help="KV cache positions, the context: prompt and generated "
+                   default=None, help="KV cache positions, the context: prompt and generated "
                                       "tokens together (default 4096; at most the model's)")
     # vLLM's name for it, unlisted (the help names one)
-    p.add_argument("--max-model-len", dest="max_seq_len", default=4096, help=argparse.SUPPRESS,
+    p.add_argument("--max-model-len", dest="max_seq_len", default=None, help=argparse.SUPPRESS,
                    type=_int_in(1, None, "a positive count of positions"))
     p.add_argument("--gemm", choices=("safetile", "cublas"), default="safetile",
                    help="cublas: projections on torch.matmul, for comparison")
@@ -237,8 +237,18 @@ def _load(args):
         print(f"grout: note: {args.model} runs on the CPU executor here (no GPU): building "
               f"its weights takes a minute and each token many seconds; --model tiny is "
               f"CPU-sized", file=sys.stderr)
-    return load(args.model, device=args.device, dtype=args.dtype, max_seq_len=args.max_seq_len,
-                gemm=args.gemm, seed=args.weights_seed, progress=not args.no_progress)
+    eng = load(args.model, device=args.device, dtype=args.dtype, max_seq_len=_max_seq_len(args),
+               gemm=args.gemm, seed=args.weights_seed, progress=not args.no_progress)
+    if args.max_seq_len is not None and eng.max_seq_len < args.max_seq_len:
+        print(f"grout: note: the cache holds {eng.max_seq_len} positions, the model's context "
+              f"(its max_position_embeddings), not --max-seq-len {args.max_seq_len}",
+              file=sys.stderr)
+    return eng
+
+
+def _max_seq_len(args) -> int:
+    """--max-seq-len, or its default (given or not tells whether the model's cap is news)."""
+    return DEFAULT_MAX_SEQ_LEN if args.max_seq_len is None else args.max_seq_len
 
 
 def generate(args) -> int:
@@ -372,7 +382,7 @@ def _check_usage(args) -> None:
     if args.command == "bench":
         from .bench import check_lengths
         try:
-            check_lengths(args.prompt_len, args.gen_len, args.max_seq_len)
+            check_lengths(args.prompt_len, args.gen_len, _max_seq_len(args))
         except GroutError as e:
             args.usage_error(str(e))
 

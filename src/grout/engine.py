@@ -360,8 +360,11 @@ def _prompt_token_id(i) -> int:
     return as_token_id(i)
 
 
-def load(model, device=None, dtype=None, max_seq_len: int = 4096, gemm: str = "safetile",
-         *, seed: int = 0, progress: bool = True, fused: bool = True,
+DEFAULT_MAX_SEQ_LEN = 4096
+
+
+def load(model, device=None, dtype=None, max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+         gemm: str = "safetile", *, seed: int = 0, progress: bool = True, fused: bool = True,
          decode_chunk: int = 8) -> Engine:
     """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
 

@@ -498,3 +498,19 @@ def test_serve_seed_takes_exactly_the_seeds_a_request_may_send(capsys):
             cli.parser().parse_args(["serve", "tiny", f"--seed={seed}"])
         assert e.value.code == 2 and "a signed 64-bit int, the seeds a request may send" in \
             capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, noted", [(["--max-seq-len", "1000"], True), ([], False)],
+                         ids=["given", "default"])
+def test_a_max_seq_len_past_the_models_context_is_noted_when_given(tmp_path, capsys, given,
+                                                                   noted):
+    from server_process import build_checkpoint
+    path = build_checkpoint(tmp_path / "ck")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 256}))
+    assert cli.main(["generate", "--model", str(path), "--device", "cpu", "--dtype", "float32",
+                     "--prompt", "hi", "--max-new-tokens", "1", "--no-progress", *given]) == 0
+    err = capsys.readouterr().err
+    note = "grout: note: the cache holds 256 positions, the model's context " \
+           "(its max_position_embeddings), not --max-seq-len 1000"
+    assert (note in err) == noted
