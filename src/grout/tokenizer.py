@@ -204,10 +204,14 @@ class Tokenizer:
             return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids) -> str:
-        """The text of ``ids``, special tokens included (ids the vocabulary lacks add no
-        text: a model's vocabulary may be padded past the tokenizer's)."""
-        return self._tok.decode(_token_ids(ids), skip_special_tokens=False)
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """The text of ``ids``, special tokens included unless ``skip_special_tokens`` (as
+        transformers' decode takes it); ids the vocabulary lacks add no text (a model's
+        vocabulary may be padded past the tokenizer's)."""
+        if not isinstance(skip_special_tokens, bool):
+            raise RequestError(f"skip_special_tokens must be True or False, got "
+                               f"{skip_special_tokens!r:.60}")
+        return self._tok.decode(_token_ids(ids), skip_special_tokens=skip_special_tokens)
 
     def token_id(self, text: str) -> int | None:
         """The id of a single token's text (e.g. ``"<think>"``), or None."""

@@ -233,3 +233,11 @@ def test_openai_shaped_messages_render_as_the_server_renders_them(tok):
         {"role": "user", "content": "Bye"}]
     assert tok.apply_chat_template(openai_shaped) == tok.apply_chat_template(plain)
     assert qwen3_chat(openai_shaped) == qwen3_chat(plain)
+
+
+def test_decode_skips_special_tokens_when_asked_as_transformers_does(tok):
+    ids = tok.encode("<|im_start|>user\nHi<|im_end|>")
+    assert tok.decode(ids) == "<|im_start|>user\nHi<|im_end|>"
+    assert tok.decode(ids, skip_special_tokens=True) == "user\nHi"
+    with pytest.raises(grout.RequestError, match="skip_special_tokens must be True or False"):
+        tok.decode(ids, skip_special_tokens="yes")
