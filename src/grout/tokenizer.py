@@ -193,16 +193,21 @@ class Tokenizer:
         """Ids the tokenizer can produce (added tokens included)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (special tokens written in the text are recognized)."""
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` (special tokens written in the text are recognized);
+        ``add_special_tokens``: also those the tokenizer's post-processor adds (transformers'
+        keyword; Qwen's tokenizer adds none)."""
         if not isinstance(text, str):
             raise RequestError(f"encode takes a str, got {type(text).__name__}")
+        if not isinstance(add_special_tokens, bool):
+            raise RequestError(f"add_special_tokens must be True or False, got "
+                               f"{add_special_tokens!r:.60}")
         check_unicode(text)
         if len(text) > LONG_TEXT:
             # encode holds the GIL for the whole text; encode_batch lets other threads (a
             # server's event loop) run while a long one is tokenized.
-            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
-        return self._tok.encode(text, add_special_tokens=False).ids
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The text of ``ids``, special tokens included unless ``skip_special_tokens`` (as

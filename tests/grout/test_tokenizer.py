@@ -241,3 +241,11 @@ def test_decode_skips_special_tokens_when_asked_as_transformers_does(tok):
     assert tok.decode(ids, skip_special_tokens=True) == "user\nHi"
     with pytest.raises(grout.RequestError, match="skip_special_tokens must be True or False"):
         tok.decode(ids, skip_special_tokens="yes")
+
+
+def test_encode_takes_transformers_add_special_tokens_which_qwen_leaves_empty(tok):
+    text = "Hello, world"
+    assert tok.encode(text, add_special_tokens=True) == tok.encode(text) == \
+        tok.encode(text, add_special_tokens=False)
+    with pytest.raises(grout.RequestError, match="add_special_tokens must be True or False"):
+        tok.encode(text, add_special_tokens=1)
