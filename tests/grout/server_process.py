@@ -129,10 +129,13 @@ _CORPUS = [
 
 def _die_with_parent() -> None:
     """In the server's process: be sent SIGTERM when the test process dies (Linux's
-    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind."""
+    PR_SET_PDEATHSIG), so that a killed test run leaves no server behind; and take Ctrl-C
+    as a terminal's process would (a suite started as a background job inherits SIGINT
+    ignored, which Python then keeps)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import ctypes
-        import signal
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     except (OSError, AttributeError):        # not Linux: the fixtures' teardown only
         pass

@@ -345,11 +345,12 @@ def _long_generate():
     import subprocess
     import sys
     from pathlib import Path
+    from server_process import _die_with_parent
     env = dict(os.environ, PYTHONPATH=str(Path(cli.__file__).resolve().parents[1]))
     return subprocess.Popen([sys.executable, "-m", "grout", "generate", "--model", "tiny",
                              "--prompt", "Hi", "--max-new-tokens", "500", "--device", "cpu",
                              "--no-progress"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, preexec_fn=_die_with_parent)
 
 
 def test_generate_stops_quietly_when_the_reader_of_its_output_leaves():
