@@ -11,7 +11,7 @@ import functools
 import json
 from pathlib import Path
 
-from .errors import CheckpointError, GroutError, RequestError
+from .errors import CheckpointError, GroutError, RequestError, check_flag
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -106,10 +106,8 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
 def render(messages, add_generation_prompt: bool = True, enable_thinking: bool = True,
            template: str | None = None, template_source: str = "the chat template") -> str:
     """The prompt text of a conversation: a checkpoint's ``template``, else :func:`qwen3_chat`."""
-    for name, value in (("add_generation_prompt", add_generation_prompt),
-                        ("enable_thinking", enable_thinking)):
-        if not isinstance(value, bool):    # a template would read "no" as true
-            raise RequestError(f"{name} must be True or False, got {value!r:.60}")
+    check_flag("add_generation_prompt", add_generation_prompt)
+    check_flag("enable_thinking", enable_thinking)
     if template is None:
         return qwen3_chat(messages, add_generation_prompt, enable_thinking)
     if isinstance(messages, (list, tuple)):

@@ -24,7 +24,7 @@ import safetile as st
 
 from . import config as config_mod
 from .config import Qwen3Config
-from .errors import CheckpointError, RequestError, drop_locals, dropping_locals
+from .errors import CheckpointError, RequestError, check_flag, drop_locals, dropping_locals
 from .logprobs import TokenLogprobs, check_top_logprobs, check_vocabulary, step_logprobs
 from .runner import Runner
 from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
@@ -170,8 +170,7 @@ def check_request(max_new_tokens, temperature, top_k, top_p, seed, stop, logprob
         raise RequestError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     sampling = SamplingParams(temperature, top_k, top_p, seed)
     stops = stop_strings(stop)
-    if not isinstance(ignore_eos, bool):          # the string "false" would read as true
-        raise RequestError(f"ignore_eos must be True or False, got {ignore_eos!r:.60}")
+    check_flag("ignore_eos", ignore_eos)
     return n, sampling, stops, check_top_logprobs(logprobs)
 
 

@@ -25,6 +25,13 @@ class ShardingError(GroutError):
     head count, the MLP width or the vocabulary that the rank count does not divide."""
 
 
+def check_flag(name: str, value) -> None:
+    """RequestError unless ``value`` is True or False: a string such as "false" or "no" would
+    read as true."""
+    if not isinstance(value, bool):
+        raise RequestError(f"{name} must be True or False, got {value!r:.60}")
+
+
 def drop_locals(error: BaseException, handled: BaseException | None = None) -> None:
     """Clear the local variables of every finished frame ``error`` (and the errors it
     chains) passed through, up to ``handled``: the error the caller was handling when the

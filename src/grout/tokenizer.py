@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .chat_template import checkpoint_template, render
 from .chat_template import qwen3_chat  # noqa: F401  (importable from here too)
-from .errors import CheckpointError, GroutError, RequestError
+from .errors import CheckpointError, GroutError, RequestError, check_flag
 
 # Qwen3's added tokens, in id order from 151643 (special: skipped by skip_special_tokens in
 # Hugging Face; grout's decode keeps every token's text).
@@ -199,9 +199,7 @@ class Tokenizer:
         keyword; Qwen's tokenizer adds none)."""
         if not isinstance(text, str):
             raise RequestError(f"encode takes a str, got {type(text).__name__}")
-        if not isinstance(add_special_tokens, bool):
-            raise RequestError(f"add_special_tokens must be True or False, got "
-                               f"{add_special_tokens!r:.60}")
+        check_flag("add_special_tokens", add_special_tokens)
         check_unicode(text)
         if len(text) > LONG_TEXT:
             # encode holds the GIL for the whole text; encode_batch lets other threads (a
@@ -213,9 +211,7 @@ class Tokenizer:
         """The text of ``ids``, special tokens included unless ``skip_special_tokens`` (as
         transformers' decode takes it); ids the vocabulary lacks add no text (a model's
         vocabulary may be padded past the tokenizer's)."""
-        if not isinstance(skip_special_tokens, bool):
-            raise RequestError(f"skip_special_tokens must be True or False, got "
-                               f"{skip_special_tokens!r:.60}")
+        check_flag("skip_special_tokens", skip_special_tokens)
         return self._tok.decode(_token_ids(ids), skip_special_tokens=skip_special_tokens)
 
     def token_id(self, text: str) -> int | None:

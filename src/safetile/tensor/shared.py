@@ -71,7 +71,6 @@ class _SharedCore:
         self.hold = hold
 
 
-
 class Shared(Handle):
     """A read-only handle to a shared tensor; pass it as an ``st.In`` argument.
 
