@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .engine import DEFAULT_MAX_SEQ_LEN, check_request, resolve_dtype
@@ -237,8 +238,11 @@ def _load(args):
         print(f"grout: note: {args.model} runs on the CPU executor here (no GPU): building "
               f"its weights takes a minute and each token many seconds; --model tiny is "
               f"CPU-sized", file=sys.stderr)
-    eng = load(args.model, device=args.device, dtype=args.dtype, max_seq_len=_max_seq_len(args),
-               gemm=args.gemm, seed=args.weights_seed, progress=not args.no_progress)
+    with warnings.catch_warnings():          # (the note below says it the command line's way)
+        warnings.filterwarnings("ignore", "max_seq_len=.* is past the model's context")
+        eng = load(args.model, device=args.device, dtype=args.dtype,
+                   max_seq_len=_max_seq_len(args), gemm=args.gemm, seed=args.weights_seed,
+                   progress=not args.no_progress)
     if args.max_seq_len is not None and eng.max_seq_len < args.max_seq_len:
         print(f"grout: note: the cache holds {eng.max_seq_len} positions, the model's context "
               f"(its max_position_embeddings), not --max-seq-len {args.max_seq_len}",

@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -368,7 +369,7 @@ def load(model, device=None, dtype=None, max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
 
     ``max_seq_len``: positions of the preallocated cache (at most the model's
-    max_position_embeddings); ``gemm="cublas"`` runs the projections on torch.matmul;
+    max_position_embeddings: a larger value is capped, with a warning); ``gemm="cublas"`` runs the projections on torch.matmul;
     ``fused=False``: the unfused decode step (for comparison); ``decode_chunk``: the most
     decode steps replayed between two reads of the host (1: a read after every token)."""
     check_options(gemm, max_seq_len, decode_chunk)
@@ -412,6 +413,10 @@ def _engine(cfg, build, tokenizer, dev, dtype, max_seq_len, gemm, progress, fuse
     name = resolve_dtype(dtype, cfg.dtype)
     cfg = cfg.with_dtype(name)
     seq = min(max_seq_len, cfg.max_position_embeddings)
+    if seq < max_seq_len and max_seq_len != DEFAULT_MAX_SEQ_LEN:
+        warnings.warn(f"max_seq_len={max_seq_len} is past the model's context "
+                      f"(max_position_embeddings={seq}): the cache holds {seq} positions",
+                      stacklevel=3)
     handled = sys.exc_info()[1]           # the caller's own, if it is handling one
     weights = build(cfg, dev, getattr(torch, name), gemm == "cublas", progress)
     try:

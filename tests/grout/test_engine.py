@@ -1,6 +1,7 @@
 """The Engine API: generate / stream / chat / logits, stopping, seeded sampling, and every bad
 request (a RequestError, with the engine usable afterwards)."""
 import gc
+import json
 import threading
 
 import pytest
@@ -105,6 +106,21 @@ def test_bad_load_arguments():
         grout.load("tiny", max_seq_len=0)
     with pytest.raises(grout.RequestError, match="device"):
         grout.load("tiny", device="tpu")
+
+
+@pytest.mark.parametrize("asked, warned", [(1000, True), (None, False)], ids=["given", "default"])
+def test_a_max_seq_len_past_the_models_context_is_capped_with_a_warning_when_given(
+        tmp_path, recwarn, asked, warned):
+    from server_process import build_checkpoint
+    path = build_checkpoint(tmp_path / "ck")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 256}))
+    given = {} if asked is None else dict(max_seq_len=asked)
+    eng = grout.load(path, device="cpu", dtype="float32", progress=False, **given)
+    capped = [w for w in recwarn if "past the model's context" in str(w.message)]
+    assert eng.max_seq_len == 256 and len(capped) == warned
+    if warned:
+        assert "max_seq_len=1000" in str(capped[0].message) and capped[0].filename == __file__
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
