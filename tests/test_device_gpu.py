@@ -120,6 +120,29 @@ def test_a_submitted_op_hands_its_values_back_when_its_loop_stops_before_resolvi
     assert torch.equal(z.unpartition().to_torch(), x.to_torch() + y.to_torch())
 
 
+def test_an_op_submitted_as_its_loop_stops_hands_its_values_back_when_the_loop_is_closed():
+    """The op is submitted in the loop's last iteration, so the call that hands its batch to
+    the reactor is still queued when the loop is closed (which drops it): its borrows end and
+    its values come back all the same."""
+    x, y = cuda(torch.randn(4096)), cuda(torch.randn(4096))
+    z = st.empty((4096,), device="cuda").partition((1024,))
+    loop = asyncio.new_event_loop()
+    futs = []
+
+    def last_iteration():
+        loop.stop()
+        futs.append(st.submit(add(x, y, z)))
+
+    loop.call_soon(last_iteration)
+    loop.run_forever()
+    loop.close()
+    deadline = time.monotonic() + 30
+    while active_holds() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert active_holds() == [] and not futs[0].done()
+    assert torch.equal(z.unpartition().to_torch(), x.to_torch() + y.to_torch())
+
+
 def test_submitted_futures_gather_without_tasks_and_hand_values_back():
     xt = torch.randn(1024, device="cuda")
 

@@ -191,19 +191,34 @@ class _Batch:
         if self.loop is None:
             self.loop = loop
             loop.call_soon(self.flush)
+            _scheduled.add(self)
+            if not _the_reactor:                  # it watches for orphans from now on
+                _reactor()
 
     def flush(self) -> None:
+        """Hand the batch to the reactor: on the loop, at the end of the iteration; on the
+        reactor thread, if the loop was closed with this call still to run."""
         import torch
+        _scheduled.discard(self)
         loop, self.loop = self.loop, None
         pending, self.pending = self.pending, {}
         for stream, entries in pending.items():
-            event = torch.cuda.Event()
-            event.record(stream)
+            try:
+                event = torch.cuda.Event()
+                event.record(stream)
+            except Exception as e:            # e.g. a device fault: every awaiter sees it
+                event = e
             _reactor().put((event, loop, entries))
 
 
 _batches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _last: _Batch | None = None                   # the batch used last (most calls: the same loop)
+# Batches whose flush is scheduled on their loop. A loop stopped in the iteration that
+# scheduled it and then closed drops the call: the reactor flushes those batches itself
+# (``_flush_orphans``), so that their work still ends its borrows and hands its values back.
+_scheduled: set = set()
+#: How often (seconds) the idle reactor looks for such batches.
+ORPHAN_POLL_S = 0.05
 
 
 def _batch_for(loop) -> _Batch:
@@ -338,18 +353,37 @@ class _Reactor:
         # closes (dropping the callbacks it was sent), before it runs the callback that
         # resolves the futures then loses no value and leaves no borrow held.
         while True:
-            event, loop, entries = self.queue.get()
-            error = None
+            try:
+                self._complete(*self.queue.get(timeout=ORPHAN_POLL_S))
+            except queue.Empty:
+                pass
+            if _scheduled:
+                _flush_orphans()
+
+    @staticmethod
+    def _complete(event, loop, entries) -> None:
+        """Wait for ``event`` (or take the error recording it raised), finish ``entries`` and
+        post their outcomes to ``loop``."""
+        error = event if isinstance(event, Exception) else None
+        if error is None:
             try:
                 event.synchronize()
             except BaseException as e:        # e.g. a device fault: every awaiter sees it
                 error = e
-            done = _finish_all(entries, error)
-            try:
-                loop.call_soon_threadsafe(_settle_all, done)
-            except RuntimeError:              # the loop was closed: no awaiter is left
-                pass
-            del event, loop, entries, done
+        done = _finish_all(entries, error)
+        try:
+            loop.call_soon_threadsafe(_settle_all, done)
+        except RuntimeError:                  # the loop was closed: no awaiter is left
+            pass
+
+
+def _flush_orphans() -> None:
+    """Flush the scheduled batches whose loop is closed (on the reactor thread). A closed loop
+    never runs again, so nothing else flushes them, and none can be flushed twice."""
+    for batch in list(_scheduled):
+        loop = batch.loop
+        if loop is not None and loop.is_closed():
+            batch.flush()
 
 
 _the_reactor: list = []
