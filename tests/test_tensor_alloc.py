@@ -72,6 +72,16 @@ def test_arange_takes_a_shape_as_the_other_allocators_do():
     assert arange(3, dtypes.i32, device="cpu").dtype is dtypes.int32    # dtype positionally
 
 
+@pytest.mark.parametrize("count", [5, (5,)], ids=["count", "shape"])
+def test_arange_takes_dtype_and_device_positionally_in_the_other_allocators_order(count):
+    t = arange(count, dtypes.i32, "cpu")
+    assert (t.dtype, t.device.type, t.to_torch().tolist()) == (dtypes.int32, "cpu", [0, 1, 2, 3, 4])
+    assert arange(count, dtypes.f32, None).to_torch().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert arange(count, torch.float16, "cpu").dtype is dtypes.float16
+    with pytest.raises(ArgumentError, match="device is given twice"):
+        arange(count, dtypes.i32, "cpu", device="cpu")
+
+
 def test_arange_takes_its_shape_by_keyword_as_the_other_allocators_do():
     assert arange(shape=(4,), dtype=dtypes.f32, device="cpu").to_torch().tolist() == \
         [0.0, 1.0, 2.0, 3.0]

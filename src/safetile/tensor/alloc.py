@@ -201,10 +201,11 @@ def _integral(value) -> bool:
         return True
 
 
-def arange(start=None, stop=None, step=1, dtype=None, device=None, *, shape=None) -> Tensor:
-    """``[start, stop)`` in steps of ``step``: ``arange(n)`` (or, as the other allocators take
-    a shape, ``arange((n,))`` and ``arange(shape=(n,))``) is ``0 .. n-1``; a dtype may follow
-    the count positionally (``arange(n, st.f32)``).
+def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=None) -> Tensor:
+    """``[start, stop)`` in steps of ``step`` (default 1): ``arange(n)`` (or, as the other
+    allocators take a shape, ``arange((n,))`` and ``arange(shape=(n,))``) is ``0 .. n-1``.
+    The count or shape may be followed positionally by a dtype and a device, in the other
+    allocators' order: ``arange((n,), st.f32, "cuda")``.
 
     ``dtype`` defaults to ``st.int64`` when all arguments are ints, else ``st.float32``.
     """
@@ -217,8 +218,13 @@ def arange(start=None, stop=None, step=1, dtype=None, device=None, *, shape=None
             raise ArgumentError("st.arange(shape=...) counts from 0: give start and stop "
                                 "instead of a shape")
         start = shape if isinstance(shape, (tuple, list, torch.Size)) else (shape,)
-    if isinstance(stop, _dtypes.DType) and dtype is None:
-        stop, dtype = None, stop
+    if isinstance(stop, (_dtypes.DType, torch.dtype)) and dtype is None:
+        if step is not None and device is not None:
+            raise ArgumentError(f"st.arange: the device is given twice ({step!r} after the "
+                                f"dtype and device={device!r})")
+        stop, dtype, step, device = None, stop, None, step if device is None else device
+    if step is None:
+        step = 1
     if isinstance(start, (tuple, list, torch.Size)) and stop is None:
         if len(start) != 1:
             raise ArgumentError(f"st.arange makes a 1-D tensor: its shape is (n,), got "
