@@ -356,10 +356,12 @@ class Tensor(Handle):
         try:
             return self._derive(self._torch.view(shp), "call .view()")
         except RuntimeError as e:
+            # (torch's own advice, to call .reshape(), is what copies: it is left out)
+            reason = str(e).replace(" Use .reshape(...) instead.", "").rstrip(".")
             raise ArgumentError(
                 f"cannot view {self._describe()} (strides {tuple(self._torch.stride())}) as "
-                f"shape {shp} without copying: {e}. Views are zero-copy only; copy explicitly "
-                f"with st.from_torch(t.to_torch().reshape(...))") from None
+                f"shape {shp} without copying: {reason}. Views are zero-copy only; copy "
+                f"explicitly with st.from_torch(t.to_torch().reshape(...))") from None
 
     def reshape(self, *shape) -> "Tensor":
         """Like :meth:`view`: zero-copy only (safetile never copies behind your back)."""
