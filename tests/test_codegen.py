@@ -213,6 +213,19 @@ def test_reductions_products_and_shape_ops_compile_in_bf16():
     assert ".target sm_90" in ptx
 
 
+@st.kernel
+def power_family(x: st.In[st.bf16 | st.i32], z: st.Out[st.bf16 | st.i32]):
+    z.store(sl.load_like(x, z) ** 5)
+
+
+@pytest.mark.parametrize("dtype", [st.bf16, st.i32], ids=["bfloat16", "int32"])
+def test_a_power_compiles_for_sm90_as_its_multiplications(dtype):
+    args = (st.zeros((1024,), dtype=dtype, device="cpu"), out((1024,), dtype, (256,)))
+    assert "_st_pow(" in power_family.source(*args)
+    ptx = power_family.compile(*args).asm["ptx"]
+    assert ".target sm_90" in ptx and "mul" in ptx
+
+
 def test_3d_permute_and_sub_partition_stores_compile():
     args = (cpu((8, 64, 64), st.f16), out((8, 64, 64), st.f16, (2, 16, 16)))
     assert "_st_substore3(" in cube_family.source(*args)

@@ -188,6 +188,23 @@ def test_unary_math_matches_torch(op, ref, positive, dtype):
 
 
 @st.kernel
+def fifth_power(x: st.In[st.floats | st.i32], z: st.Out[st.floats | st.i32]):
+    z.store(sl.load_like(x, z) ** 5)
+
+
+@pytest.mark.parametrize("dtype", [st.f32, st.bf16, st.i32], ids=["float32", "bfloat16", "int32"])
+def test_a_power_is_its_rounded_multiplications_exactly_as_on_the_cpu_executor(dtype):
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(3000, generator=g).to(dtype.torch) if dtype.is_float else \
+        torch.randint(-300, 300, (3000,), generator=g, dtype=torch.int32)
+    _, z = fifth_power(gpu(x), empty((3000,), dtype, (1024,))).sync()
+    with st.backend("interpret"):
+        _, want = fifth_power(st.from_torch(x.clone()),
+                              st.empty((3000,), dtype=dtype, device="cpu").partition((1024,))).sync()
+    assert torch.equal(result(z), want.unpartition().to_torch())
+
+
+@st.kernel
 def row_sums_bf16(x: st.In[st.floats, 2], z: st.Out[st.floats, 2]):
     z.store(sl.sum(x.load((z.index[0], 0), (z.shape[0], 256)), 1)[:, None])
 

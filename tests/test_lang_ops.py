@@ -5,6 +5,11 @@ back to the element type after each operation. Element-wise results must therefo
 torch's fp32 result rounded to the dtype exactly; reductions and matrix products (whose
 summation order may differ) match within a few units in the last place.
 """
+import re
+import runpy
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -71,6 +76,55 @@ def test_arithmetic_operators_maximum_and_minimum(dtype):
                 torch.maximum(fx, fy), torch.minimum(fx, fy)]
     for got, want in zip(outs, expected):
         assert torch.equal(result(got), rounded(want, dtype))
+
+
+NUMBERS = st.floats | st.int32 | st.int8
+
+
+@st.kernel
+def powers(x: st.In[NUMBERS], z1: st.Out[NUMBERS], z2: st.Out[NUMBERS], z3: st.Out[NUMBERS],
+           z5: st.Out[NUMBERS]):
+    v = sl.load_like(x, z1)
+    z1.store(v ** 1)
+    z2.store(v ** 2)
+    z3.store(v ** 3)
+    z5.store(v ** 5)
+
+
+def multiplied(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` multiplied by itself ``n`` times, left to right, each product rounded to x's
+    dtype (ints wrap)."""
+    r = x
+    for _ in range(n - 1):
+        r = (r.float() * x.float()).to(x.dtype) if x.dtype.is_floating_point else r * x
+    return r
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [st.i32, st.int8], ids=DTYPE_IDS + ["int32", "int8"])
+def test_a_power_by_a_compile_time_int_is_that_many_rounded_multiplications(dtype):
+    n, tile = 40, (16,)
+    x = rand((n,), dtype, 4) if dtype.is_float else \
+        torch.randint(-100, 100, (n,), generator=torch.Generator().manual_seed(4)).to(dtype.torch)
+    _, *outs = powers(In(x), *(Out((n,), dtype, tile) for _ in range(4))).sync()
+    for got, k in zip(outs, (1, 2, 3, 5)):
+        assert torch.equal(result(got), multiplied(x, k))
+
+
+@pytest.mark.parametrize("exponent, got", [
+    ("n", "a st.int32 scalar"), ("0.5", "the compile-time 0.5"), ("0", "the compile-time 0"),
+    ("-1", "the compile-time -1"), ("65", "the compile-time 65")])
+def test_a_power_by_anything_but_a_compile_time_int_from_1_to_64_is_refused(exponent, got):
+    src = (f"import safetile as st, safetile.lang as sl\n"
+           f"@st.kernel\n"
+           f"def p(x: st.In[st.f32], z: st.Out[st.f32], n: int):\n"
+           f"    z.store(sl.load_like(x, z) ** {exponent})\n")
+    path = Path(tempfile.mkdtemp()) / "pow_kernel.py"
+    path.write_text(src)
+    module = runpy.run_path(str(path))
+    with pytest.raises(st.KernelDefinitionError,
+                       match=rf"pow_kernel.py:4: .*compile-time int exponent from 1 to 64 .*got "
+                             rf"{re.escape(got)}.*sl.sqrt"):
+        module["p"](In(rand((8,), st.f32)), Out((8,), st.f32, (8,)), 2).sync()
 
 
 @st.kernel

@@ -262,9 +262,21 @@ def float_of_runtime(x: st.In[st.f32], z: st.Out[st.f32], n: int):
 
 
 @st.kernel
-def power(x: st.In[st.f32], z: st.Out[st.f32]):
+def power(x: st.In[st.f32], z: st.Out[st.f32], n: int):
     v = sl.load_like(x, z)
-    z.store(v ** 2)
+    z.store(v ** n)
+
+
+@st.kernel
+def cube(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) ** 3)
+
+
+def test_a_power_by_a_compile_time_int_runs_as_the_same_multiplications_on_both_backends():
+    values = [1.5, -2.25, 3.0078125, 0.1, -7.5]         # (fp32: Triton's interpreter's bf16
+    got = both(cube, lambda: [t(values), out(5)], 1, 1)[0]     # is not the GPU's)
+    x = torch.tensor(values)
+    assert torch.equal(got[:5], (x * x) * x)
 
 
 @st.kernel
@@ -288,7 +300,7 @@ def float_mma_int_acc(x: st.In[st.f32, 2], z: st.Out[st.i32, 2]):
 
 @pytest.mark.parametrize("kernel,args,match", [
     (float_of_runtime, lambda: [t([1.0]), out(1), 2], "float\\(\\) converts compile-time"),
-    (power, lambda: [t([1.0]), out(1)], "`\\*\\*` on runtime values"),
+    (power, lambda: [t([1.0]), out(1), 2], "`\\*\\*` on a runtime value takes a compile-time int"),
     (one_branch, lambda: [t([1.0]), out(1), 2], "bound in only one branch"),
     (int8_overflow, lambda: [t([1], torch.int8), out(1, st.int8)], "300 does not fit st.int8"),
     (float_mma_int_acc, lambda: [st.zeros((16, 16)), st.empty((16, 16), dtype=st.i32)

@@ -99,7 +99,23 @@ class ExprTyper:
         a, b = self.number(node.left, "an operand"), self.number(node.right, "an operand")
         if op == "@":
             return self.matmul_value(node, a, b)
+        if op == "**" and a.runtime:
+            return self.power(node, a, b)
         return self.binop(node, op, a, b)
+
+    def power(self, node, a: V, b: V) -> V:
+        """``a ** n``: ``a * a * ... * a`` (``lang/semantics.py``), typed as that product."""
+        n = b.value if b.kind == "const" else None
+        if type(n) is not int or not 1 <= n <= S.MAX_POWER:
+            got = f"the compile-time {n!r}" if b.kind == "const" else b.describe()
+            raise self.fail(node, f"`{ast.unparse(node)}`: `**` on a runtime value takes a "
+                                  f"compile-time int exponent from 1 to {S.MAX_POWER} (x ** 2 "
+                                  f"is x * x), got {got}; for other powers use sl.sqrt, "
+                                  f"sl.rsqrt or sl.exp2(y * sl.log2(x))")
+        v = a
+        for _ in range(n - 1):
+            v = self.binop(node, "*", v, a)
+        return v
 
     def binop(self, node, op: str, a: V, b: V) -> V:
         if a.kind == "const" and b.kind == "const":

@@ -5,7 +5,8 @@ p): their methods (``x.load``, ``x.load_at``, ``x.load_scalar``, ``x.prefetch``,
 ``z.store``, ``z.partition(...).store``, ``z.tiles()``) are documented once, in
 ``safetile/lang/views.py`` (``help(st.In)``, ``help(st.Out)``); ``sl.load_like(x, z)`` is
 the tile of ``x`` at ``z``'s position and shape.
-Tiles support Python arithmetic and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
+Tiles support Python arithmetic (``x ** n`` by a compile-time int ``n``: ``n`` rounded
+multiplications) and comparisons, ``t.astype(dtype)``, ``t.T``, ``t.shape`` and
 ``t.dtype`` (e.g. ``y.astype(x.dtype)`` rounds an fp32 result back to a loaded tile's type).
 Of Python's builtins, a body may call ``range`` (in ``for``), ``min``, ``max`` and ``abs``
 (element-wise on tiles, as ``sl.minimum``, ``sl.maximum`` and ``sl.abs``) and ``float`` (of

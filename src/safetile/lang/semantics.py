@@ -77,7 +77,10 @@ Operators
   truncates) and the remainder from it.
 - ``<< >>`` shift ints (a bool operand takes the other's int type: ``bool << int8`` is int8); a shift amount outside ``[0, bits)`` is an error on the CPU executor
   and gives 0 (``<<``) or the sign fill (``>>``) on the GPU. ``& | ^ ~`` work on ints and
-  bools. ``**`` on runtime values is refused (use ``sl.exp2(y * sl.log2(x))`` or multiply).
+  bools. ``x ** n`` on a runtime ``x`` takes a compile-time int ``n`` from 1 to
+  :data:`MAX_POWER` and is ``x * x * ... * x`` (``n`` factors, multiplied left to right, each
+  product rounded and wrapping as ``*`` does); other exponents are refused (write
+  ``sl.sqrt``, ``sl.rsqrt`` or ``sl.exp2(y * sl.log2(x))``).
 - ``and``, ``or``, ``not`` take bool scalars (``&``, ``|``, ``~`` combine tiles); a runtime
   ``if`` or conditional expression takes a scalar condition.
 - Comparisons give bool; NaN compares false except ``!=``. Chained comparisons and ``is``
@@ -288,6 +291,8 @@ def _no_bool(op: str, *operands) -> None:
 
 
 ARITH = ("+", "-", "*")
+#: The largest compile-time exponent ``x ** n`` takes on a runtime ``x`` (n multiplications).
+MAX_POWER = 64
 COMPARE = ("<", "<=", ">", ">=", "==", "!=")
 BITWISE = ("&", "|", "^", "<<", ">>")
 
@@ -299,8 +304,9 @@ def binary(op: str, a, b) -> tuple[DType, DType]:
     if op in ARITH or op in ("/", "//", "%", "max", "min"):
         _no_bool(op, a, b)
     if op == "**":
-        raise SemanticsError("`**` on runtime values is not supported: multiply, or use "
-                             "sl.exp2(y * sl.log2(x))")
+        raise SemanticsError(f"`**` on a runtime value takes a compile-time int exponent "
+                             f"from 1 to {MAX_POWER} (x ** 2 is x * x); for other powers "
+                             f"use sl.sqrt, sl.rsqrt or sl.exp2(y * sl.log2(x))")
     if op in BITWISE:
         for x in (a, b):
             if (isinstance(x, DType) and x.is_float) or isinstance(x, float):

@@ -46,6 +46,11 @@ def binary(op, a, b):
     symbol = _SYMBOL.get(op, op)
     if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
         return op(a, b)                   # compile-time values: Python's arithmetic
+    if symbol == "**" and isinstance(a, torch.Tensor) and type(b) is int:
+        r = a                             # n factors, left to right (lang/semantics.py)
+        for _ in range(b - 1):
+            r = arith.binary("*", r, a)
+        return Tile(r)
     return Tile(arith.binary(symbol, a, b))
 
 

@@ -233,8 +233,10 @@ class ExpressionEmitter(ConstantNames):
         """``left op right`` with the language's semantics where Triton's differ: Python's
         floor division and remainder, guarded shifts, IEEE division, typed compile-time
         operands (``lang/semantics.py``)."""
-        lt, rt = self.operands(op, left, right)
         a, b = self.tp(left), self.tp(right)
+        if op == "**" and a is not None and a.runtime:    # n multiplications (type-checked)
+            return f"{self.use('_st_pow')}({self.expr(left)}, {b.value})"
+        lt, rt = self.operands(op, left, right)
         if a is not None and b is not None and (a.runtime or b.runtime):
             if op == "/":
                 # IEEE division, rounded to nearest: Triton's `/` is an approximate division

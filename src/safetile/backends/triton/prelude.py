@@ -104,6 +104,16 @@ def _st_argmin(x, axis: tl.constexpr):
         x = tl.where(x != x, float("inf"), x)
     return tl.argmin(x, axis)
 ''',
+    # x ** n (lang/semantics.py): n factors multiplied left to right, each product rounded as
+    # the language's `*` rounds it.
+    "_st_pow": '''
+@triton.jit
+def _st_pow(x, n: tl.constexpr):
+    r = x
+    for _ in tl.static_range(n - 1):
+        r = r * x
+    return r
+''',
     # The tensor-descriptor coordinate of tile index i with block b: where i * b would pass
     # the int32 range, a box wholly outside the tensor (read as zeros) instead of a wrap.
     "_st_tmacoord": '''
