@@ -402,3 +402,59 @@ def test_bid_num_blocks_and_cdiv_in_a_row_major_launch():
     assert torch.equal(result(n), torch.full((6,), 3, dtype=torch.int32))
     assert torch.equal(result(c), torch.full((6,), 4, dtype=torch.int32))       # cdiv(13, 4)
     assert torch.equal(result(tile), program_of_element)
+
+
+@st.kernel
+def grid_axes(ids: st.Out[st.i32, 2], n: st.Out[st.i32, 2]):
+    ids.store(sl.zeros(ids.shape, st.i32) + sl.bid(0) * 100 + sl.bid(1) * 10 + sl.bid(2))
+    n.store(sl.zeros(n.shape, st.i32) + sl.num_blocks(0) * 100 + sl.num_blocks(1) * 10 +
+            sl.num_blocks(2))
+
+
+@pytest.mark.parametrize("order", ["row_major", "grouped"])
+def test_the_launch_grid_is_the_out_grid_bid_and_num_blocks_are_its_axes(order):
+    kw = dict(order="grouped", group_size=2) if order == "grouped" else {}
+    ids, n = (st.full((12, 20), -1, dtype=st.i32, device="cpu").partition((4, 4), **kw)
+              for _ in range(2))
+    ids, n = grid_axes(ids, n).sync()
+    rows, cols = torch.arange(12)[:, None] // 4, torch.arange(20)[None, :] // 4
+    assert torch.equal(result(ids), (rows * 100 + cols * 10).int())   # axis 2: bid 0
+    assert torch.equal(result(n), torch.full((12, 20), 351, dtype=torch.int32))  # (3, 5, 1)
+
+
+@st.kernel
+def per_program(z: st.Out[st.i32]):
+    for t in z.tiles():
+        t.store(sl.zeros(t.shape, st.i32) + sl.bid(0) * 100 + sl.num_blocks(0))
+
+
+def test_a_persistent_launch_numbers_its_programs_on_axis_0():
+    z = st.empty((32,), dtype=st.i32, device="cpu").partition((4,), persistent=3)
+    (z,) = per_program(z).sync()
+    assert sorted(set(result(z).tolist())) == [3, 103, 203]
+
+
+@st.kernel
+def second_axis_of_a_persistent_launch(z: st.Out[st.i32]):
+    for t in z.tiles():
+        t.store(sl.zeros(t.shape, st.i32) + sl.bid(1))
+
+
+@st.function
+def tile_number():
+    return sl.bid(0)
+
+
+@st.kernel
+def bid_in_a_helper(z: st.Out[st.i32]):
+    z.store(sl.zeros(z.shape, st.i32) + tile_number())
+
+
+def test_bid_past_axis_0_of_a_persistent_launch_or_in_a_helper_is_refused():
+    z = st.empty((32,), dtype=st.i32, device="cpu").partition((4,), persistent=3)
+    with pytest.raises(st.KernelDefinitionError,
+                       match="a persistent launch runs its programs on one axis"):
+        second_axis_of_a_persistent_launch(z).sync()
+    with pytest.raises(st.KernelDefinitionError,
+                       match=r"pass z.index\[k\] \(or sl.bid\(k\)\) to the helper"):
+        bid_in_a_helper(st.empty((8,), dtype=st.i32, device="cpu").partition((4,))).sync()

@@ -326,3 +326,18 @@ def test_an_int8_mma_with_an_int32_accumulator_runs_and_compiles():
     assert torch.equal(z.unpartition().to_torch(), (a.long() @ b.long()).int())
     assert "out_dtype=tl.int32" in int8_mma.source(*make())
     int8_mma.compile(*make())
+
+
+@st.kernel
+def grid_axes(ids: st.Out[st.i32, 2]):
+    ids.store(sl.zeros(ids.shape, st.i32) + sl.bid(0) * 100 + sl.bid(1) * 10 +
+              sl.num_blocks(1) + sl.num_blocks(2) * 1000 + sl.bid(2))
+
+
+@pytest.mark.parametrize("order", ["row_major", "grouped"])
+def test_bid_and_num_blocks_are_the_out_grids_axes_in_the_generated_code_too(order):
+    kw = dict(order="grouped", group_size=2) if order == "grouped" else {}
+    got = both(grid_axes, lambda: [st.full((12, 20), -1, dtype=st.i32).partition((4, 4), **kw)],
+               0, 1)[0]
+    rows, cols = torch.arange(12)[:, None] // 4, torch.arange(20)[None, :] // 4
+    assert torch.equal(got, (rows * 100 + cols * 10 + 5 + 1000).int())

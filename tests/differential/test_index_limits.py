@@ -16,28 +16,26 @@ from safetile.lang.semantics import MAX_DIM, MAX_PROGRAMS
 
 
 @st.kernel
-def owner_map(z: st.Out[st.i32, 2]):
-    z.store(sl.full(z.shape, sl.bid(0), st.i32))
+def coordinates(z: st.Out[st.i32, 2]):
+    z.store(sl.full(z.shape, sl.bid(0) * 100 + sl.bid(1), st.i32))
 
 
 def test_a_grouped_order_with_a_huge_group_is_the_map_of_one_group_in_the_generated_code():
     # G * grid[1] was computed in int32: with G = 2**31 - 1 it wrapped, two programs wrote one
     # tile and others none. A group of at least grid[0] rows is one group: the same map.
     shape, tile = (6, 40), (2, 8)
-    order = st.empty(shape, dtype=st.i32).partition(tile, order="grouped",
-                                                    group_size=2**31 - 1).order
-    args = [st.empty(shape, dtype=st.i32).partition(tile, order="grouped", group_size=2**31 - 1)]
-    src = owner_map.source(*args)
+
+    def args():                          # unwritten elements would keep the -1
+        return [st.full(shape, -1, dtype=st.i32).partition(tile, order="grouped",
+                                                          group_size=2**31 - 1)]
+    src = coordinates.source(*args())
     assert "_st_gw = 3 * _st_g1" in src               # the group clamped to grid[0] = 3
-    (got,) = be.run_interpreter(owner_map, args, 0, 1)
-    want = torch.empty(shape, dtype=torch.int32)
-    for p, tiles in enumerate(order.mapping()):
-        for (i, j) in tiles:
-            want[i * 2:(i + 1) * 2, j * 8:(j + 1) * 8] = p
+    (got,) = be.run_interpreter(coordinates, args(), 0, 1)
+    rows, cols = torch.arange(6)[:, None] // 2, torch.arange(40)[None, :] // 8
+    want = (rows * 100 + cols).int()
     assert torch.equal(got, want)
     with st.backend("interpret"):
-        (z,) = owner_map(st.empty(shape, dtype=st.i32).partition(
-            tile, order="grouped", group_size=2**31 - 1)).sync()
+        (z,) = coordinates(*args()).sync()
     assert torch.equal(z.unpartition().to_torch(), want)
 
 

@@ -362,9 +362,13 @@ class CallTyper:
                 type(v.value) is not int:
             raise self.fail(node, "the launch axis must be 0, 1 or 2")
         if v.value and self.program.one_axis:
-            raise self.fail(node, f"a kernel with Out parameters launches its programs on one "
-                                  f"axis (one per tile, in program order), so axis {v.value} "
-                                  f"has one program: use z.index[k] for the tile's coordinates")
+            raise self.fail(node, f"a persistent launch runs its programs on one axis (each "
+                                  f"iterating over tiles), so axis {v.value} has one program: "
+                                  f"use t.index[k] for a tile's coordinates")
+        if self.stack and self.program.tile_grid:
+            raise self.fail(node, "inside an @st.function helper, the program's tile is not "
+                                  "known: pass z.index[k] (or sl.bid(k)) to the helper from "
+                                  "the kernel")
 
     def op_bid(self, node) -> V:
         self.program_axis(node)
@@ -372,7 +376,9 @@ class CallTyper:
 
     def op_num_blocks(self, node) -> V:
         self.program_axis(node)
-        return scalar(_d.int32, bound=S.MAX_PROGRAMS)
+        # Over an Out grid, the grid's extent: computed from Out shapes, which Triton may
+        # fold to a compile-time number (``V.special``), as it may an In shape.
+        return scalar(_d.int32, bound=S.MAX_PROGRAMS, special=self.program.tile_grid)
 
     def op_cdiv(self, node) -> V:
         a, b = (self.number(x, "an operand") for x in node.args[:2])

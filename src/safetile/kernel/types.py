@@ -49,10 +49,11 @@ class HelperInstance:
 class Program:
     """A variant's typing: the kernel body and every helper instance it reaches."""
 
-    def __init__(self, one_axis: bool = False):
+    def __init__(self, one_axis: bool = False, tile_grid: bool = False):
         self.kernel = Typed()
         self.helpers: dict = {}            # (id(fn), signature) -> HelperInstance
-        self.one_axis = one_axis           # a launch over an Out grid: one program per tile
+        self.one_axis = one_axis           # a persistent launch: its programs on one axis
+        self.tile_grid = tile_grid         # a launch over its Out grid: one program per tile
 
 
 class _Spec:
@@ -417,7 +418,9 @@ def check(kernel, key, cache: dict) -> Program:
     tkey = type_key(key)
     program = cache.get(tkey)
     if program is None:
-        program = Program(one_axis=any(a.kind == "Out" for a in key.args))
+        lead = next((a for a in key.args if a.kind == "Out"), None)
+        program = Program(one_axis=bool(lead and lead.persistent),
+                          tile_grid=bool(lead and not lead.persistent))
         specs, env = {}, {}
         for a in key.args:
             specs[a.name] = _Spec(a)
@@ -430,7 +433,6 @@ def check(kernel, key, cache: dict) -> Program:
                 env[a.name] = scalar(_d.int32, special=True)
             else:
                 env[a.name] = scalar(_d.float32)
-        lead = next((a for a in key.args if a.kind == "Out"), None)
         typer = BodyTyper(kernel._src, kernel._info.scope, program.kernel, program, specs, env,
                           (), bool(lead and lead.persistent))
         body = kernel._src.tree.body

@@ -243,13 +243,15 @@ def zeros(shape, dtype):
 
 @_builtin("tl.program_id")
 def bid(axis):
-    """This program's index along launch axis ``axis``. A kernel with ``Out`` parameters
-    launches one program per tile on axis 0 only (``z.index`` is the tile's coordinates);
-    axes 1 and 2 belong to ``options(grid=...)`` launches."""
+    """This program's index along launch axis ``axis`` (0, 1 or 2). The launch grid of a
+    kernel with ``Out`` parameters is their grid: ``sl.bid(k)`` is ``z.index[k]`` (0 past the
+    grid's rank). A persistent launch (``partition(..., persistent=P)``) has ``P`` programs on
+    axis 0; a kernel without ``Out`` launches ``options(grid=...)``."""
 
 @_builtin("tl.num_programs")
 def num_blocks(axis):
-    """How many programs the launch has along ``axis``."""
+    """How many programs the launch has along ``axis``: for a kernel with ``Out`` parameters
+    (not persistent), the number of tiles of their grid along ``axis`` (1 past its rank)."""
 
 @_builtin("tl.cdiv")
 def cdiv(a, b):

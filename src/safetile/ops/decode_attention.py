@@ -105,8 +105,7 @@ def decode_split_kernel(q: st.In[st.floats, 2], k: st.In[st.floats, 3], v: st.In
     ``PREFETCH * S`` blocks per head at a short context)."""
     kvh, split, _, _ = o.index
     group = q.shape[0] // k.shape[0]
-    # The launch has one program per (kv head, split): the split count is the grid's.
-    num_splits = sl.num_blocks(0) // k.shape[0]
+    num_splits = sl.num_blocks(1)             # the Out grid is (kv heads, splits, 1, 1)
     if CYCLIC:
         for p in range(PREFETCH):
             k.prefetch((kvh, split + p * num_splits, 0), (1, BLOCK_N, o.shape[3]))

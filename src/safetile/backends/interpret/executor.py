@@ -65,7 +65,8 @@ def run(kernel, bound, grid: tuple, seed: int) -> None:
             for v in out_views:
                 v.tiles_of = tiles
                 v.coords = None if persistent else tiles[0]
-        token = use_implementation(Implementation(p, grid))
+        tile = None if order is None or persistent else (tiles[0], order.grid)
+        token = use_implementation(Implementation(p, grid, tile))
         try:
             body(*args)
         except Exception as e:                    # name the kernel's line, say what to do

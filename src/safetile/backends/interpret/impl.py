@@ -23,11 +23,13 @@ def _runtime(x, what: str) -> torch.Tensor:
 
 
 class Implementation:
-    """sl.* for one program of the CPU executor (``program`` and ``num_programs`` for bid)."""
+    """sl.* for one program of the CPU executor: ``program`` of the launch ``grid``; ``tile``:
+    ``(coordinates, grid)`` of its tile when the launch is over an Out grid (not persistent)."""
 
-    def __init__(self, program: int, grid: tuple):
+    def __init__(self, program: int, grid: tuple, tile: tuple | None = None):
         self.program = program
         self.grid = grid
+        self.tile = tile
 
     # element-wise
     def where(self, cond, a, b):
@@ -106,11 +108,12 @@ class Implementation:
 
     # A launch has three axes, as on the GPU: past the grid's own, one program each.
     def bid(self, axis):
-        coords = _unravel(self.program, self.grid)
+        coords = self.tile[0] if self.tile is not None else _unravel(self.program, self.grid)
         return scalar(coords[axis] if axis < len(coords) else 0, _d.int32)
 
     def num_blocks(self, axis):
-        return scalar(self.grid[axis] if axis < len(self.grid) else 1, _d.int32)
+        grid = self.tile[1] if self.tile is not None else self.grid
+        return scalar(grid[axis] if axis < len(grid) else 1, _d.int32)
 
     def cdiv(self, a, b):
         a, b = raw(a), raw(b)

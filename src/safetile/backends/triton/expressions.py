@@ -405,6 +405,12 @@ class ExpressionEmitter(ConstantNames):
             mask = kw.get("mask", rest[2] if len(rest) > 2 else "None")
             fn = "tl.store" if name == "store_ptr" else "tl.atomic_add"
             return f"{fn}({ptr}, {value}, mask={mask})"
+        if name in ("bid", "num_blocks") and self.lead is not None and not self.persistent:
+            # The launch grid is the Out grid: its coordinates and extents (emit.py prologue).
+            axis, rank = self.tp(node.args[0]).value, len(self.lead.tile)
+            if axis >= rank:
+                return "0" if name == "bid" else "1"
+            return f"_st_i{axis}" if name == "bid" else f"_st_g{axis}"
         t = self.tp(node)
         if name == "cdiv":
             if t is not None and t.kind == "const":
