@@ -432,29 +432,3 @@ def test_a_persistent_launch_numbers_its_programs_on_axis_0():
     z = st.empty((32,), dtype=st.i32, device="cpu").partition((4,), persistent=3)
     (z,) = per_program(z).sync()
     assert sorted(set(result(z).tolist())) == [3, 103, 203]
-
-
-@st.kernel
-def second_axis_of_a_persistent_launch(z: st.Out[st.i32]):
-    for t in z.tiles():
-        t.store(sl.zeros(t.shape, st.i32) + sl.bid(1))
-
-
-@st.function
-def tile_number():
-    return sl.bid(0)
-
-
-@st.kernel
-def bid_in_a_helper(z: st.Out[st.i32]):
-    z.store(sl.zeros(z.shape, st.i32) + tile_number())
-
-
-def test_bid_past_axis_0_of_a_persistent_launch_or_in_a_helper_is_refused():
-    z = st.empty((32,), dtype=st.i32, device="cpu").partition((4,), persistent=3)
-    with pytest.raises(st.KernelDefinitionError,
-                       match="a persistent launch runs its programs on one axis"):
-        second_axis_of_a_persistent_launch(z).sync()
-    with pytest.raises(st.KernelDefinitionError,
-                       match=r"pass z.index\[k\] \(or sl.bid\(k\)\) to the helper"):
-        bid_in_a_helper(st.empty((8,), dtype=st.i32, device="cpu").partition((4,))).sync()

@@ -258,15 +258,31 @@ def test_a_float_launch_axis_is_refused():
 
 
 @st.kernel
-def second_axis_of_an_out_grid(z: st.Out[st.i32, 2]):
-    z.store(sl.zeros(z.shape, st.i32) + sl.bid(1))
+def second_axis_of_a_persistent_launch(z: st.Out[st.i32]):
+    for t in z.tiles():
+        t.store(sl.zeros(t.shape, st.i32) + sl.bid(1))
 
 
-def test_a_second_launch_axis_is_refused_in_a_kernel_over_an_out_grid():
-    # A 2-D partition still launches one program per tile on axis 0: bid(1) would be 0.
-    refused(second_axis_of_an_out_grid,
-            lambda: (st.zeros((4, 4), dtype=st.i32).partition((2, 2)),),
-            "use z.index")
+@st.function
+def tile_number():
+    return sl.bid(0)
+
+
+@st.kernel
+def bid_in_a_helper(z: st.Out[st.i32]):
+    z.store(sl.zeros(z.shape, st.i32) + tile_number())
+
+
+def test_a_second_launch_axis_of_a_persistent_launch_is_refused():
+    # Its programs are numbered on axis 0, each iterating over tiles: bid(1) would be 0.
+    refused(second_axis_of_a_persistent_launch, lambda: (z64(st.i32, persistent=2),),
+            "a persistent launch runs its programs on one axis")
+
+
+def test_bid_in_a_helper_of_a_kernel_over_an_out_grid_is_refused():
+    # (the helper's own generated function would not know the program's tile)
+    refused(bid_in_a_helper, lambda: (z64(st.i32),),
+            r"pass z.index\[k\] \(or sl.bid\(k\)\) to the helper")
 
 
 @st.kernel(unsafe=True)

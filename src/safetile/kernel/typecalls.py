@@ -376,8 +376,7 @@ class CallTyper:
 
     def op_num_blocks(self, node) -> V:
         self.program_axis(node)
-        # Over an Out grid, the grid's extent: computed from Out shapes, which Triton may
-        # fold to a compile-time number (``V.special``), as it may an In shape.
+        # over an Out grid, computed from Out shapes, which Triton may fold (``V.special``)
         return scalar(_d.int32, bound=S.MAX_PROGRAMS, special=self.program.tile_grid)
 
     def op_cdiv(self, node) -> V:
