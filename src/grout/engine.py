@@ -369,9 +369,10 @@ def load(model, device=None, dtype=None, max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     """Load a checkpoint directory or a named shape (random weights, ``seed``) as an Engine.
 
     ``max_seq_len``: positions of the preallocated cache (at most the model's
-    max_position_embeddings: a larger value is capped, with a warning); ``gemm="cublas"`` runs the projections on torch.matmul;
-    ``fused=False``: the unfused decode step (for comparison); ``decode_chunk``: the most
-    decode steps replayed between two reads of the host (1: a read after every token)."""
+    max_position_embeddings: a larger value is capped, with a warning); ``gemm="cublas"``
+    runs the projections on torch.matmul; ``fused=False``: the unfused decode step (for
+    comparison); ``decode_chunk``: the most decode steps replayed between two reads of the
+    host (1: a read after every token)."""
     check_options(gemm, max_seq_len, decode_chunk)
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise RequestError(f"model must be a checkpoint directory or a named shape "

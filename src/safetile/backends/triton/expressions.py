@@ -408,8 +408,8 @@ class ExpressionEmitter(ConstantNames):
         if name in ("bid", "num_blocks") and self.lead is not None and not self.persistent:
             # The launch grid is the Out grid: its coordinates and extents (emit.py prologue).
             axis, rank = self.tp(node.args[0]).value, len(self.lead.tile)
-            if axis >= rank:
-                return "0" if name == "bid" else "1"
+            if axis >= rank:                  # a runtime int32, as typed (not a literal)
+                return f"tl.full((), {0 if name == 'bid' else 1}, tl.int32)"
             return f"_st_i{axis}" if name == "bid" else f"_st_g{axis}"
         t = self.tp(node)
         if name == "cdiv":
