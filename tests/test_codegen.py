@@ -219,11 +219,10 @@ def power_family(x: st.In[st.bf16 | st.i32], z: st.Out[st.bf16 | st.i32]):
 
 
 @pytest.mark.parametrize("dtype", [st.bf16, st.i32], ids=["bfloat16", "int32"])
-def test_a_power_compiles_for_sm90_as_its_multiplications(dtype):
+def test_a_power_compiles_for_sm90_through_its_helper(dtype):
     args = (st.zeros((1024,), dtype=dtype, device="cpu"), out((1024,), dtype, (256,)))
     assert "_st_pow(" in power_family.source(*args)
-    ptx = power_family.compile(*args).asm["ptx"]
-    assert ".target sm_90" in ptx and "mul" in ptx
+    assert ".target sm_90" in power_family.compile(*args).asm["ptx"]
 
 
 def test_3d_permute_and_sub_partition_stores_compile():
