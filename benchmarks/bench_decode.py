@@ -96,15 +96,30 @@ def measure(variant: Variant, model, lengths: list, repeats: int, device) -> lis
 def run_variant(name: str, model_name: str, model, lengths: list, args, device) -> list[dict]:
     max_seq = max(LONG_PROMPT, PROMPT + max(lengths)) + 8
     t0 = time.time()
-    v = VARIANTS[name](model, max_seq)
+    if next(model.parameters()).device.type != torch.device(device).type:
+        model.to(device)                        # back from the host (see below)
     ref = Reference(model, prompt_ids(PROMPT, model.config.vocab_size, device))
-    checked = v.check(ref)
+    staged = VARIANTS[name].copies_weights and (args.reference_on_host or not fits_beside(model))
+    if staged:                    # its copy would not fit beside the reference model: build it
+        model.to("cpu")           # from the host, and time it with the GPU to itself
+        free_memory()
+    v = VARIANTS[name](model, max_seq, device)
+    checked = dict(v.check(ref), reference_on_host=staged)
     setup = time.time() - t0
     if args.smoke:
         return [dict(model=model_name, variant=name, checked=True, **checked)]
     rows = measure(v, model, lengths, args.repeats, device)
     del v
     return [dict(model=model_name, variant=name, setup_s=setup, **checked, **r) for r in rows]
+
+
+def fits_beside(model) -> bool:
+    """Whether a second copy of ``model``'s weights (and a margin for caches and
+    workspaces) fits in the GPU's free memory."""
+    if not torch.cuda.is_available():
+        return True
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return torch.cuda.mem_get_info()[0] > weights + (4 << 30)
 
 
 def run_child(name: str, model_name: str, lengths: list, args) -> list[dict]:
@@ -143,7 +158,8 @@ def plot(rows: list[dict], path) -> bool:
     ax.set_yscale("log")
     ax.set_xlabel("generated tokens (prompt 18)")
     ax.set_ylabel("decode tok/s, batch 1")
-    ax.set_title("Qwen3 shapes, random bf16 weights, H200")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    ax.set_title(f"Qwen3 shapes, random bf16 weights, {gpu}")
     ax.legend(fontsize=8)
     save_figure(fig, path)
     return True
@@ -243,6 +259,10 @@ def main() -> int:
                    "rows that would start too late are skipped (and reported)")
     p.add_argument("--breakdown", action="store_true",
                    help="also the per-stage breakdown of grout's qwen3-4b step")
+    p.add_argument("--reference-on-host", action="store_true",
+                   help="build grout's variants from host copies of the weights and time them "
+                        "with the transformers model off the GPU (automatic where the two "
+                        "copies do not fit together)")
     p.add_argument("--name", default="decode", help="results file name")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks only")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

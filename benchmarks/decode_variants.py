@@ -100,9 +100,10 @@ class Variant:
     the engine hands it over before the rest (else None)."""
 
     slow = False            # timed once per length (transformers eager runs ~10 tok/s)
+    copies_weights = False  # builds its own copy of the weights (may be built from the host)
     first_token_at: float | None = None
 
-    def __init__(self, model, max_seq: int):
+    def __init__(self, model, max_seq: int, device=None):
         self.model, self.max_seq = model, max_seq
 
     def check(self, ref: Reference) -> dict:
@@ -144,7 +145,7 @@ class HFStaticCompile(HFEager):
 class TorchGraph(Variant):
     compile_mode = None
 
-    def __init__(self, model, max_seq):
+    def __init__(self, model, max_seq, device=None):
         super().__init__(model, max_seq)
         self.m = torch_decode.TorchQwen3(model, max_seq)
         self.dec = torch_decode.GraphDecoder(self.m, max_seq, self.compile_mode)
@@ -179,17 +180,21 @@ class TorchCompile(TorchGraph):
 
 class Grout(Variant):
     """grout's Engine over the model's own weights (copied into grout's fused layout),
-    timed through ``Engine.stream`` (the whole API path: chunked graph replays, detokenizing)."""
+    timed through ``Engine.stream`` (the whole API path: chunked graph replays, detokenizing).
+    ``device``: where the engine runs (the model's device unless given: the model may be
+    on the host while grout copies its weights)."""
 
     options: dict = dict()
+    copies_weights = True
 
-    def __init__(self, model, max_seq):
+    def __init__(self, model, max_seq, device=None):
         super().__init__(model, max_seq)
         import grout.config
         import grout.engine
         cfg = grout.config.from_dict(model.config.to_dict(), "bench", name=self.label())
         dtype = "bfloat16" if model.dtype == torch.bfloat16 else "float32"
-        self.eng = grout.engine.from_tensors(cfg, model.state_dict(), device=model.device,
+        self.eng = grout.engine.from_tensors(cfg, model.state_dict(),
+                                             device=device or model.device,
                                              dtype=dtype, max_seq_len=max_seq, **self.options)
 
     def label(self) -> str:
