@@ -151,6 +151,17 @@ def test_const_of_an_unsupported_type_is_a_definition_error():
     assert "st.Const takes int, float, bool or st.dtype" in str(ei.value)
 
 
+def test_a_const_union_with_an_unsupported_kind_is_a_definition_error():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.f32],
+                n: st.Const[int | str]):  # <- const-union-of-str
+            pass
+    assert_definition_error(ei, "annotation", "const-union-of-str")
+    assert "parameter 'n'" in str(ei.value)
+    assert "got int | str (str is none of them)" in str(ei.value)
+
+
 def test_a_rank_that_is_not_a_positive_int_is_a_definition_error():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel

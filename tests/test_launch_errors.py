@@ -105,6 +105,81 @@ def test_a_dtype_constant_takes_a_torch_dtype_as_allocation_does():
         zeros_of(st.zeros((4,)).partition((4,)), torch.float64)
 
 
+@st.kernel
+def scaled_by(x: st.In[st.f32], z: st.Out[st.f32], k: st.Const[int | float]):
+    z.store(sl.load_like(x, z) * k)
+
+
+@st.kernel
+def summed_arange(z: st.Out[st.f32], n: st.Const[int | float]):
+    z.store(sl.zeros(z.shape, st.f32) + sl.sum(sl.arange(n).astype(st.f32), 0))
+
+
+@st.kernel
+def filled(z: st.Out[st.f32], v: st.Const[float | bool]):
+    z.store(sl.full(z.shape, v, st.f32))
+
+
+@st.kernel
+def ones_of(z: st.Out[st.f32], d: st.Const[st.DType | bool]):
+    z.store(sl.zeros(z.shape, st.f32) + 1)
+
+
+def z4():
+    return st.empty((4,), device="cpu").partition((4,))
+
+
+def test_a_union_const_takes_a_value_of_each_of_its_kinds():
+    for k in (3, 2.5):
+        _, z, _ = scaled_by(st.ones((4,), device="cpu"), z4(), k).sync()
+        assert z.unpartition().to_torch().tolist() == [float(k)] * 4
+
+
+def test_a_union_const_keeps_the_kind_of_the_value_passed():
+    *_, k = scaled_by(st.ones((4,), device="cpu"), z4(), 3).sync()
+    assert k == 3 and type(k) is int
+    *_, k = scaled_by(st.ones((4,), device="cpu"), z4(), 3.0).sync()
+    assert k == 3.0 and type(k) is float
+
+
+def test_an_int_given_to_a_union_const_without_int_becomes_a_float():
+    z, v = filled(z4(), 2).sync()
+    assert v == 2.0 and type(v) is float
+    assert z.unpartition().to_torch().tolist() == [2.0] * 4
+
+
+def test_a_union_const_refuses_a_value_of_another_kind():
+    with pytest.raises(st.LaunchError, match=r"parameter 'k'.*st.Const\[int \| float\] got str"):
+        scaled_by(st.ones((4,), device="cpu"), z4(), "3")
+
+
+def test_a_bool_is_not_an_int_or_float_in_a_union_const():
+    with pytest.raises(st.LaunchError, match=r"parameter 'k'.*st.Const\[int \| float\] got bool"):
+        scaled_by(st.ones((4,), device="cpu"), z4(), True)
+
+
+def test_the_body_types_a_union_const_by_the_kind_of_its_value():
+    z, _ = summed_arange(z4(), 4).sync()                 # an int sizes the arange
+    assert z.unpartition().to_torch().tolist() == [6.0] * 4
+    with pytest.raises(st.KernelDefinitionError, match="got the compile-time value 4.0"):
+        summed_arange(z4(), 4.0)                        # 4.0 == 4, but it is a float
+
+
+def test_a_union_const_gives_a_variant_per_value_and_kind():
+    for v in (2, 2.0, 3, 2):
+        scaled_by.source(st.ones((4,), device="cpu"), z4(), v)
+    assert sorted((a.value, a.value_type.__name__) for key in scaled_by._launches.variants
+                  for a in key.args if a.kind == "Const") == [
+        (2, "float"), (2, "int"), (3, "int")]
+
+
+def test_a_union_const_with_st_dtype_takes_a_dtype_or_its_other_kind():
+    assert ones_of(z4(), torch.float16).sync()[1] is st.float16
+    assert ones_of(z4(), True).sync()[1] is True
+    with pytest.raises(st.LaunchError, match=r"parameter 'd'.*st.Const\[DType \| bool\] got int"):
+        ones_of(z4(), 1)
+
+
 def test_out_grids_must_agree():
     x = st.zeros((8,), device="cpu")
     z = st.empty((8,), device="cpu").partition((4,))

@@ -45,6 +45,12 @@ def canonical_const(v):
     return v
 
 
+def const_fact(v) -> tuple:
+    """A Const value as the caches key it: with its type, since ``1``, ``1.0`` and ``True``
+    are equal (and hash alike) but are three variants of an ``st.Const[int | float | bool]``."""
+    return type(v), canonical_const(v)
+
+
 def variant_key(kernel, bound) -> VariantKey:
     """Everything the generated source of ``kernel`` depends on, for these arguments.
     ``facts`` must determine it (with the options): a fact added here is added there."""
@@ -64,7 +70,8 @@ def variant_key(kernel, bound) -> VariantKey:
             else:
                 specs.append(ArgSpec(b.name, kind, dtype, rank, tma=kind == "In" and tma_ok(b.torch)))
         elif kind == "Const":
-            specs.append(ArgSpec(b.name, kind, value=canonical_const(b.value)))
+            specs.append(ArgSpec(b.name, kind, value=canonical_const(b.value),
+                                 value_type=type(b.value)))
         else:
             specs.append(ArgSpec(b.name, kind))
     o = kernel.opts
@@ -81,7 +88,7 @@ def facts(bound) -> tuple:
     for b in bound:
         t = b.torch
         if t is None:
-            key.append(canonical_const(b.value) if b.spec.kind == "Const" else None)
+            key.append(const_fact(b.value) if b.spec.kind == "Const" else None)
         elif b.tile is not None:                          # Out (TMA store fitness too)
             key.append((t.dtype, t.dim(), b.tile, b.order, t.dim() >= 2 and tma_ok(t)))
         elif b.spec.kind == "In" and t.dim() >= 2:        # TMA fitness depends on layout
@@ -96,7 +103,7 @@ def _type_facts(bound) -> tuple:
     return tuple((b.torch.dtype, b.torch.dim(), b.tile,
                   b.order.persistent is not None if b.order is not None else None)
                  if b.torch is not None else
-                 (canonical_const(b.value) if b.spec.kind == "Const" else None)
+                 (const_fact(b.value) if b.spec.kind == "Const" else None)
                  for b in bound)
 
 

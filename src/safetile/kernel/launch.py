@@ -30,6 +30,14 @@ MAX_DIM = _sem.MAX_DIM
 CUDA_GRID = (2**31 - 1, 65535, 65535)      # the most programs per launch axis
 
 
+# What each Const kind takes, in the order a value's kind is looked for in a union (a bool
+# is no int, an int is a float only where the Const takes no int).
+_CONST_OK = ((bool, lambda x: isinstance(x, bool)),
+             (int, lambda x: isinstance(x, int) and not isinstance(x, bool)),
+             (float, lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)),
+             (DType, lambda x: any(x is d for d in _ALL_DTYPES)))
+
+
 def _fail(kernel, pname, message) -> LaunchError:
     return LaunchError(f"kernel '{kernel.name}' ({kernel.where}), parameter '{pname}': {message}")
 
@@ -138,20 +146,20 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             getattr(v, "ndim", None) == 0:
         v = v.item()                  # a numpy scalar: the Python number it holds
     if kind == "Const":
-        if spec.const_type is DType and isinstance(v, torch.dtype):
+        kinds = spec.const_kinds
+        if DType in kinds and isinstance(v, torch.dtype):
             try:
                 v = from_torch(v)             # as allocation takes torch dtypes too
             except ArgumentError as e:
                 raise _fail(kernel, name, str(e)) from None
-        ok = {int: lambda x: isinstance(x, int) and not isinstance(x, bool),
-              float: lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
-              bool: lambda x: isinstance(x, bool),
-              DType: lambda x: any(x is d for d in _ALL_DTYPES)}[spec.const_type](v)
-        if not ok:
-            raise _scalar_fail(kernel, name, f"{spec.describe()} got", v, spec.const_type)
-        if spec.const_type is float:
+        # The value's own kind first: in st.Const[int | float], 2 is an int and 2.0 a float.
+        as_kind = next((k for k, ok in _CONST_OK if k in kinds and ok(v)), None)
+        if as_kind is None:
+            want = float if float in kinds else int if int in kinds else kinds[0]
+            raise _scalar_fail(kernel, name, f"{spec.describe()} got", v, want)
+        if as_kind is float:
             v = float(v)
-        elif spec.const_type is int:
+        elif as_kind is int:
             v = int.__int__(v)
         return BoundArg(name, spec, v)
     if kind == "int":

@@ -1,6 +1,8 @@
 """The parameter grammar of ``@st.kernel``: ``In``, ``Out``, ``Const``, ``Ptr`` and scalars."""
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -15,13 +17,18 @@ class ParamSpec:
     kind: str
     dtypes: tuple = ()                 # admissible DTypes for In/Out/Ptr
     rank: Optional[int] = None         # None: any rank
-    const_type: Any = None             # int | float | bool | DType for Const
+    const_type: Any = None             # int | float | bool | DType for Const (a tuple: a union)
+
+    @property
+    def const_kinds(self) -> tuple:
+        """The kinds a Const takes: one, or the members of a union (``st.Const[int | float]``)."""
+        return self.const_type if isinstance(self.const_type, tuple) else (self.const_type,)
 
     def describe(self) -> str:
         if self.kind in ("int", "float"):
             return self.kind
         if self.kind == "Const":
-            return f"st.Const[{getattr(self.const_type, '__name__', self.const_type)}]"
+            return f"st.Const[{' | '.join(getattr(k, '__name__', k) for k in self.const_kinds)}]"
         d = " | ".join(repr(x) for x in self.dtypes)
         r = f", {self.rank}" if self.rank is not None else ""
         return f"st.{self.kind}[{d}{r}]"
@@ -95,18 +102,29 @@ class Ptr(_TensorParam, PtrView):
     kind = "Ptr"
 
 
+CONST_KINDS = (int, float, bool, DType)
+
+
 class Const:
     """``n: st.Const[int]`` (or ``float``, ``bool``, ``st.dtype``): a compile-time constant.
 
     Each value compiles its own variant, so a ``Const`` may size tiles
-    (``x.load(i, (n,))``) and pick dtypes (``t.astype(d)``). Runtime scalars are annotated
+    (``x.load(i, (n,))``) and pick dtypes (``t.astype(d)``). A union of those kinds
+    (``st.Const[int | float]``) takes a value of any of them, and the body sees the value's
+    own kind (``2`` an int, ``2.0`` a float: two variants). Runtime scalars are annotated
     plain ``int`` or ``float``.
     """
 
     def __class_getitem__(cls, item) -> ParamSpec | BadAnnotation:
-        if item not in (int, float, bool, DType):
-            return BadAnnotation(f"st.Const takes int, float, bool or st.dtype, got {item!r}")
-        return ParamSpec("Const", const_type=item)
+        union = isinstance(item, types.UnionType) or typing.get_origin(item) is typing.Union
+        kinds = typing.get_args(item) if union else (item,)
+        bad = [k for k in kinds if k not in CONST_KINDS]
+        if bad:
+            names = ", ".join(getattr(k, "__name__", repr(k)) for k in bad)
+            which = f" ({names} {'is' if len(bad) == 1 else 'are'} none of them)" if union else ""
+            return BadAnnotation(f"st.Const takes int, float, bool or st.dtype, or a union of "
+                                 f"them (st.Const[int | float]), got {item!r}{which}")
+        return ParamSpec("Const", const_type=kinds if union else item)
 
 
 SCALARS = {int: ParamSpec("int"), float: ParamSpec("float")}

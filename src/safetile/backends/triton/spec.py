@@ -22,6 +22,7 @@ class ArgSpec:
     group_size: int = 0                # Out: grouped order
     persistent: bool = False           # Out: programs iterate over several tiles
     value: Any = None                  # Const: the value
+    value_type: Any = None             # Const: its type (1 == 1.0 == True, three variants)
     tma: bool = False                  # In loads / Out stores: the layout fits a tensor descriptor
 
 
