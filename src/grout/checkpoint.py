@@ -22,8 +22,9 @@ import torch
 from .config import Qwen3Config
 from .errors import CheckpointError
 
+# The tensor dtypes grout reads, each converted to the compute dtype as it is copied.
 SAFETENSORS_DTYPES = {"BF16": (torch.bfloat16, 2), "F16": (torch.float16, 2),
-                      "F32": (torch.float32, 4)}
+                      "F32": (torch.float32, 4), "F64": (torch.float64, 8)}
 MAX_HEADER = 100_000_000
 REPAIR = "re-download the checkpoint or save it again with safetensors"
 

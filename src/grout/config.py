@@ -228,21 +228,34 @@ def _sampling_defaults(generation: dict | None, path) -> tuple:
     return tuple(found)
 
 
-def from_checkpoint(directory: Path) -> Qwen3Config:
+def from_checkpoint(directory: Path, dtype: str | None = None) -> Qwen3Config:
     """The config of a Hugging Face Qwen3 checkpoint: config.json (required) and
     generation_config.json (its eos ids and sampling defaults, when present).
-    ``CheckpointError`` names the file."""
+    ``CheckpointError`` names the file. ``dtype``: as :func:`from_dict`."""
     path = directory / "config.json"
     raw = _read_json(path, required=True)
     generation_path = directory / "generation_config.json"
     generation = _read_json(generation_path, required=False)
-    return from_dict(raw, path, generation, name=str(directory), generation_path=generation_path)
+    return from_dict(raw, path, generation, name=str(directory), generation_path=generation_path,
+                     dtype=dtype)
+
+
+def _dtype(raw: dict, path, dtype: str | None) -> str:
+    """The compute dtype: ``dtype`` when given (the weights are converted to it, so the
+    checkpoint's own need not be one grout computes in), else config.json's."""
+    source = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    if dtype is None and source not in DTYPES:
+        raise CheckpointError(f"{path}: dtype {source!r} is not one grout computes in "
+                              f"({', '.join(DTYPES)}); pass the dtype to convert the weights to, "
+                              f"e.g. dtype=\"float32\" (--dtype float32 on the command line)")
+    return source if dtype is None else dtype
 
 
 def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
-              generation_path="generation_config.json") -> Qwen3Config:
+              generation_path="generation_config.json", dtype: str | None = None) -> Qwen3Config:
     """The config of a config.json's contents ``raw`` (``transformers``' ``config.to_dict()``
-    works too); ``path`` (and ``generation_path``) name the source in a ``CheckpointError``."""
+    works too); ``path`` (and ``generation_path``) name the source in a ``CheckpointError``.
+    ``dtype`` (one of ``DTYPES``) replaces config.json's dtype, which then may be any."""
     archs = raw.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"{path}: architectures must be a list of class names, got "
@@ -255,7 +268,7 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
             raise CheckpointError(f"{path}: {key}={raw[key]!r} is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
-    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    dtype = _dtype(raw, path, dtype)
     eos = _eos_ids(raw, path, generation, generation_path)
     sampling = _sampling_defaults(generation, generation_path)
     try:

@@ -385,7 +385,7 @@ def load(model, device=None, dtype=None, max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     dev = resolve_device(device)
     path = Path(model).expanduser()
     if path.is_dir():
-        cfg = config_mod.from_checkpoint(path)
+        cfg = config_mod.from_checkpoint(path, resolve_dtype(dtype, None))   # None: its own
         tokenizer = load_tokenizer(path)
     elif isinstance(model, str) and model.lower() in config_mod.SHAPES:
         cfg, tokenizer, path = config_mod.named(model), qwen_tokenizer(), None

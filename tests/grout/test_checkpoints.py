@@ -41,6 +41,33 @@ def test_dtype_none_is_the_checkpoint_dtype(checkpoints):
     assert eng.dtype == "float32"
 
 
+def _as_float64(directory):
+    """The checkpoint saved in float64: its tensors F64, config.json's torch_dtype float64."""
+    from safetensors.torch import load_file, save_file
+    path = directory / "model.safetensors"
+    tensors = {k: t.double() for k, t in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    _edit_config(directory, dtype=None, torch_dtype="float64")
+
+
+def test_an_explicit_dtype_loads_a_checkpoint_of_a_dtype_grout_does_not_compute_in(
+        checkpoint_copy, engines):
+    _as_float64(checkpoint_copy)
+    eng = load(checkpoint_copy)                        # dtype="float32"
+    assert eng.dtype == "float32" and eng.config.dtype == "float32"
+    ids = [1, 2, 3, 4]
+    assert torch.equal(eng.logits(ids), engines["tied"].logits(ids))
+
+
+@pytest.mark.parametrize("dtype", [None, "auto"])
+def test_a_checkpoint_dtype_grout_does_not_compute_in_needs_an_explicit_dtype(
+        checkpoint_copy, no_new_holds, dtype):
+    _as_float64(checkpoint_copy)
+    with pytest.raises(grout.GroutError, match=r"config\.json: dtype 'float64' is not one grout "
+                                               r"computes in .*pass .*dtype=\"float32\""):
+        grout.load(checkpoint_copy, device="cpu", dtype=dtype, max_seq_len=16, progress=False)
+
+
 def test_generation_config_eos_ids_stop_generation(checkpoint_copy, engines):
     first = engines["tied"].generate([1, 2, 3], max_new_tokens=4).token_ids
     (checkpoint_copy / "generation_config.json").write_text(json.dumps(
