@@ -205,6 +205,20 @@ def test_a_power_is_its_rounded_multiplications_exactly_as_on_the_cpu_executor(d
 
 
 @st.kernel
+def times_k(x: st.In[st.i32], z: st.Out[st.f32], k: st.Const[int | float]):
+    z.store((sl.load_like(x, z) * k).astype(st.f32))
+
+
+def test_a_union_const_compiles_an_int_and_an_equal_float_apart():
+    x = gpu(torch.full((1024,), 2**30, dtype=torch.int32))
+    seen = []
+    for k in (2, 2.0, 2):               # equal values: int32 arithmetic wraps, f32 does not
+        _, z, _ = times_k(x, empty((1024,), st.f32, (256,)), k).sync()
+        seen.append(result(z).unique().tolist())
+    assert seen == [[-2.0**31], [2.0**31], [-2.0**31]]
+
+
+@st.kernel
 def row_sums_bf16(x: st.In[st.floats, 2], z: st.Out[st.floats, 2]):
     z.store(sl.sum(x.load((z.index[0], 0), (z.shape[0], 256)), 1)[:, None])
 
