@@ -211,6 +211,49 @@ def test_a_negative_shape_index_counts_from_the_end_and_compiles():
 
 
 @st.kernel
+def full_of_an_int_shape(z: st.Out[st.f32]):
+    z.store(sl.full(64, 1.0, st.f32))
+
+
+@st.kernel
+def zeros_of_an_int_shape(z: st.Out[st.f32]):
+    z.store(sl.zeros(64, st.f32) + 1.0)
+
+
+@pytest.mark.parametrize("kernel", [full_of_an_int_shape, zeros_of_an_int_shape],
+                         ids=["full", "zeros"])
+def test_a_bare_int_shape_of_full_or_zeros_is_refused(kernel):
+    # Triton's tl.full and tl.zeros take a shape tuple only (an int is "not iterable")
+    refused(kernel, lambda: (z64(),), r"shape `64` must be a tuple: write \(64,\)")
+
+
+@st.kernel
+def reshaped_to_an_int(z: st.Out[st.f32]):
+    z.store(sl.reshape(sl.zeros((8, 8), st.f32) + 2.0, 64))
+
+
+@st.kernel
+def broadcast_to_an_int(z: st.Out[st.f32]):
+    z.store(sl.broadcast_to(sl.zeros((1,), st.f32) + 3.0, 64))
+
+
+def test_reshape_and_broadcast_to_an_int_shape_run_on_the_cpu_as_they_compile():
+    assert cpu(reshaped_to_an_int, z64()) == [2.0] * 128
+    assert cpu(broadcast_to_an_int, z64()) == [3.0] * 128
+    reshaped_to_an_int.compile(z64())
+    broadcast_to_an_int.compile(z64())
+
+
+@st.kernel
+def complex_power(x: st.In[st.f32], z: st.Out[st.f32]):
+    z.store(sl.load_like(x, z) + (-8.0) ** 0.5)
+
+
+def test_a_compile_time_power_with_a_complex_value_is_refused():
+    refused(complex_power, lambda: (x64(), z64()), r"\(-8\.0\) \*\* 0\.5` is complex")
+
+
+@st.kernel
 def bool_tuple_index(z: st.Out[st.i32]):
     z.store(sl.zeros(z.shape, st.i32) + z.shape[True])
 

@@ -343,7 +343,7 @@ class CallTyper:
         return tile(_d.int32, (n,), n - 1)
 
     def op_full(self, node) -> V:
-        shape = self.static_shape(node.args[0], "sl.full shape")
+        shape = self.static_shape(node.args[0], "sl.full shape", tuple_only=True)
         d = self.dtype_arg(node.args[2] if len(node.args) > 2 else _kw(node, "dtype"), node)
         v = self.number(_arg(node, 1, "value"), "the fill value")
         if v.kind == "const":
@@ -353,7 +353,7 @@ class CallTyper:
         return runtime(d, shape)
 
     def op_zeros(self, node) -> V:
-        shape = self.static_shape(node.args[0], "sl.zeros shape")
+        shape = self.static_shape(node.args[0], "sl.zeros shape", tuple_only=True)
         return runtime(self.dtype_arg(_arg(node, 1, "dtype"), node), shape)
 
     def program_axis(self, node) -> None:

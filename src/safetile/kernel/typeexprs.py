@@ -90,9 +90,12 @@ class ExprTyper:
         if op in ("<<", ">>") and isinstance(b, int) and b > 1024:
             raise self.fail(node, f"compile-time shift by {b} is too large")
         try:
-            return _PY[op](a, b)
+            r = _PY[op](a, b)
         except (ZeroDivisionError, ValueError, TypeError, OverflowError) as e:
             raise self.fail(node, f"compile-time `{ast.unparse(node)}` fails: {e}") from None
+        if isinstance(r, complex):              # (-8.0) ** 0.5: the language has no complex
+            raise self.fail(node, f"compile-time `{ast.unparse(node)}` is complex ({r})")
+        return r
 
     def t_BinOp(self, node) -> V:
         op = BINOPS[type(node.op)]
@@ -271,9 +274,14 @@ class ExprTyper:
         return runtime(base.dtype, tuple(shape + dims), base.bound)
 
     # -- shared by calls -------------------------------------------------------------------------
-    def static_shape(self, node, what: str, rank: int | None = None) -> tuple:
-        """A compile-time tile shape: positive powers of two, at most 2**20 elements."""
+    def static_shape(self, node, what: str, rank: int | None = None,
+                     tuple_only: bool = False) -> tuple:
+        """A compile-time tile shape: positive powers of two, at most 2**20 elements; a bare
+        int is one axis, unless ``tuple_only`` (Triton's tl.full and tl.zeros take none)."""
         v = self.expr(node)
+        if tuple_only and v.kind == "const":
+            raise self.fail(node, f"{what} `{ast.unparse(node)}` must be a tuple: write "
+                                  f"({ast.unparse(node)},)")
         vals = v.value if v.kind == "tuple" else (v,)
         if v.kind not in ("tuple", "const") or any(
                 x.kind != "const" or isinstance(x.value, bool) or not isinstance(x.value, int)
