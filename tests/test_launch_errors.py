@@ -148,6 +148,11 @@ def test_an_int_given_to_a_union_const_without_int_becomes_a_float():
     assert z.unpartition().to_torch().tolist() == [2.0] * 4
 
 
+def test_an_int_too_large_for_a_float_const_is_a_launch_error():
+    with pytest.raises(st.LaunchError, match=r"parameter 'v'.*does not fit in a float"):
+        filled(z4(), 10**400)
+
+
 def test_a_union_const_refuses_a_value_of_another_kind():
     with pytest.raises(st.LaunchError, match=r"parameter 'k'.*st.Const\[int \| float\] got str"):
         scaled_by(st.ones((4,), device="cpu"), z4(), "3")

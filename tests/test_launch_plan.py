@@ -221,6 +221,25 @@ def test_an_int_subclass_out_of_the_int32_range_is_refused():
         scale_int(st.ones((4,)), st.empty((4,)).partition((4,)), Int(2**40))
 
 
+class Float(float):
+    """A float subclass whose conversion would report another value."""
+
+    def __float__(self):
+        return 42.0
+
+
+@st.kernel
+def scale_float(x: st.In[st.f32], z: st.Out[st.f32], a: float, b: st.Const[float]):
+    z.store(sl.load_like(x, z) * a + b)
+
+
+def test_a_float_subclass_argument_launches_as_its_plain_value():
+    x, z, a, b = scale_float(st.ones((4,)), st.empty((4,)).partition((4,)), Float(2.0),
+                             Float(0.5)).sync()
+    assert (type(a), a, type(b), b) == (float, 2.0, float, 0.5)
+    assert z.unpartition().to_torch().tolist() == [2.5] * 4
+
+
 def test_a_tensor_past_the_end_of_its_shrunk_storage_is_refused():
     t = torch.zeros(1024)
     z = st.from_torch(t).partition((256,))

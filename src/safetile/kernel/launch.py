@@ -158,7 +158,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             want = float if float in kinds else int if int in kinds else kinds[0]
             raise _scalar_fail(kernel, name, f"{spec.describe()} got", v, want)
         if as_kind is float:
-            v = float(v)
+            v = _as_float(kernel, name, v)
         elif as_kind is int:
             v = int.__int__(v)
         return BoundArg(name, spec, v)
@@ -176,12 +176,19 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
     if kind == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             raise _scalar_fail(kernel, name, "expects a float, got", v, float)
-        try:
-            v = float(v)
-        except OverflowError:
-            raise _fail(kernel, name, f"the int {v} does not fit in a float") from None
-        return BoundArg(name, spec, v)
+        return BoundArg(name, spec, _as_float(kernel, name, v))
     raise AssertionError(kind)
+
+
+def _as_float(kernel, name, v) -> float:
+    """A float argument's plain value: as for ints, a subclass's own ``__float__`` or
+    ``__int__`` is not consulted, so the checks, the variant and the launch see one value."""
+    if isinstance(v, float):
+        return float.__float__(v)
+    try:
+        return float(int.__int__(v))
+    except OverflowError:
+        raise _fail(kernel, name, f"the int {v} does not fit in a float") from None
 
 
 def check_launch(kernel, bound: list[BoundArg], device_kind: str | None):
