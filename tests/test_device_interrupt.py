@@ -306,3 +306,19 @@ def test_a_record_interrupted_before_it_starts_names_the_values_its_op_keeps():
         assert e.recovered == (x, y, z) and scope.count() == 0
         scope.record(op)                       # the op, unrun, can still be recorded
     assert scope.count() == 1
+
+
+def test_futures_left_unresolved_by_an_interrupt_as_they_settle_resolve_when_the_loop_runs():
+    import asyncio
+    from safetile.device import aio
+    loop = asyncio.new_event_loop()
+    try:
+        futures = [aio._OpFuture(loop=loop) for _ in range(3)]
+        done = [(f, i, None) for i, f in enumerate(futures)]
+        assert isinstance(interrupted(lambda: aio._settle_all(done), aio._settle.__code__),
+                          KeyboardInterrupt)
+        assert not any(f.done() for f in futures)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert [f.result() for f in futures] == [0, 1, 2]
+    finally:
+        loop.close()

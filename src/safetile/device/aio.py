@@ -244,10 +244,18 @@ def _finish_all(entries, error) -> list:
     return done
 
 
-def _settle_all(done) -> None:
-    """On the loop thread: resolve each future of ``_finish_all``'s list."""
-    for fut, out, error in done:
-        _settle(fut, out, error)
+def _settle_all(done, start: int = 0) -> None:
+    """On the loop thread: resolve each future of ``_finish_all``'s list from ``start``. An
+    interrupt landing here leaves the rest to a callback of their own, which the loop runs
+    when it runs again (``_settle`` may run twice for the future it cut short)."""
+    i = start
+    try:
+        while i < len(done):
+            _settle(*done[i])
+            i += 1
+    finally:
+        if i < len(done):
+            done[i][0].get_loop().call_soon(_settle_all, done, i)
 
 
 class _OpFuture(asyncio.Future):
