@@ -51,8 +51,9 @@ _INT = host.Configured(add_scalar_kernel)
 _FLOAT = host.Configured(add_scalar_float_kernel)
 
 
-def _launch(name: str, configured, x, out, block: int, *scalar):
+def _launch(name: str, configured, x, out, block: int, pdl, trigger_early, *scalar):
     """``configured``'s kernel from ``x`` into ``out`` (checked, or allocated) by tiles."""
+    pdl, trigger_early = host.pdl_flags(name, pdl, trigger_early)
     host.check_value(f"{name}: x", x)
     if x.dtype not in DTYPES:
         raise ArgumentError(f"{name}: x has dtype {x.dtype!r}; this op takes float32, "
@@ -62,17 +63,21 @@ def _launch(name: str, configured, x, out, block: int, *scalar):
     (xv,), zv = host.elementwise_views(name, [x], z)
     tile = host.elementwise_tile(tuple(zv.shape), min(block, host.next_pow2(max(1, z.numel))))
     warps = host.warps_for(tile[0] if len(tile) == 1 else tile[0] * tile[1])
-    op = configured(warps)(*host.inputs(xv), zv.partition(tile), *scalar)
+    op = configured(warps, pdl, trigger_early)(*host.inputs(xv), zv.partition(tile), *scalar)
     return host.returning(op, z)
 
 
 @host.naming_overlaps("out")
-def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
+def add_scalar(x, value, out=None, *, block: int = host.BLOCK, pdl: bool | None = None,
+               trigger_early: bool = False):
     """``x + value`` element-wise (same dtype out; see the module docstring for the dtypes).
 
     ``value``: an int (any ``x``; for an int tensor, within int32) or a float (float ``x``
-    only); numpy scalars too. ``block``: elements per program, a power of two. Returns a
-    ``DeviceOp`` whose output is the result (``out`` when given; it must not overlap ``x``).
+    only); numpy scalars too. ``block``: elements per program, a power of two. ``pdl``
+    (default: on Hopper and later): programmatic dependent launch, every load after the
+    wait; ``trigger_early`` (with ``pdl``): the next kernel may be scheduled as soon as this
+    one's programs start. Returns a ``DeviceOp`` whose output is the result (``out`` when
+    given; it must not overlap ``x``).
     """
     name = "ops.add_scalar"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -85,7 +90,7 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
         except OverflowError:
             raise ArgumentError(f"{name}: value {value} is too large for a float (the "
                                 f"kernel's scalar for a float tensor)") from None
-        return _launch(name, _FLOAT, x, out, block, value)
+        return _launch(name, _FLOAT, x, out, block, pdl, trigger_early, value)
     if not isinstance(value, numbers.Integral):
         raise ArgumentError(f"{name}: a float value cannot be added to {x.dtype!r} "
                             f"without converting; pass an int")
@@ -93,15 +98,17 @@ def add_scalar(x, value, out=None, *, block: int = host.BLOCK):
         raise ArgumentError(f"{name}: value {value} does not fit int32, the kernel's scalar "
                             f"for an int tensor; add it in steps within int32 (several "
                             f"add_scalar ops), or add it on the host")
-    return _launch(name, _INT, x, out, block, int(value))
+    return _launch(name, _INT, x, out, block, pdl, trigger_early, int(value))
 
 
 @host.naming_overlaps("out")
-def copy(x, out, *, block: int = host.BLOCK):
+def copy(x, out, *, block: int = host.BLOCK, pdl: bool | None = None,
+         trigger_early: bool = False):
     """Copy ``x`` into ``out`` (same shape and dtype, no overlap), bit for bit.
 
-    Returns a ``DeviceOp`` whose output is ``out``."""
+    ``pdl``, ``trigger_early``: as :func:`add_scalar`. Returns a ``DeviceOp`` whose output
+    is ``out``."""
     if out is None:
         raise ArgumentError("ops.copy: out is required (a copy into a new tensor is "
                             "x.to_torch() on the host, or add_scalar(x, 0))")
-    return _launch("ops.copy", _COPY, x, out, block)
+    return _launch("ops.copy", _COPY, x, out, block, pdl, trigger_early)

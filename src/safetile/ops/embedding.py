@@ -26,11 +26,13 @@ _EMBEDDING = host.Configured(embedding_kernel)
 
 
 @host.naming_overlaps("out")
-def embedding(ids, table, out=None):
+def embedding(ids, table, out=None, *, pdl: bool | None = None, trigger_early: bool = False):
     """The rows of ``table`` (vocab, dim) at ``ids`` (int32 or int64, shape (tokens,)).
 
-    Returns a ``DeviceOp`` whose output is the (tokens, dim) tensor in the table's dtype
-    (``out`` when given)."""
+    ``pdl`` (default: on Hopper and later): programmatic dependent launch, every load after
+    the wait; ``trigger_early`` (with ``pdl``): the next kernel may be scheduled as soon as
+    this one's programs start. Returns a ``DeviceOp`` whose output is the (tokens, dim)
+    tensor in the table's dtype (``out`` when given)."""
     host.check_value("ops.embedding: ids", ids)
     host.check_value("ops.embedding: table", table)
     if ids.ndim != 1:
@@ -42,9 +44,10 @@ def embedding(ids, table, out=None):
     host.check_dtype("ops.embedding: table", table, st.floats)
     if ids.device != table.device:
         raise ArgumentError(f"ops.embedding: ids on {ids.device}, table on {table.device}")
+    pdl, trigger_early = host.pdl_flags("ops.embedding", pdl, trigger_early)
     shape = (ids.shape[0], table.shape[1])
     z = host.output("ops.embedding: out", out, shape, table.dtype, table.device)
     tile = (1, min(host.next_pow2(shape[1]), host.BLOCK))
-    op = _EMBEDDING(host.warps_for(tile[1]))(*host.inputs(ids, table),
+    op = _EMBEDDING(host.warps_for(tile[1]), pdl, trigger_early)(*host.inputs(ids, table),
                                               host.owned_view(z, shape).partition(tile))
     return host.returning(op, z)

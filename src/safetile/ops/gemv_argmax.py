@@ -149,6 +149,6 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     nb = host.next_pow2(blocks)
 
     def stage2(*_):
-        return _FINAL(min(16, host.warps_for(nb)))(
+        return _FINAL(min(16, host.warps_for(nb)), cfg.pdl)(
             *host.inputs(ws.values, ws.indices), zv.partition((1,)), nb)
     return host.reserving(host.returning(stage1.then(stage2), (y, z)), name, {"token": z})

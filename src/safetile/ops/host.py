@@ -422,18 +422,21 @@ def later_input(v):
 
 
 class Configured:
-    """Per-num_warps copies of a kernel, made once (``kernel.options`` copies the kernel)."""
+    """Per-options copies of a kernel (``num_warps``, and the ``pdl`` and ``trigger_early``
+    flags), made once (``kernel.options`` copies the kernel)."""
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self._by_warps: dict = {}
+        self._by_options: dict = {}
 
-    def __call__(self, num_warps: int):
+    def __call__(self, num_warps: int, pdl: bool = False, trigger_early: bool = False):
         if type(num_warps) is not int:
             # Not a cache key: a list is unhashable, and 4.0 or True would find the copy made
             # for 4 or 1. kernel.options refuses it (ArgumentError naming num_warps).
             return self.kernel.options(num_warps=num_warps)
-        k = self._by_warps.get(num_warps)
+        key = (num_warps, pdl, trigger_early)
+        k = self._by_options.get(key)
         if k is None:
-            k = self._by_warps[num_warps] = self.kernel.options(num_warps=num_warps)
+            k = self._by_options[key] = self.kernel.options(
+                num_warps=num_warps, pdl=pdl, trigger_early=pdl and trigger_early)
         return k
