@@ -19,7 +19,7 @@ from safetile.ops import host
 @pytest.fixture(params=["cache of one slab", "cache longer than one slab"])
 def gpu_chunk_records(request, checkpoints, monkeypatch):
     """The kernel launches of a two-step chunk of both step kinds (short and split
-    attention), one list a chunk, of an engine configured as on an H200 with early
+    attention), greedy and sampling, one list a chunk, of an engine configured as on an H200 with early
     triggers: with a 512-row cache, and with one longer than an append program's slab (the
     rotation and the append then two kernels)."""
     monkeypatch.setattr(host, "pdl_available", lambda: True)
@@ -33,8 +33,8 @@ def gpu_chunk_records(request, checkpoints, monkeypatch):
     r = eng.runner
     r.gemm.cpu, r.gemm.trigger_early = False, True     # the GPU's gemv configs and signals
     r.buf.fuse_head(r.w.lm_head, r.gemm)
-    chunks = [[rec for rec in r.chunk(True, 2, short).records if isinstance(rec, KernelOp)]
-              for short in (True, False)]
+    chunks = [[rec for rec in r.chunk(greedy, 2, short).records if isinstance(rec, KernelOp)]
+              for greedy in (True, False) for short in (True, False)]
     yield chunks
     chunks.clear()                      # pytest keeps the fixture value past the teardown
     del eng, r

@@ -336,11 +336,13 @@ def _check(logits, params, key, counter, ws: SamplerWorkspace) -> int:
 
 
 def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace | None = None,
-           *, passes: int = PASSES):
+           *, passes: int = PASSES, pdl: bool | None = None):
     """One token drawn from ``logits`` (n,) under ``params``, ``key`` and ``counter`` (see the
     module docstring). Returns a ``DeviceOp`` whose output is a (1,) int tensor (``out``, or
     int32). Pass ``out`` and ``workspace`` (:func:`sampler_workspace`) to allocate nothing.
-    ``passes``: search passes per filter, an int in [1, ``MAX_PASSES``]."""
+    ``passes``: search passes per filter, an int in [1, ``MAX_PASSES``]. ``pdl`` (default:
+    on Hopper and later): each of the op's launches with programmatic dependent launch,
+    every load after the wait."""
     host.check_value("ops.sample: logits", logits)
     if isinstance(logits, Tensor) and logits.ndim == 2 and logits.shape[0] == 1:
         logits = logits.view(-1)
@@ -350,6 +352,7 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     host.check_dtype("ops.sample: logits", logits, st.floats)
     n = logits.shape[-1]
     passes = host.check_int("ops.sample: passes", passes, 1, MAX_PASSES)
+    pdl = host.pdl_flags("ops.sample", pdl, False)[0]
     if n == 0:
         raise ArgumentError("ops.sample: there is no token to draw from 0 logits")
     if out is not None:
@@ -384,28 +387,28 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     def rows(t):
         return t.view(tuple(t.shape)).partition((1, t.shape[1]))
 
-    op = stats_kernel.options(num_warps=warps)(b(logits), b(params), rows(ws.stats), blk)
-    op = op.then(lambda *_: init_kernel(b(ws.stats), b(params),
-                                        ws.states[0].view(SLOTS).partition((SLOTS,)), n,
-                                        host.next_pow2(nb)))
+    one, wide = dict(pdl=pdl), dict(num_warps=warps, pdl=pdl)    # each launch's options
+    op = stats_kernel.options(**wide)(b(logits), b(params), rows(ws.stats), blk)
+    op = op.then(lambda *_: init_kernel.options(**one)(
+        b(ws.stats), b(params), ws.states[0].view(SLOTS).partition((SLOTS,)), n,
+        host.next_pow2(nb)))
     state = 0
     for phase in (0, 1):
         for p in range(passes):
             src, dst = ws.states[state], ws.states[1 - state]
-            op = op.then(lambda *_, src=src, phase=phase: search_kernel.options(num_warps=warps)(
+            op = op.then(lambda *_, src=src, phase=phase: search_kernel.options(**wide)(
                 b(logits), b(src), b(params), rows(ws.counts), rows(ws.masses), blk, phase))
             op = op.then(lambda *_, src=src, dst=dst, phase=phase, last=(
-                phase == 0 and p == passes - 1): step_kernel(
+                phase == 0 and p == passes - 1): step_kernel.options(**one)(
                     b(ws.counts), b(ws.masses), b(src), b(params),
                     dst.view(SLOTS).partition((SLOTS,)), n, host.next_pow2(nb), phase, last))
             state = 1 - state
     final = ws.states[state]
-    op = op.then(lambda *_: draw_kernel.options(num_warps=warps)(
+    op = op.then(lambda *_: draw_kernel.options(**wide)(
         b(logits), b(final), b(params), b(key), b(counter),
         ws.values.view(nb).partition((1,)), ws.indices.view(nb).partition((1,)), blk))
-    op = op.then(lambda *_: argmax_final_kernel(b(ws.values), b(ws.indices),
-                                                zv.partition((1,)),
-                                                host.next_pow2(nb)))
+    op = op.then(lambda *_: argmax_final_kernel.options(**one)(
+        b(ws.values), b(ws.indices), zv.partition((1,)), host.next_pow2(nb)))
     return host.reserving(host.returning(op, z), "ops.sample", {
         "out": z, "workspace.states[0]": ws.states[0], "workspace.states[1]": ws.states[1],
         "workspace.counts": ws.counts, "workspace.masses": ws.masses,
