@@ -43,6 +43,7 @@ from decode_variants import (CHILD, LONG_PROMPT, PROMPT, VARIANTS, Reference, Va
                              build_model, bytes_per_token, prompt_ids)
 
 COPY_TBS = 4.26
+WARM_UP_TOKENS = 9          # past grout's longest chunk of decode steps (recorded on first use)
 
 
 def sync():
@@ -65,7 +66,7 @@ def measure(variant: Variant, model, lengths: list, repeats: int, device) -> lis
     vocab = model.config.vocab_size
     p18, p1k = prompt_ids(PROMPT, vocab, device), prompt_ids(LONG_PROMPT, vocab, device)
     reps = 1 if variant.slow else repeats
-    variant.generate(p18, 2)                  # warm-up: first-shape costs (kernel choices,
+    variant.generate(p18, WARM_UP_TOKENS)     # warm-up: first-shape costs (kernel choices,
     variant.generate(p1k, 1)                  # graphs, cache allocation) stay out of the figures
     ttft = statistics.median(timed(lambda: variant.generate(p18, 1)) for _ in range(reps))
     ttft_1k = statistics.median(timed(lambda: variant.generate(p1k, 1)) for _ in range(reps))
