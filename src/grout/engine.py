@@ -259,9 +259,10 @@ class Engine:
             with dropping_locals(), st.backend(self.backend):
                 token = self.runner.begin(ids, params, key, sampling.greedy)
                 lp = step_logprobs(self.runner, token, logprobs)
-                # Recorded (on first use) before the first token is shown: a progress bar
-                # drawn after it would clear the line the token was printed on.
-                self.runner.prepare(sampling.greedy, max_new_tokens - 1)
+                if max_new_tokens > 1 and self.runner.graphable():
+                    # Recorded (on first use) before the first token is shown: a progress
+                    # bar drawn after it would clear the line the token was printed on.
+                    self.runner.graph(sampling.greedy, self.runner.short())
             stream.decoded = 1
         decoder, text, emitted = StreamDecoder(self.tokenizer), "", 0
         tail = StopTail(stops)

@@ -260,19 +260,6 @@ class Runner:
                     f"{' (short context)' if kind else ''}", self.progress)
         return self.chunks[(greedy, n, short)]
 
-    def prepare(self, greedy: bool, steps: int) -> None:
-        """Record (those not yet recorded) the graphs that ``steps`` decode steps from here
-        may replay: the one-step graph and the chunks of up to ``steps`` steps, so that no
-        recording (nor its progress bar) falls between two tokens of a stream."""
-        if not self.graphable() or steps < 1:
-            return
-        short = self.short()
-        self.graph(greedy, short)
-        n = 2
-        while n <= min(steps, self.max_chunk):
-            self.chunk(greedy, n, short)
-            n *= 2
-
     def chunk_size(self, wanted: int) -> int:
         """The largest chunk (a power of two up to ``max_chunk``) of at most ``wanted``
         steps that does not cross from short-context steps to long ones; 1 where the step

@@ -22,17 +22,14 @@ FAULT_HEADER = "x-grout-fault"
 def warm_up(engine: Any) -> Any:
     """Run a short greedy and a short sampled generation (with logprobs); returns ``engine``.
 
-    The warm-up compiles every kernel a request uses and records both decode graphs and
-    their chunks, so that ``/health`` says ok only when the first request will be served at
-    full speed.
+    The warm-up compiles every kernel a request uses and records both decode graphs, so that
+    ``/health`` says ok only when the first request will be served at full speed.
     """
     # One token id: text could tokenize longer than a short context, or into ids past a
-    # model vocabulary smaller than its tokenizer's, and fail the load. Enough new tokens
-    # to record the longest chunk of decode steps, as far as the context allows.
+    # model vocabulary smaller than its tokenizer's, and fail the load.
     ids = [0]
-    tokens = max(1, min(engine.runner.max_chunk + 1, engine.max_seq_len - len(ids)))
     for temperature in (0.0, 1.0):
-        for _ in engine.stream(ids, max_new_tokens=tokens, temperature=temperature, seed=0,
+        for _ in engine.stream(ids, max_new_tokens=2, temperature=temperature, seed=0,
                                logprobs=1):
             pass
     return engine
