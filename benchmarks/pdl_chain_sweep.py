@@ -14,8 +14,8 @@ while the step is recorded) and ``attention`` (option ``trigger``: 1 makes the a
 kernels signal at their start, 0 after their wait) and ``boundary`` (option ``pdl``: the
 step's small kernels between one lm_head and the next layer 0 (the argmax's final kernel,
 the cursor's advance, the token's copy into the history, the embedding) with programmatic
-launch or, 0, in plain stream order; ``inline=1``: a chunk recorded as launches of the
-one-step graph, whose first kernel then launches in plain order). One engine (random weights of the named
+launch or, 0, in plain stream order; the embedding, a step graph's first launch, goes in
+plain order either way). One engine (random weights of the named
 shape) prefills ``--start`` tokens; each variant's graphs are recorded once, then chunks of
 8 steps from that position are timed for every variant in turn, median over repeats. The
 launch order changes no value, so every variant's greedy tokens must equal the default's.
@@ -33,7 +33,7 @@ from step_sweep import engine, median_us, record
 VARIANTS = {
     "max_running": [dict(n=16), dict(n=64), dict(n=1000)],
     "attention": [dict(trigger=1), dict(trigger=1, n=1000)],
-    "boundary": [dict(pdl=0), dict(pdl=0, inline=1)],
+    "boundary": [dict(pdl=0)],
 }
 BOUNDARY = ("copy", "add_scalar", "embedding")     # the ops the boundary role forces
 
@@ -59,22 +59,6 @@ class PlainFinal:
 
     def __call__(self, num_warps, pdl=False, trigger_early=False):
         return self.configured(num_warps)
-
-
-def inlined_chunk(runner, greedy: bool, n: int, short: bool = False):
-    """``Runner.chunk`` recorded as ``n`` launches of the one-step graph, each followed by
-    the token's copy into the history."""
-    import safetile as st
-    from safetile import ops
-    for kind in runner._kinds(short):
-        if (greedy, n, kind) not in runner.chunks:
-            one, b = runner.graph(greedy, kind), runner.buf
-            with st.graph_scope() as scope:
-                for i in range(n):
-                    scope.record(one.launch())
-                    scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
-            runner.chunks[(greedy, n, kind)] = scope.graph
-    return runner.chunks[(greedy, n, short)]
 
 
 def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
@@ -103,13 +87,10 @@ def sweep(name: str, repeats: int, chosen: list[tuple[str, dict]],
         final = gemv_argmax._FINAL
         if role == "boundary" and not override["pdl"]:
             gemv_argmax._FINAL = PlainFinal(final)
-        if override.get("inline"):
-            r.chunk = functools.partial(inlined_chunk, r)
         try:
             yield
         finally:
             kernel_op.MAX_RUNNING, gemv_argmax._FINAL = cap, final
-            r.__dict__.pop("chunk", None)
             for name, op in saved.items():
                 setattr(ops, name, op)
 

@@ -245,19 +245,16 @@ class Runner:
 
     def chunk(self, greedy: bool, n: int, short: bool = False) -> st.Graph:
         """The graph of ``n`` decode steps, each token copied to ``history[i]`` (recorded
-        on first use, with the other attention kind's). The steps' ops are recorded one
-        after another rather than as launches of the one-step graph, whose first kernel
-        must launch in plain stream order: so programmatic launch carries across steps."""
+        on first use, with the other attention kind's)."""
         b = self.buf
         for kind in self._kinds(short):
             if (greedy, n, kind) not in self.chunks:
-                steps: list = []
-                for i in range(n):
-                    steps += self.decode_steps(greedy, kind)
-                    steps.append(lambda i=i: ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
-                self.chunks[(greedy, n, kind)] = record_steps(
-                    steps, f"recording {n} {'greedy' if greedy else 'sampling'} decode steps"
-                    f"{' (short context)' if kind else ''}", self.progress)
+                one = self.graph(greedy, kind)
+                with st.graph_scope() as scope:
+                    for i in range(n):
+                        scope.record(one.launch())
+                        scope.record(ops.copy(b.token, out=b.history.slice(0, i, i + 1)))
+                self.chunks[(greedy, n, kind)] = scope.graph
         return self.chunks[(greedy, n, short)]
 
     def chunk_size(self, wanted: int) -> int:

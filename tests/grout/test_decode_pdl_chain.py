@@ -1,9 +1,9 @@
 """The fused step's chains of programmatic dependent launches, as recorded for a Hopper GPU:
 each layer's chain of early signals ends at its attention, so no launch of the step outgrows
-the launcher's bound on what may still run (``kernel_op.MAX_RUNNING``), a cache longer
+the launcher's bound on what may still run (``kernel_op.MAX_RUNNING``), and a cache longer
 than one append program's slab appends in a launch of its own rather than after a callback,
-and a chunk of steps records their kernels one after another, so every PDL launch of a
-decode chunk but its first keeps programmatic launch. Recorded here with the GPU's configurations
+so every launch of a step but its first (a graph's first launch goes in plain order) keeps
+programmatic launch, the step's small kernels too. Recorded here with the GPU's configurations
 (PDL forced on); the GPU tests run them."""
 import gc
 
@@ -17,9 +17,9 @@ from safetile.ops import host
 
 
 @pytest.fixture(params=["cache of one slab", "cache longer than one slab"])
-def gpu_chunk_records(request, checkpoints, monkeypatch):
-    """The kernel launches of a two-step chunk of both step kinds (short and split
-    attention), greedy and sampling, one list a chunk, of an engine configured as on an H200 with early
+def gpu_step_graphs(request, checkpoints, monkeypatch):
+    """The kernel launches of both recorded step kinds (short and split attention), greedy
+    and sampling, one list a step graph, of an engine configured as on an H200 with early
     triggers: with a 512-row cache, and with one longer than an append program's slab (the
     rotation and the append then two kernels)."""
     monkeypatch.setattr(host, "pdl_available", lambda: True)
@@ -33,25 +33,25 @@ def gpu_chunk_records(request, checkpoints, monkeypatch):
     r = eng.runner
     r.gemm.cpu, r.gemm.trigger_early = False, True     # the GPU's gemv configs and signals
     r.buf.fuse_head(r.w.lm_head, r.gemm)
-    chunks = [[rec for rec in r.chunk(greedy, 2, short).records if isinstance(rec, KernelOp)]
+    graphs = [[rec for rec in r.graph(greedy, short).records if isinstance(rec, KernelOp)]
               for greedy in (True, False) for short in (True, False)]
-    yield chunks
-    chunks.clear()                      # pytest keeps the fixture value past the teardown
+    yield graphs
+    graphs.clear()                      # pytest keeps the fixture value past the teardown
     del eng, r
     gc.collect()
 
 
 @pytest.fixture
-def gpu_step_records(gpu_chunk_records):
-    return [rec for chunk in gpu_chunk_records for rec in chunk]
+def gpu_step_records(gpu_step_graphs):
+    return [rec for step in gpu_step_graphs for rec in step]
 
 
-def test_every_launch_of_a_decode_chunk_but_its_first_keeps_programmatic_launch(
-        gpu_chunk_records):
-    for chunk in gpu_chunk_records:
-        assert [rec.kernel.name for rec in chunk if not rec.kernel.opts.get("pdl")] == []
-        assert [i for i, rec in enumerate(chunk) if rec.serial] == [0]
-        assert all(len(rec._running) <= MAX_RUNNING for rec in chunk)
+def test_every_launch_of_a_decode_step_but_its_first_keeps_programmatic_launch(
+        gpu_step_graphs):
+    for step in gpu_step_graphs:
+        assert [rec.kernel.name for rec in step if not rec.kernel.opts.get("pdl")] == []
+        assert [i for i, rec in enumerate(step) if rec.serial] == [0]
+        assert all(len(rec._running) <= MAX_RUNNING for rec in step)
 
 
 def test_the_attention_kernels_signal_after_their_wait(gpu_step_records):
