@@ -30,11 +30,19 @@ MAX_DIM = _sem.MAX_DIM
 CUDA_GRID = (2**31 - 1, 65535, 65535)      # the most programs per launch axis
 
 
+def _is_int(x) -> bool:
+    """An int argument (a bool is none)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_float(x) -> bool:
+    """A float argument: a float, or an int (a bool is neither)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 # What each Const kind takes, in the order a value's kind is looked for in a union (a bool
 # is no int, an int is a float only where the Const takes no int).
-_CONST_OK = ((bool, lambda x: isinstance(x, bool)),
-             (int, lambda x: isinstance(x, int) and not isinstance(x, bool)),
-             (float, lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)),
+_CONST_OK = ((bool, lambda x: isinstance(x, bool)), (int, _is_int), (float, _is_float),
              (DType, lambda x: any(x is d for d in _ALL_DTYPES)))
 
 
@@ -163,7 +171,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             v = int.__int__(v)
         return BoundArg(name, spec, v)
     if kind == "int":
-        if not isinstance(v, int) or isinstance(v, bool):
+        if not _is_int(v):
             raise _scalar_fail(kernel, name, "expects an int, got", v, int)
         # An int subclass becomes its plain value (its own methods are not consulted): the
         # range check, the variant's specialization and the launch all see that one value.
@@ -174,7 +182,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                       f"st.Const[int] (compile-time) or split the work")
         return BoundArg(name, spec, v)
     if kind == "float":
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if not _is_float(v):
             raise _scalar_fail(kernel, name, "expects a float, got", v, float)
         return BoundArg(name, spec, _as_float(kernel, name, v))
     raise AssertionError(kind)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from ..dtypes import DType, dtype_members
 from ..lang.views import InView, OutView, PtrView
@@ -17,12 +17,7 @@ class ParamSpec:
     kind: str
     dtypes: tuple = ()                 # admissible DTypes for In/Out/Ptr
     rank: Optional[int] = None         # None: any rank
-    const_type: Any = None             # int | float | bool | DType for Const (a tuple: a union)
-
-    @property
-    def const_kinds(self) -> tuple:
-        """The kinds a Const takes: one, or the members of a union (``st.Const[int | float]``)."""
-        return self.const_type if isinstance(self.const_type, tuple) else (self.const_type,)
+    const_kinds: tuple = ()            # Const: the kinds it takes (int, float, bool, DType)
 
     def describe(self) -> str:
         if self.kind in ("int", "float"):
@@ -124,7 +119,7 @@ class Const:
             which = f" ({names} {'is' if len(bad) == 1 else 'are'} none of them)" if union else ""
             return BadAnnotation(f"st.Const takes int, float, bool or st.dtype, or a union of "
                                  f"them (st.Const[int | float]), got {item!r}{which}")
-        return ParamSpec("Const", const_type=kinds if union else item)
+        return ParamSpec("Const", const_kinds=kinds)
 
 
 SCALARS = {int: ParamSpec("int"), float: ParamSpec("float")}

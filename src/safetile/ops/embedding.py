@@ -48,6 +48,6 @@ def embedding(ids, table, out=None, *, pdl: bool | None = None, trigger_early: b
     shape = (ids.shape[0], table.shape[1])
     z = host.output("ops.embedding: out", out, shape, table.dtype, table.device)
     tile = (1, min(host.next_pow2(shape[1]), host.BLOCK))
-    op = _EMBEDDING(host.warps_for(tile[1]), pdl, trigger_early)(*host.inputs(ids, table),
-                                              host.owned_view(z, shape).partition(tile))
+    op = _EMBEDDING(host.warps_for(tile[1]), pdl, trigger_early)(
+        *host.inputs(ids, table), host.owned_view(z, shape).partition(tile))
     return host.returning(op, z)

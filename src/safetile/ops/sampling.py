@@ -387,27 +387,30 @@ def sample(logits, params, key, counter, out=None, workspace: SamplerWorkspace |
     def rows(t):
         return t.view(tuple(t.shape)).partition((1, t.shape[1]))
 
-    one, wide = dict(pdl=pdl), dict(num_warps=warps, pdl=pdl)    # each launch's options
-    op = stats_kernel.options(**wide)(b(logits), b(params), rows(ws.stats), blk)
-    op = op.then(lambda *_: init_kernel.options(**one)(
+    stats_k, search_k, draw_k = (k.options(num_warps=warps, pdl=pdl)
+                                 for k in (stats_kernel, search_kernel, draw_kernel))
+    init_k, step_k, final_k = (k.options(pdl=pdl)
+                               for k in (init_kernel, step_kernel, argmax_final_kernel))
+    op = stats_k(b(logits), b(params), rows(ws.stats), blk)
+    op = op.then(lambda *_: init_k(
         b(ws.stats), b(params), ws.states[0].view(SLOTS).partition((SLOTS,)), n,
         host.next_pow2(nb)))
     state = 0
     for phase in (0, 1):
         for p in range(passes):
             src, dst = ws.states[state], ws.states[1 - state]
-            op = op.then(lambda *_, src=src, phase=phase: search_kernel.options(**wide)(
+            op = op.then(lambda *_, src=src, phase=phase: search_k(
                 b(logits), b(src), b(params), rows(ws.counts), rows(ws.masses), blk, phase))
             op = op.then(lambda *_, src=src, dst=dst, phase=phase, last=(
-                phase == 0 and p == passes - 1): step_kernel.options(**one)(
+                phase == 0 and p == passes - 1): step_k(
                     b(ws.counts), b(ws.masses), b(src), b(params),
                     dst.view(SLOTS).partition((SLOTS,)), n, host.next_pow2(nb), phase, last))
             state = 1 - state
     final = ws.states[state]
-    op = op.then(lambda *_: draw_kernel.options(**wide)(
+    op = op.then(lambda *_: draw_k(
         b(logits), b(final), b(params), b(key), b(counter),
         ws.values.view(nb).partition((1,)), ws.indices.view(nb).partition((1,)), blk))
-    op = op.then(lambda *_: argmax_final_kernel.options(**one)(
+    op = op.then(lambda *_: final_k(
         b(ws.values), b(ws.indices), zv.partition((1,)), host.next_pow2(nb)))
     return host.reserving(host.returning(op, z), "ops.sample", {
         "out": z, "workspace.states[0]": ws.states[0], "workspace.states[1]": ws.states[1],

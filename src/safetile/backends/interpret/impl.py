@@ -99,11 +99,11 @@ class Implementation:
         return Tile(torch.arange(n, dtype=torch.int32))
 
     def full(self, shape, value, dtype):
-        shape = tile_shape(shape, _rank(shape), "sl.full shape")
+        shape = tile_shape(shape, len(tuple(shape)), "sl.full shape")
         return Tile(arith.fill(shape, raw(value), dtype))
 
     def zeros(self, shape, dtype):
-        shape = tile_shape(shape, _rank(shape), "sl.zeros shape")
+        shape = tile_shape(shape, len(tuple(shape)), "sl.zeros shape")
         return Tile(torch.zeros(shape, dtype=dtype.torch))
 
     # A launch has three axes, as on the GPU: past the grid's own, one program each.
@@ -134,7 +134,7 @@ class Implementation:
 
 def _rank(shape) -> int:
     """The rank of a shape: one axis for a bare int (Triton's reshape and broadcast_to take
-    one; the type check refuses it for full and zeros, which Triton does not)."""
+    one)."""
     return len(shape) if isinstance(shape, (tuple, list)) else 1
 
 
