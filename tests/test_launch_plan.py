@@ -103,6 +103,27 @@ def test_scalars_must_be_the_same_value_of_the_same_type():
     assert type(a) is float and a == 2.0                       # the recovered value is the float
 
 
+def test_an_int_passed_for_a_float_reuses_its_plan_and_comes_back_as_the_float():
+    x, z = st.ones((4,)), st.empty((4,)).partition((4,))
+    x, z, a = axpy(x, z, 3).sync()
+    assert _cached(axpy, x, z, 3) is not None                  # matched as the int passed
+    assert _cached(axpy, x, z, 3.0) is None
+    for _ in range(2):                                         # through the cached plan
+        x, z, a = axpy(x, z, 3).sync()
+        assert type(a) is float and a == 3.0
+    assert z.unpartition().to_torch().tolist() == [3.0] * 4
+
+
+def test_a_launch_with_a_numpy_scalar_is_not_cached_and_keeps_the_plan_before_it():
+    import numpy as np
+    x, z = st.ones((4,)), st.empty((4,)).partition((4,))
+    x, z, a = axpy(x, z, 2.0).sync()
+    x, z, a = axpy(x, z, np.float64(2.0)).sync()
+    assert type(a) is float and a == 2.0
+    assert _cached(axpy, x, z, np.float64(2.0)) is None
+    assert _cached(axpy, x, z, 2.0) is not None
+
+
 def test_a_plan_is_not_reused_under_another_backend_choice():
     x, y, z = st.ones((8,)), st.ones((8,)), st.empty((8,)).partition((4,))
     with st.backend("interpret", seed=1):

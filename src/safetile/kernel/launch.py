@@ -150,6 +150,13 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                           f"with grid {v._order.grid}; partition it again")
             return BoundArg(name, spec, v, t, v._tile_shape, v._order)
         return BoundArg(name, spec, v, t)
+    value = _scalar(kernel, name, spec, v)
+    return BoundArg(name, spec, value, given=None if value is v else v)
+
+
+def _scalar(kernel, name, spec, v):
+    """A scalar or Const argument as the kernel takes it (checked)."""
+    kind = spec.kind
     if kind in ("Const", "int", "float") and type(v).__module__ == "numpy" and \
             getattr(v, "ndim", None) == 0:
         v = v.item()                  # a numpy scalar: the Python number it holds
@@ -166,10 +173,10 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             want = float if float in kinds else int if int in kinds else kinds[0]
             raise _scalar_fail(kernel, name, f"{spec.describe()} got", v, want)
         if as_kind is float:
-            v = _as_float(kernel, name, v)
-        elif as_kind is int:
-            v = int.__int__(v)
-        return BoundArg(name, spec, v)
+            return _as_float(kernel, name, v)
+        if as_kind is int:
+            return int.__int__(v)
+        return v
     if kind == "int":
         if not _is_int(v):
             raise _scalar_fail(kernel, name, "expects an int, got", v, int)
@@ -180,11 +187,11 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
             raise _fail(kernel, name, f"int {v} does not fit in int32, the type of int "
                                       f"parameters inside a kernel; pass it as an "
                                       f"st.Const[int] (compile-time) or split the work")
-        return BoundArg(name, spec, v)
+        return v
     if kind == "float":
         if not _is_float(v):
             raise _scalar_fail(kernel, name, "expects a float, got", v, float)
-        return BoundArg(name, spec, _as_float(kernel, name, v))
+        return _as_float(kernel, name, v)
     raise AssertionError(kind)
 
 
@@ -300,10 +307,10 @@ def launch(kernel, args, kwargs):
             extents = borrows.prepare(holder, reads, writes)
             plan = LaunchPlan(kernel, bound, grid, choice, extents, holder, where)
             values = tuple([b.value for b in bound])
-            if not kwargs:
+            if not kwargs and plan.cacheable:
                 cache.remember(args, plan)
         else:
-            values = args                     # a plan matches only canonical values
+            values = plan.values(args)
         moves = plan.moves
         with LOCK:
             for i, _ in moves:

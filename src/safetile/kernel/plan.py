@@ -16,8 +16,11 @@ binary), for the exact arguments of one launch. A later launch reuses a plan onl
   storage still reaches the plan's last byte: a storage shrunk through a torch alias is
   reallocated, and the allocator may hand the new, smaller block the old address, so the
   pointer alone cannot tell (the launch would write past the block's end);
-* every scalar is the same value of the same type (``-0.0`` and ``0.0`` differ; NaN never
-  matches), so a plan's recovered values are the arguments themselves;
+* every scalar is the same value of the same type as it was passed (``-0.0`` and ``0.0``
+  differ; NaN never matches), so the plan's values as the kernel takes them (an int passed
+  for a float parameter becomes a float) apply. Only plain scalars (int, float, bool, a
+  dtype) are compared so: a plan whose launch was passed another kind (a numpy scalar, an
+  int subclass) is not cached, as its ``==`` is not ours to trust;
 * the backend and the kernel's options are the same objects.
 
 Anything else (another handle, e.g. the Partition made by a new ``partition()`` call) makes
@@ -30,8 +33,14 @@ import math
 import weakref
 from dataclasses import dataclass
 
+import torch
+
+from ..dtypes import DType
 from ..tensor.borrows import by_device
 from ..tensor.overlap import Extent
+
+# Scalar types whose ``==`` a plan may trust to tell one launch's value from another's.
+PLAIN_SCALARS = frozenset({int, float, bool, DType, torch.dtype})
 
 
 @dataclass(slots=True)
@@ -40,10 +49,16 @@ class BoundArg:
 
     name: str
     spec: object            # ParamSpec
-    value: object           # the handle or scalar as passed
+    value: object           # the handle, or the scalar as the kernel takes it
     torch: object = None    # the underlying torch tensor for tensor kinds
     tile: tuple = None      # Out: tile shape
     order: object = None    # Out: ProgramOrder
+    given: object = None    # a scalar as passed, if not ``value``
+
+    @property
+    def passed(self):
+        """The argument as the caller passed it."""
+        return self.value if self.given is None else self.given
 
 
 class LaunchPlan:
@@ -51,28 +66,32 @@ class LaunchPlan:
 
     ``tensors``: per tensor argument ``(position, handle ref, torch ref, data_ptr, shape,
     strides, dtype, end)``, ``end`` the address past its last byte (0 for an empty tensor);
-    ``scalars``: ``(position, value)``; ``moves``: ``(position, "moved into" text)`` per
-    handle, at its first position (a Shared handle passed for several ``In`` parameters is
-    moved in, and handed back, once); ``params``: ``(name, spec, tile, order, is_tensor)`` per
-    parameter, to rebuild ``BoundArg`` lists; ``extents``: the borrows' byte extents (checked
-    against each other); ``gpu``: what the backend derives once per plan
-    (``backends/triton/launch.py``: the variant, binary and packed arguments).
+    ``scalars``: ``(position, value as passed)``; ``converted``: ``(position, value as the
+    kernel takes it)`` for the scalars passed otherwise (the op holds and hands back those);
+    ``cacheable``: every scalar was passed as a plain value; ``moves``: ``(position, "moved
+    into" text)`` per handle, at its first position (a Shared handle passed for several
+    ``In`` parameters is moved in, and handed back, once); ``params``: ``(name, spec, tile,
+    order, is_tensor)`` per parameter, to rebuild ``BoundArg`` lists; ``extents``: the
+    borrows' byte extents (checked against each other); ``gpu``: what the backend derives
+    once per plan (``backends/triton/launch.py``: the variant, binary and packed arguments).
     """
 
     __slots__ = ("choice", "opts", "n", "tensors", "scalars", "moves", "params", "grid",
-                 "extents", "groups", "holder", "gpu", "__weakref__")
+                 "extents", "groups", "holder", "gpu", "converted", "cacheable", "__weakref__")
 
     def __init__(self, kernel, bound, grid, choice, extents, holder, where):
         self.choice = choice
         self.opts = kernel.opts
         self.n = len(bound)
-        tensors, scalars, moves, params = [], [], [], []
+        tensors, scalars, moves, params, converted = [], [], [], [], []
         moved: set = set()
         for i, b in enumerate(bound):
             t = b.torch
             params.append((b.name, b.spec, b.tile, b.order, t is not None))
             if t is None:
-                scalars.append((i, b.value))
+                scalars.append((i, b.passed))
+                if b.given is not None:
+                    converted.append((i, b.value))
             else:
                 end = Extent(t).hi if t.numel() else 0
                 tensors.append((i, weakref.ref(b.value, self._forget), weakref.ref(t),
@@ -81,6 +100,8 @@ class LaunchPlan:
                     moved.add(id(b.value))
                     moves.append((i, where[b.name]))
         self.tensors, self.scalars = tuple(tensors), tuple(scalars)
+        self.converted = tuple(converted)
+        self.cacheable = all(type(v) in PLAIN_SCALARS for _, v in scalars)
         self.moves, self.params = tuple(moves), tuple(params)
         self.grid = grid
         self.extents = extents
@@ -97,6 +118,16 @@ class LaunchPlan:
         """The arguments ``values`` (this plan's own) as ``BoundArg``s."""
         return [BoundArg(name, spec, v, v._torch if is_tensor else None, tile, order)
                 for (name, spec, tile, order, is_tensor), v in zip(self.params, values)]
+
+    def values(self, args: tuple) -> tuple:
+        """What a launch with ``args`` (matched) holds and hands back: the arguments, each
+        scalar as the kernel takes it."""
+        if not self.converted:
+            return args
+        values = list(args)
+        for i, v in self.converted:
+            values[i] = v
+        return tuple(values)
 
     def matches(self, args: tuple) -> bool:
         """Whether this plan provably applies to ``args`` (see the module docstring)."""
