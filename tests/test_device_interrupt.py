@@ -55,6 +55,23 @@ def test_an_interrupted_sync_waits_for_the_work_before_ending_its_borrows(stream
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
 
 
+def test_sync_hands_the_values_back_before_its_wait_and_ends_the_borrows_after(monkeypatch):
+    x, y, z = vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,))
+    seen = []
+
+    class Stream:
+        cuda_stream = 0
+
+        def synchronize(self):
+            seen.append(([h._is_live() for h in (x, y, z)], len(active_holds())))
+
+    monkeypatch.setattr(streams, "resolve", lambda stream=None: Stream())
+    x, y, z = add(x, y, z).sync()
+    assert seen == [([True, True, True], 3)]
+    assert active_holds() == []
+    assert z.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
 def test_repeated_interrupts_keep_waiting_until_the_wait_completes(monkeypatch):
     s = InterruptedStream(interrupts=3)
     monkeypatch.setattr(streams, "resolve", lambda stream=None: s)

@@ -183,6 +183,10 @@ class DeviceOp(NoCopies):
                           "blocking it", BlockingSyncWarning, stacklevel=2)
         ctx, out = enqueue(self, stream, "op.sync()")
         try:
+            # The values come back while the device works, as before a `then` callback: the
+            # work is ordered before any later launch on this stream, and its borrows, which
+            # every other use meets, end only once it is complete (ctx.finish, below).
+            ctx.settle()
             if ctx.stream is not None:
                 ctx.stream.synchronize()
         except BaseException as e:                # e.g. KeyboardInterrupt before the wait
