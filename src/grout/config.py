@@ -171,11 +171,20 @@ def _rope_theta(raw: dict, path: Path) -> float:
     return _number(path, "rope_theta", theta, positive=True)
 
 
+def finite(value) -> bool:
+    """Whether the real number ``value`` is finite (an int too large for a float is not:
+    ``math.isfinite`` would raise OverflowError for it)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _number(path, key: str, value, positive: bool = False) -> float:
     """A float field of config.json: finite, and > 0 (``positive``) or >= 0; a NaN or a
     negative rope_theta would load and only make the model's output garbage."""
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and \
-        math.isfinite(value) and (value > 0 if positive else value >= 0)
+        finite(value) and (value > 0 if positive else value >= 0)
     if not ok:
         raise CheckpointError(f"{path}: {key} must be a finite number "
                               f"{'> 0' if positive else '>= 0'}, got {value!r:.60}")

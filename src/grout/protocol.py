@@ -8,11 +8,10 @@ different generation than it asked for; fields that change nothing (``user``, ``
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SAMPLING_KEYS
+from .config import SAMPLING_KEYS, finite
 from .errors import RequestError
 from .tokenizer import check_unicode
 
@@ -362,7 +361,7 @@ def _float(fields: dict[str, Any], name: str, *, default: float,
     value = fields.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not finite(value):
         raise APIError(f"'{name}' must be a finite number, got {shown(value)}", param=name)
     if low is not None and value < low:
         raise APIError(f"'{name}' must be >= {low}, got {shown(value)}", param=name)

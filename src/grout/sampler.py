@@ -7,7 +7,6 @@ two 32-bit words. Without a seed a fresh one is drawn, so only seeded requests r
 """
 from __future__ import annotations
 
-import math
 import numbers
 import secrets
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 import safetile as st
 from safetile import ops
 
+from .config import finite
 from .errors import RequestError
 
 SEED_MIN, SEED_END = -2 ** 63, 2 ** 64
@@ -23,8 +23,8 @@ SEED_MIN, SEED_END = -2 ** 63, 2 ** 64
 def _number(name: str, v) -> float:
     """``v`` as a float: a Python or numpy real number (as safetile's ops take it), finite,
     never a bool."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-        raise RequestError(f"{name} must be a finite number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not finite(v):
+        raise RequestError(f"{name} must be a finite number, got {v!r:.60}")
     return float(v)
 
 

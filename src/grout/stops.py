@@ -11,6 +11,7 @@ in the text generated plus the stops' total length.
 from __future__ import annotations
 
 from .errors import RequestError
+from .tokenizer import check_unicode
 
 
 def stop_strings(stop) -> tuple:
@@ -21,6 +22,8 @@ def stop_strings(stop) -> tuple:
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
         raise RequestError(f"stop must be a non-empty string or a list of them, got "
                            f"{stop!r:.80}")
+    for s in stops:
+        check_unicode(s)          # a lone surrogate has no UTF-8: it could never match
     return tuple(stops)
 
 

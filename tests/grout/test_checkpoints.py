@@ -97,7 +97,8 @@ def test_named_shapes_have_no_sampling_defaults():
 
 @pytest.mark.parametrize("key, value", [("temperature", -0.5), ("temperature", "hot"),
                                         ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-                                        ("top_k", 2.5), ("top_k", True)])
+                                        ("top_k", 2.5), ("top_k", True),
+                                        ("temperature", 10 ** 400)])
 def test_a_sampling_setting_no_request_could_send_is_a_checkpoint_error(checkpoint_copy, key,
                                                                         value):
     from grout.config import from_checkpoint
@@ -170,9 +171,10 @@ def _edit_config(directory, **fields):
     (dict(hidden_size="64", head_dim=None), "hidden_size"),
     (dict(rms_norm_eps="x"), "rms_norm_eps"),
     (dict(rms_norm_eps=float("inf")), "rms_norm_eps"),
+    (dict(rms_norm_eps=10 ** 400), "rms_norm_eps"),
     (dict(tie_word_embeddings="false"), "tie_word_embeddings"),
 ], ids=["theta NaN", "theta negative", "theta text", "rope_scaling text", "rope_parameters text",
-        "architectures int", "zero heads", "hidden_size text", "eps text", "eps infinite",
+        "architectures int", "zero heads", "hidden_size text", "eps text", "eps infinite", "eps past float",
         "tied text"])
 def test_a_bad_config_value_names_the_file_and_field(checkpoint_copy, no_new_holds, fields, field):
     _edit_config(checkpoint_copy, **fields)

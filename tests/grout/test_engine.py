@@ -30,9 +30,12 @@ BAD = [
     (dict(top_p=1.5), "top_p"),
     (dict(temperature=-0.5), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=10 ** 400), "temperature"),         # too large for a float
+    (dict(top_p=10 ** 400), "top_p"),
     (dict(top_k=-3), "top_k"),
     (dict(seed="7"), "seed"),
     (dict(stop=[""]), "stop"),
+    (dict(stop="\ud800"), "Unicode"),                   # a lone surrogate could never match
 ]
 
 

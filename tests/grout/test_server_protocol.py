@@ -140,6 +140,8 @@ def test_include_usage_needs_stream():
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"temperature": -0.1}, "temperature"),
+    ({"temperature": 10 ** 400}, "temperature"),         # an int too large for a float
+    ({"top_p": 10 ** 400}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"n": 2}, "n"),
     ({"best_of": 3}, "best_of"),
