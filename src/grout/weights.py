@@ -72,7 +72,8 @@ class Weights:
 
 def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr,
+    # bytes scale (kB, MB, ...); a count of layers stays a whole number
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=sys.stderr,
                 disable=not enabled, leave=False, dynamic_ncols=True)
 
 
