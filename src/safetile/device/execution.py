@@ -5,7 +5,8 @@ work and returns the op's output. Two things are owed back, at two different tim
 
 - *settle*: the argument handles become usable again. This happens once the work is ordered
   before any later use: before a ``then``/``map`` callback (the next op runs on the same
-  stream, after this one) and when the execution finishes.
+  stream, after this one), before ``sync`` waits (the caller gets the values only after the
+  wait) and when the execution finishes.
 - *finish*: the storage borrows end. This happens only when the work is complete: after the
   stream is synchronized (``sync``), or when the CUDA event of an ``await`` has fired. Until
   then every other launch, thread or host read still meets the borrows (``AliasError`` /
