@@ -339,3 +339,35 @@ def test_futures_left_unresolved_by_an_interrupt_as_they_settle_resolve_when_the
         assert [f.result() for f in futures] == [0, 1, 2]
     finally:
         loop.close()
+
+
+
+@pytest.mark.parametrize("code", ["_new_handle", "Handle.__init__"])
+def test_a_clone_interrupted_as_it_is_built_leaves_the_value_unwrappable(code):
+    from safetile.tensor.ownership import Handle
+    s = st.randn((4,)).share()
+    where = {"_new_handle": st.Shared._new_handle.__func__.__code__,
+             "Handle.__init__": Handle.__init__.__code__}[code]
+    assert isinstance(interrupted(s.clone, where), KeyboardInterrupt)
+    gc.collect()
+    assert s.num_handles == 1                  # no handle counted that does not exist
+    assert s.try_unwrap().shape == (4,) and active_holds() == []
+
+
+def test_an_await_on_the_cpu_interrupted_as_its_future_settles_does_not_hang():
+    import asyncio
+    from safetile.device import aio
+    outcome = []
+
+    async def main():
+        x, y, z = await add(vec(1, 2), vec(3, 4), st.empty((2,)).partition((2,)))
+        outcome.append(z.unpartition().to_torch().tolist())
+
+    def run():
+        outcome.append(interrupted(lambda: asyncio.run(main()), aio._settle.__code__))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "asyncio.run never returned"
+    assert isinstance(outcome[-1], KeyboardInterrupt)

@@ -169,9 +169,11 @@ def test_slice_rejects_non_positive_steps():
 
 
 @pytest.mark.parametrize("index", [lambda t: t.slice(5), lambda t: t.slice(-3), lambda t: t[100],
-                                   lambda t: t[0, 0, 0], lambda t: t[:, -9]],
+                                   lambda t: t[0, 0, 0], lambda t: t[:, -9],
+                                   lambda t: t[2 ** 70], lambda t: t[0, -2 ** 64]],
                          ids=["slice-dim", "slice-negative-dim", "getitem-index",
-                              "getitem-too-many", "getitem-negative-index"])
+                              "getitem-too-many", "getitem-negative-index",
+                              "getitem-past-int64", "getitem-negative-past-int64"])
 def test_an_index_outside_the_tensor_raises_index_out_of_range_error(index):
     t = zeros((8, 8), device="cpu")
     with pytest.raises(IndexOutOfRangeError, match="out of range|too many"):
@@ -267,3 +269,13 @@ def test_exactly_one_of_many_threads_moves_a_tensor_into_an_operation():
         results = [r for r in pool.map(attempt, range(16)) if r is not None]
     assert len(results) == 1
     assert t._moved_to == f"kernel 'k{results[0]}' (t.py:1), argument 'z'"
+
+
+@pytest.mark.parametrize("shape", [2 ** 70, (2 ** 63,), (-2 ** 70, 1)])
+def test_a_view_with_a_dimension_past_int64_is_an_argument_error(shape):
+    t = zeros((4, 4), device="cpu")
+    with pytest.raises(ArgumentError, match="past int64"):
+        t.view(shape)
+    with pytest.raises(ArgumentError, match="past int64"):
+        t.reshape(shape)
+    assert t.shape == (4, 4)                   # not consumed

@@ -95,7 +95,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             except BaseException as e:        # delivered to the awaiter
                 out, error = None, e
             try:
-                loop.call_soon_threadsafe(_settle, fut, out, error)
+                loop.call_soon_threadsafe(_settle_all, [(fut, out, error)])
             except RuntimeError:              # the loop closed meanwhile: nothing to tell
                 pass
         try:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import dtypes as _dtypes
 from ..errors import ArgumentError, BorrowError, HeldInFlightError
 from . import borrows
-from .ownership import LOCK, MOVED, RELEASED, Handle, finalize
+from .ownership import LIVE, LOCK, MOVED, RELEASED, Handle, finalize
 from .tensor import _to_numpy, host_read
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,10 +91,12 @@ class Shared(Handle):
         return cls._new_handle(_SharedCore(tensor, hold))
 
     @classmethod
-    def _new_handle(cls, core: _SharedCore) -> "Shared":
+    def _new_handle(cls, core: _SharedCore, state=None) -> "Shared":
         self = object.__new__(cls)
         Handle.__init__(self)
         self._core = core
+        if state is not None:
+            self._state = state
         return self
 
     # -- for the launcher -------------------------------------------------------------------
@@ -189,8 +191,14 @@ class Shared(Handle):
         """Another read-only handle to the same value."""
         with LOCK:
             self._check("clone it")
-            self._core.handles += 1
-            return Shared._new_handle(self._core)
+            core = self._core
+            # Built released, so that one dropped before it is counted (an interrupt landing
+            # as it is built) ends nothing; no call between the count and the state, so an
+            # interrupt finds both done or neither.
+            clone = Shared._new_handle(core, RELEASED)
+            core.handles += 1
+            clone._state = LIVE
+            return clone
 
     def release(self) -> None:
         """End this handle now (dropping the last reference does the same)."""

@@ -353,6 +353,9 @@ class Tensor(Handle):
         """
         self._check("call .view()")
         shp = _shape_tuple(shape[0] if len(shape) == 1 else shape)
+        if any(not -2**63 <= d < 2**63 for d in shp):    # torch raises a bare TypeError
+            raise ArgumentError(f"cannot view {self._describe()} as {shp}: a dimension is "
+                                f"past int64")
         try:
             return self._derive(self._torch.view(shp), "call .view()")
         except RuntimeError as e:
@@ -405,7 +408,7 @@ class Tensor(Handle):
                     f"advanced indexing would copy; use to_torch() for that") from None
         try:
             view = self._torch[index]
-        except IndexError as e:
+        except (IndexError, ValueError) as e:     # an int past int64 is a ValueError to torch
             raise IndexOutOfRangeError(f"index {index!r} is out of range for "
                                        f"{self._describe()}: {e}") from None
         # torch decides what an index means, not the check above: a 0-d uint8 index is a
