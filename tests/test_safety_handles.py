@@ -158,7 +158,7 @@ def test_a_task_cancelled_after_its_op_completed_still_gets_the_values():
         # the timing a timeout can hit: the task is cancelled in the loop iteration where
         # its op's work completes, before the task resumes
         def call_soon_threadsafe(self, callback, *args, **kwargs):
-            if getattr(callback, "__name__", "") == "_settle" and task:
+            if getattr(callback, "__name__", "") == "_settle_all" and task:
                 def settle_then_cancel():
                     callback(*args)
                     task[0].cancel()
