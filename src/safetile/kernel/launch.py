@@ -310,7 +310,7 @@ def launch(kernel, args, kwargs):
             if not kwargs and plan.cacheable:
                 cache.remember(args, plan)
         else:
-            values = plan.values(args)
+            values = plan.values(args) if plan.converted else args
         moves = plan.moves
         with LOCK:
             for i, _ in moves:

@@ -122,8 +122,6 @@ class LaunchPlan:
     def values(self, args: tuple) -> tuple:
         """What a launch with ``args`` (matched) holds and hands back: the arguments, each
         scalar as the kernel takes it."""
-        if not self.converted:
-            return args
         values = list(args)
         for i, v in self.converted:
             values[i] = v

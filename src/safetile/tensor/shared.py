@@ -91,12 +91,11 @@ class Shared(Handle):
         return cls._new_handle(_SharedCore(tensor, hold))
 
     @classmethod
-    def _new_handle(cls, core: _SharedCore, state=None) -> "Shared":
+    def _new_handle(cls, core: _SharedCore, state=LIVE) -> "Shared":
         self = object.__new__(cls)
         Handle.__init__(self)
         self._core = core
-        if state is not None:
-            self._state = state
+        self._state = state
         return self
 
     # -- for the launcher -------------------------------------------------------------------
