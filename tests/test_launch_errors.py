@@ -326,3 +326,27 @@ def test_source_and_compile_check_the_grid_as_a_launch_does():
     for call in (poke.options(grid=(0,)).source, poke.options(grid=(2**31,)).compile):
         with pytest.raises(st.LaunchError, match="grid"):
             call(st.zeros((4,), device="cpu"))
+
+
+def counter():
+    @st.kernel(unsafe=True)
+    def count(p: st.Ptr[st.f32]):
+        sl.atomic_add(p, sl.arange(1), sl.full((1,), 1.0, st.f32))
+    return count
+
+
+def programs_run(kernel, grid):
+    """How many programs ``kernel`` ran with ``grid``, or None if the launch was refused."""
+    try:
+        with st.unsafe():
+            (p,) = kernel.options(grid=grid)(st.zeros((1,), device="cpu")).sync()
+    except st.LaunchError:
+        return None
+    return int(p.to_torch().item())
+
+
+@pytest.mark.parametrize("first,second", [((True,), (1,)), ((2,), (2.0,)), ((2.0,), (2,))])
+def test_grids_that_compare_equal_but_differ_in_type_are_checked_apart(first, second):
+    k = counter()
+    programs_run(k, first)
+    assert programs_run(k, second) == programs_run(counter(), second)

@@ -90,6 +90,22 @@ def test_a_handle_given_to_a_torch_function_is_told_to_take_a_copy_with_to_torch
         torch.sum(part())
 
 
+@pytest.mark.parametrize("expr", [lambda x: -x, lambda x: abs(x), lambda x: x < 1,
+                                  lambda x: 0 >= x, lambda x: ~x])
+def test_unary_operators_and_comparisons_on_a_handle_say_to_compute_in_a_kernel(expr):
+    with pytest.raises(st.ArgumentError, match=r"host arithmetic.*take a torch copy"):
+        expr(st.ones((4,)))
+
+
+def test_numpy_given_a_handle_says_to_take_a_numpy_copy():
+    import numpy as np
+    with pytest.raises(st.ArgumentError, match=r"numpy was given an st\.Tensor.*\.numpy\(\)"):
+        np.asarray(st.ones((4,)))
+    with pytest.raises(st.ArgumentError, match=r"\.unpartition\(\)\.numpy\(\)"):
+        np.array(part())
+    assert np.asarray(st.ones((4,)).numpy()).tolist() == [1.0] * 4
+
+
 def test_partition_to_torch_says_to_unpartition_first():
     p = part()
     with pytest.raises(AttributeError, match=r"call \.unpartition\(\) first") as e:

@@ -145,7 +145,7 @@ def test_a_cancelled_submit_future_gives_its_output_through_recovered():
     async def main():
         fut = st.submit(_op())
         fut.cancel()
-        return await aio.recovered(fut)
+        return await st.recovered(fut)
 
     x, y, z = asyncio.run(main())
     assert z.unpartition().to_torch().tolist() == [4.0, 6.0]

@@ -27,7 +27,7 @@ import typing as _typing
 
 from . import errors  # noqa: F401
 from .backends import backend, set_backend  # noqa: F401
-from .device import DeviceOp, Graph, graph_scope, submit, zip  # noqa: F401,A004
+from .device import DeviceOp, Graph, graph_scope, recovered, submit, zip  # noqa: F401,A004
 from .device import CollectiveOp, all_gather, all_reduce  # noqa: F401
 from .dtypes import DType, bfloat16, bool_, float16, float32, int8, int32, int64  # noqa: F401
 from .dtypes import bf16, f16, f32, i32, i64  # noqa: F401
@@ -70,7 +70,7 @@ __all__ = [
     "Tensor", "Partition", "Shared", "zeros", "ones", "full", "empty", "arange", "randn",
     "from_torch", "from_numpy", "from_dlpack",
     # device operations
-    "DeviceOp", "Graph", "graph_scope", "submit", "zip",
+    "DeviceOp", "Graph", "graph_scope", "submit", "recovered", "zip",
     # collectives (torch.distributed)
     "all_reduce", "all_gather", "CollectiveOp",
     # backends

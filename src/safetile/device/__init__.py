@@ -4,5 +4,5 @@ from .graph import Graph, GraphLaunchOp, graph_scope  # noqa: F401
 from .scope import GraphScope  # noqa: F401
 from .execution import RunContext  # noqa: F401
 from .op import DeviceOp  # noqa: F401
-from .aio import submit  # noqa: F401
+from .aio import recovered, submit  # noqa: F401
 from .collective import CollectiveOp, all_gather, all_reduce  # noqa: F401

@@ -25,7 +25,7 @@ cancelled ``await op`` therefore raises ``asyncio.CancelledError`` only once tha
 completed and every value has been handed back; the error carries the op's output as
 ``e.recovered`` (so a value made for the call, an inline ``t.partition(...)``, is not lost;
 ``asyncio.timeout`` raises ``TimeoutError`` from it: ``e.__cause__.recovered``). A future
-from ``st.submit`` that is cancelled resolves nothing; ``await recovered(fut)`` gives the
+from ``st.submit`` that is cancelled resolves nothing; ``await st.recovered(fut)`` gives the
 output once the work has completed.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def submit(op, stream=None) -> "asyncio.Future":
     handed back. Errors raised while enqueueing are raised here, after the values were
     handed back (``e.recovered``); errors found at completion are set on the future.
     Cancelling the future does not stop the work: its values are still handed back (to the
-    op's arguments' handles) when it completes."""
+    op's arguments' handles) when it completes, and ``await st.recovered(fut)`` gives them."""
     if getattr(_state, "busy", None) is not None:     # inside a callback: re-entrant
         with executing("st.submit(op)"):              # raises ExecutionError
             pass
@@ -292,7 +292,7 @@ def _settle(fut, out, error) -> None:
 
 
 async def recovered(fut):
-    """The output of the op of an ``st.submit`` future once its work has completed, also
+    """``st.recovered``: the output of the op of an ``st.submit`` future once its work has completed, also
     when the future was cancelled (further cancellations of the waiting task are held off
     until then); for a failed op, the values its error recovered."""
     out, error = await _outcome(fut)

@@ -112,13 +112,15 @@ _PLAIN = frozenset({int, bool, float, str, type(None)})
 
 def _plain_key(opts: dict):
     """``opts`` as a sorted tuple of ``(name, type, value)``, or None unless every name is a
-    str and every value a plain scalar or a tuple of them."""
+    str and every value a plain scalar or a tuple of them. A tuple's items are keyed with
+    their types too: ``(True,) == (1,) == (1.0,)``, but only ``(1,)`` is a valid grid."""
     for k, v in opts.items():
         t = type(v)
         if type(k) is not str or (t not in _PLAIN and not (
                 t is tuple and all(type(x) in _PLAIN for x in v))):
             return None
-    return tuple(sorted((k, type(v), v) for k, v in opts.items()))
+    return tuple(sorted((k, type(v), tuple((type(x), x) for x in v) if type(v) is tuple else v)
+                        for k, v in opts.items()))
 
 
 class LaunchCache:

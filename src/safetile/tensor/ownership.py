@@ -179,7 +179,7 @@ class Handle(NoCopies):
         # Without this, torch reports "must be Tensor, not Tensor": both classes have one name.
         # A handle is not a torch.Tensor, and its storage is not handed to torch: a copy is.
         name = getattr(func, "__name__", str(func)).strip("_")
-        what = f"torch function {name}()" if func else "host arithmetic (+, *, /, ...)"
+        what = f"torch function {name}()" if func else "host arithmetic (+, -, *, <, ...)"
         out = ".unpartition().to_torch()" if cls.__name__ == "Partition" else ".to_torch()"
         raise ArgumentError(
             f"{what} was given an st.{cls.__name__}, safetile's handle, not a torch.Tensor: "
@@ -193,6 +193,15 @@ class Handle(NoCopies):
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_host_arithmetic
     __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_host_arithmetic
     __matmul__ = __rmatmul__ = __pow__ = __rpow__ = __mod__ = __rmod__ = _no_host_arithmetic
+    __neg__ = __pos__ = __abs__ = __invert__ = _no_host_arithmetic
+    __lt__ = __le__ = __gt__ = __ge__ = _no_host_arithmetic
+
+    def __array__(self, *_, **__) -> NoReturn:
+        # without it numpy wraps the handle in a 0-d object array and says nothing
+        out = ".unpartition().numpy()" if type(self).__name__ == "Partition" else ".numpy()"
+        raise ArgumentError(
+            f"numpy was given an st.{type(self).__name__}, safetile's handle, not an array: "
+            f"take a numpy copy with {out}")
 
     # -- to be provided by subclasses -------------------------------------------------------
     def _describe(self) -> str:
