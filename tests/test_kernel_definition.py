@@ -83,6 +83,36 @@ def test_sub_partition_store_needs_its_sub_index():
     assert_definition_error(ei, "free-index-store", "sub-store-no-index")
 
 
+def sub_partition_in_a_tuple():
+    @st.kernel
+    def bad(z: st.Out[st.f32]):
+        a, b = z.partition((2,)), 1  # <- sub-in-tuple
+        z.store(1.0)
+
+
+def sub_partition_in_a_list():
+    @st.kernel
+    def bad(z: st.Out[st.f32]):
+        c = [z.partition((2,)), 1]  # <- sub-in-list
+        z.store(1.0)
+
+
+def sub_partition_as_an_argument():
+    @st.kernel
+    def bad(z: st.Out[st.f32]):
+        z.store(sl.maximum(z.partition((2,)), 1.0))  # <- sub-as-argument
+
+
+@pytest.mark.parametrize("define,marker", [(sub_partition_in_a_tuple, "sub-in-tuple"),
+                                           (sub_partition_in_a_list, "sub-in-list"),
+                                           (sub_partition_as_an_argument, "sub-as-argument")])
+def test_a_sub_partition_outside_a_one_name_binding_or_an_inline_store_is_rejected(define,
+                                                                                     marker):
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        define()
+    assert_definition_error(ei, "statement", marker)
+
+
 def test_assignment_to_a_parameter_is_rejected():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel
@@ -169,6 +199,18 @@ def test_a_rank_that_is_not_a_positive_int_is_a_definition_error():
                 z: st.Out[st.f32]):
             pass
     assert_definition_error(ei, "annotation", "rank-zero")
+
+
+@pytest.mark.parametrize("spec", [("sub", (st.f32,)), ("In", ()), ("Out", (st.f32,), 0),
+                                  ("Const", (), None, (str,)), ("int", (st.f32,))])
+def test_a_parameter_spec_built_by_hand_is_a_definition_error(spec):
+    hand_made = type(st.In[st.f32])(*spec)
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.f32], s: hand_made):  # <- hand-made-spec
+            z.store(1.0)
+    assert_definition_error(ei, "annotation", "hand-made-spec")
+    assert "not made by st.In" in str(ei.value)
 
 
 def test_ptr_parameter_in_a_safe_kernel_is_rejected():

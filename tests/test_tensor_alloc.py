@@ -394,6 +394,22 @@ def test_full_takes_an_integral_float_for_an_integer_dtype():
     assert full((2,), 3.0, dtype=dtypes.int8).to_torch().tolist() == [3, 3]
 
 
+@pytest.mark.parametrize("value,dtype", [(2**31, dtypes.int32), (-2**63 - 1, dtypes.int64),
+                                         (300, dtypes.int8)])
+def test_full_names_the_range_an_integer_dtype_cannot_hold(value, dtype):
+    with pytest.raises(ArgumentError, match=rf"{value} is out of {dtype}'s range \["):
+        full((2,), value, dtype=dtype)
+
+
+def test_full_takes_an_int_past_int64_as_the_float_it_rounds_to():
+    assert full((1,), 2**70).to_torch().item() == float(2**70)
+
+
+def test_full_refuses_a_complex_value_saying_so():
+    with pytest.raises(ArgumentError, match="1j is complex"):
+        full((2,), 1j)
+
+
 def test_a_zero_tensor_without_memory_is_refused_when_wrapped():
     """torch._efficientzerotensor has address 0 and no storage: every later check of it
     failed with torch's untyped RuntimeError."""

@@ -64,6 +64,7 @@ class BodyChecker(ast.NodeVisitor):
             local_names |= {a.arg for a in src.tree.args.args}
         self.info = BodyInfo(Scope(src.fn, params, local_names))
         self.statement_call = None          # the call an expression statement consists of
+        self.bound_call = None              # the call a one-name assignment binds
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, node, rule, message):
@@ -225,6 +226,7 @@ class BodyChecker(ast.NodeVisitor):
     def visit_Assign(self, node):
         for t in node.targets:
             self.check_target(t)
+        self.bound_call = node.value if isinstance(node.targets[0], ast.Name) else None
         self.visit(node.value)
 
     def visit_AugAssign(self, node):
@@ -415,10 +417,11 @@ class BodyChecker(ast.NodeVisitor):
             if method == "store" and (len(node.args) != 2 or node.keywords):
                 self.fail(node, "free-index-store", f"`{name}.store(tile, sub_index)`: the "
                                                     f"sub-index is within the owned slab")
-        if method in ("store", "partition") and (method == "store") != (node is self.statement_call):
-            why = "a store is a statement of its own" if method == "store" else \
-                "bind a sub-partition to a name, or store through it inline"
-            self.fail(node, "statement", f"`{ast.unparse(node)}`: {why}")
+        if method == "store" and node is not self.statement_call:
+            self.fail(node, "statement", f"`{ast.unparse(node)}`: a store is a statement of its own")
+        if method == "partition" and node is not self.bound_call:
+            self.fail(node, "statement", f"`{ast.unparse(node)}`: bind a sub-partition to one plain "
+                                         f"name (`s = z.partition(shape)`) or store through it inline")
         for a in node.args:
             self.visit(a)
         for k in node.keywords:

@@ -128,6 +128,9 @@ SCALARS = {int: ParamSpec("int"), float: ParamSpec("float")}
 def parse_annotation(annotation) -> ParamSpec:
     """Turn an evaluated annotation into a ParamSpec, or raise TypeError saying why."""
     if isinstance(annotation, ParamSpec):
+        if not _from_grammar(annotation):
+            raise TypeError(f"{annotation!r} was not made by st.In, st.Out, st.Const or st.Ptr; "
+                            f"write the annotation with them (st.In[st.f32])")
         return annotation
     if isinstance(annotation, BadAnnotation):
         raise TypeError(annotation.message)
@@ -138,3 +141,16 @@ def parse_annotation(annotation) -> ParamSpec:
     raise TypeError(
         f"{annotation!r} is not a kernel parameter type; use st.In[dtype], st.Out[dtype], "
         f"st.Const[int|float|bool|st.dtype], st.Ptr[dtype] (unsafe kernels), int or float")
+
+
+def _from_grammar(spec: ParamSpec) -> bool:
+    """Whether ``spec`` is one the grammar makes (a ParamSpec built by hand is refused)."""
+    if spec.kind in ("int", "float"):
+        return spec == SCALARS[int if spec.kind == "int" else float]
+    if spec.kind == "Const":
+        return (not spec.dtypes and spec.rank is None and isinstance(spec.const_kinds, tuple)
+                and bool(spec.const_kinds) and all(k in CONST_KINDS for k in spec.const_kinds))
+    rank_ok = spec.rank is None or (type(spec.rank) is int and spec.rank >= 1)
+    return (spec.kind in ("In", "Out", "Ptr") and isinstance(spec.dtypes, tuple)
+            and bool(spec.dtypes) and all(isinstance(d, DType) for d in spec.dtypes)
+            and rank_ok and not spec.const_kinds)

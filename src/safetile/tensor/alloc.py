@@ -187,7 +187,17 @@ def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
             not isinstance(value, (bool, int)) and not _integral(value):
         raise ArgumentError(f"st.full: {value!r} is not a value of the integer dtype "
                             f"{dtype}; round it first, or use a float dtype")
+    if isinstance(value, complex):
+        raise ArgumentError(f"st.full: {value!r} is complex; safetile has no complex dtype")
+    if isinstance(value, int) and not isinstance(value, bool) and not tdt.is_floating_point \
+            and tdt is not torch.bool:
+        info = torch.iinfo(tdt)
+        if not info.min <= value <= info.max:
+            raise ArgumentError(f"st.full: {value} is out of {dtype}'s range "
+                                f"[{info.min}, {info.max}]")
     with _typed("st.full"):
+        if isinstance(value, int) and tdt.is_floating_point:
+            value = float(value)        # past int64 too, as the float it rounds to
         return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=tdt,
                                        device=_device(device)))
 
