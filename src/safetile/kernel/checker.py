@@ -17,10 +17,9 @@ Rules (the ``rule`` tag each error carries):
   chained comparisons, ``is`` or ``in``; tiles are indexed only with ``:`` and ``None``.
 - ``statement`` / ``name``: only assignments, expressions, ``for ... in range(...)``, ``if`` and
   ``pass`` (and, in functions, one ``return`` as the last statement); a store is a statement
-  of its own, a sub-partition is bound to a name or stored through inline; parameters take no
-  defaults; every name must resolve; names generated code uses (``tl``, ``triton``,
-  ``libdevice``, ``float``, ``range``, anything starting with ``_st_`` or ``_stf_``) cannot
-  be bound.
+  of its own; a sub-partition is bound to one name or used inline (``.store``, ``.shape``);
+  parameters take no defaults; every name must resolve; names generated code uses (``tl``,
+  ``triton``, ``libdevice``, ``float``, ``range``, ``_st_*``, ``_stf_*``) are not bound.
 - ``internal``: a rule failed on unforeseen code (still an error naming file:line; report it).
 
 What depends on the argument types (promotion, shapes, control flow of runtime values) is
@@ -64,7 +63,6 @@ class BodyChecker(ast.NodeVisitor):
             local_names |= {a.arg for a in src.tree.args.args}
         self.info = BodyInfo(Scope(src.fn, params, local_names))
         self.statement_call = None          # the call an expression statement consists of
-        self.bound_call = None              # the call a one-name assignment binds
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, node, rule, message):
@@ -105,11 +103,14 @@ class BodyChecker(ast.NodeVisitor):
         return self.info
 
     def allowed_view_uses(self, tree) -> set:
-        """ids of the Name nodes where a view may appear: receiving its methods and attributes,
-        as ``sl.load_like``'s arguments or an unsafe op's pointer; nowhere else is it a value."""
+        """ids of the nodes where a view (a name, an inline ``z.partition(s)``) may be: an
+        attribute's receiver, ``sl.load_like``'s or an unsafe op's argument, bound to one name."""
         ok = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if isinstance(node, ast.Attribute):
+                ok.add(id(node.value))
+            elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
+                    isinstance(node.value, ast.Call):
                 ok.add(id(node.value))
             elif isinstance(node, ast.Call):
                 r = self.info.scope.resolve(node.func)
@@ -226,7 +227,6 @@ class BodyChecker(ast.NodeVisitor):
     def visit_Assign(self, node):
         for t in node.targets:
             self.check_target(t)
-        self.bound_call = node.value if isinstance(node.targets[0], ast.Name) else None
         self.visit(node.value)
 
     def visit_AugAssign(self, node):
@@ -419,7 +419,7 @@ class BodyChecker(ast.NodeVisitor):
                                                     f"sub-index is within the owned slab")
         if method == "store" and node is not self.statement_call:
             self.fail(node, "statement", f"`{ast.unparse(node)}`: a store is a statement of its own")
-        if method == "partition" and node is not self.bound_call:
+        if method == "partition" and id(node) not in self.view_uses:
             self.fail(node, "statement", f"`{ast.unparse(node)}`: bind a sub-partition to one plain "
                                          f"name (`s = z.partition(shape)`) or store through it inline")
         for a in node.args:
