@@ -127,9 +127,14 @@ def checkpoint_files(directory: Path) -> dict:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            return {name: directory / file for name, file in weight_map.items()}
+            files = {name: Path(file) for name, file in weight_map.items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise CheckpointError(f"{index}: corrupt index ({e!r})") from None
+        for name, file in files.items():
+            if file.is_absolute() or ".." in file.parts:   # the shards live in the folder
+                raise CheckpointError(f"{index}: weight_map names {str(file)!r} for {name!r}, "
+                                      f"outside the checkpoint folder; name the shard's file")
+        return {name: directory / file for name, file in files.items()}
     single = directory / "model.safetensors"
     if single.is_file():
         return {name: single for name in read_header(single)}

@@ -208,9 +208,9 @@ def _eos_ids(raw: dict, path, generation: dict | None, generation_path) -> tuple
     for source, where in ((raw, path), (generation or {}, generation_path)):
         v = source.get("eos_token_id")
         items = [] if v is None else v if isinstance(v, list) else [v]
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-            raise CheckpointError(f"{where}: eos_token_id must be a token id or a list of token "
-                                  f"ids, got {v!r:.60}")
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+            raise CheckpointError(f"{where}: eos_token_id must be a token id (an int >= 0) or a "
+                                  f"list of them, got {v!r:.60}")
         ids += [i for i in items if i not in ids]
     return tuple(ids)
 
@@ -277,6 +277,11 @@ def from_dict(raw: dict, path, generation: dict | None = None, name: str = "",
             raise CheckpointError(f"{path}: {key}={raw[key]!r} is not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu)")
+    quant = raw.get("quantization_config")
+    if quant:                       # its weights are stored in a form grout does not read
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+        raise CheckpointError(f"{path}: quantization_config ({method!r:.40}): quantized "
+                              f"checkpoints are not supported; use the bf16 release")
     dtype = _dtype(raw, path, dtype)
     eos = _eos_ids(raw, path, generation, generation_path)
     sampling = _sampling_defaults(generation, generation_path)

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -343,8 +344,10 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler) -> None:
         super().__init__(config)
         self.scheduler = scheduler
+        self.signal: int | None = None       # the first signal that asked it to stop
 
     def handle_exit(self, sig: int, frame: Any) -> None:
+        self.signal = sig if self.signal is None else self.signal
         super().handle_exit(sig, frame)
         # A signal handler runs between two bytecodes of the loop's thread: defer the
         # cancellation to the loop itself.
@@ -384,7 +387,7 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130). ``default_seed``, ``generation_config``, ``allowed_origins``,
+    process at once with 130, and after it the graceful stop returns 130; SIGTERM 0). ``default_seed``, ``generation_config``, ``allowed_origins``,
     ``api_keys``: as :func:`create_app`."""
     try:
         sock = listen(host, port)
@@ -423,4 +426,4 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
               file=sys.stderr)
         return 1
     log.info("stopped after %.0f s", time.monotonic() - started)
-    return 0
+    return 128 + signal.SIGINT if server.signal == signal.SIGINT else 0

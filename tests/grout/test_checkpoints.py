@@ -230,6 +230,39 @@ def test_an_eos_token_id_that_is_not_a_token_id_names_the_file_and_field(checkpo
         load(checkpoint_copy)
 
 
+def test_a_quantized_checkpoint_is_refused_naming_its_method(checkpoint_copy):
+    path = checkpoint_copy / "config.json"
+    raw = dict(json.loads(path.read_text()), quantization_config={"quant_method": "fp8"})
+    path.write_text(json.dumps(raw))
+    with pytest.raises(grout.CheckpointError, match=r"quantization_config \('fp8'\): quantized"):
+        load(checkpoint_copy)
+
+
+@pytest.mark.parametrize("eos", [-1, [151645, -2]])
+def test_a_negative_eos_token_id_is_refused_naming_the_file(checkpoint_copy, eos):
+    path = checkpoint_copy / "config.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), eos_token_id=eos)))
+    with pytest.raises(grout.CheckpointError, match=r"config\.json: eos_token_id must be a token "
+                                                    r"id \(an int >= 0\)"):
+        load(checkpoint_copy)
+
+
+@pytest.mark.parametrize("shard", ["/etc/passwd", "../model.safetensors", "sub/../../x"])
+def test_an_index_naming_a_file_outside_the_checkpoint_is_refused_before_opening_it(
+        checkpoints, tmp_path, shard):
+    import shutil
+    path = tmp_path / "sharded"
+    shutil.copytree(checkpoints["untied"][0], path)
+    index = path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    name = next(iter(data["weight_map"]))
+    data["weight_map"][name] = shard
+    index.write_text(json.dumps(data))
+    with pytest.raises(grout.CheckpointError, match=rf"weight_map names .* for '{name}', "
+                                                    r"outside the checkpoint folder"):
+        load(path)
+
+
 @pytest.mark.parametrize("entry", [dict(shape="abc"), dict(shape=[-64]), dict(shape=[64.0]),
                                    dict(dtype=["F32"])], ids=["text", "negative", "float",
                                                               "dtype list"])

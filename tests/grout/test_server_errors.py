@@ -425,3 +425,24 @@ def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path):
     finally:
         server.proc.kill()
         server.proc.wait()
+
+
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN],
+                         ids=["terminal", "background job"])
+def test_ctrl_c_after_loading_stops_gracefully_with_status_130(tmp_path, monkeypatch, inherited):
+    # A background job of a non-interactive shell inherits SIGINT ignored: uvicorn still
+    # catches it and stops, but re-raising it after the shutdown then does nothing.
+    import server_process
+
+    def spawn_with_sigint(handler=inherited, die=server_process._die_with_parent):
+        die()
+        signal.signal(signal.SIGINT, handler)
+    monkeypatch.setattr(server_process, "_die_with_parent", spawn_with_sigint)
+    server = ServerProcess("tiny", tmp_path / "serve.log", "--device", "cpu",
+                           "--max-seq-len", "32", "--no-progress").start()
+    try:
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 130, server.log()[-2000:]
+        assert "Application shutdown complete" in server.log()
+    finally:
+        server.stop()
