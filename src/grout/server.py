@@ -387,8 +387,9 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130, and after it the graceful stop returns 130; SIGTERM 0). ``default_seed``, ``generation_config``, ``allowed_origins``,
-    ``api_keys``: as :func:`create_app`."""
+    process at once with 130, and after it the graceful stop returns 130; SIGTERM 0).
+    ``default_seed``, ``generation_config``, ``allowed_origins``, ``api_keys``: as
+    :func:`create_app`."""
     try:
         sock = listen(host, port)
     except OSError as err:

@@ -292,9 +292,9 @@ def _settle(fut, out, error) -> None:
 
 
 async def recovered(fut):
-    """``st.recovered``: the output of the op of an ``st.submit`` future once its work has completed, also
-    when the future was cancelled (further cancellations of the waiting task are held off
-    until then); for a failed op, the values its error recovered."""
+    """``st.recovered``: the output of an ``st.submit`` future's op once its work has
+    completed, also when the future was cancelled (further cancellations of the waiting task
+    are held off until then); for a failed op, the values its error recovered."""
     out, error = await _outcome(fut)
     if error is not None and getattr(error, "recovered", None) is not None:
         return error.recovered
