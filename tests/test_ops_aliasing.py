@@ -201,6 +201,34 @@ def test_matmul_head_tail_refuses_an_out_overlapping_a_before_writing_any_row():
     assert torch.equal(big.to_torch(), t)
 
 
+def expanded(rows: int, cols: int):
+    """A (rows, cols) tensor whose rows are one row of memory (torch's expand)."""
+    return st.from_torch(torch.zeros(1, cols).expand(rows, cols))
+
+
+def test_an_op_refuses_an_out_whose_elements_overlap_naming_the_op_and_out():
+    with pytest.raises(st.ArgumentError, match=r"ops\.add: out: its elements overlap"):
+        ops.add(wrap(rand((4, 16), st.f32, 30)), wrap(rand((4, 16), st.f32, 31)),
+                out=expanded(4, 16))
+
+
+def test_split_decode_attention_refuses_an_overlapping_out_before_writing_its_workspace():
+    ws = ops.DecodeWorkspace(1, 4, 16, 2)
+    before = ws.partial.to_torch().clone()
+    with pytest.raises(st.ArgumentError, match=r"ops\.decode_attention: out: its elements"):
+        ops.decode_attention(wrap(rand((4, 16), st.f32, 32)), wrap(rand((1, 40, 16), st.f32, 33)),
+                             wrap(rand((1, 40, 16), st.f32, 34)), i32(30), out=expanded(4, 16),
+                             workspace=ws, num_splits=2, block_n=16)
+    assert torch.equal(ws.partial.to_torch(), before)
+
+
+def test_split_k_matmul_refuses_an_overlapping_workspace():
+    cfg = ops.MatmulConfig(16, 16, 16, 4, 2, split_k=2)
+    with pytest.raises(st.ArgumentError, match=r"ops\.matmul: workspace: its elements overlap"):
+        ops.matmul(wrap(rand((16, 16), st.f32, 35)), wrap(torch.eye(16)), config=cfg,
+                   workspace=expanded(32, 16))
+
+
 def test_argmax_refuses_an_out_inside_its_workspace():
     ws = ops.argmax_workspace(3000, device="cpu")
     with pytest.raises(st.AliasError, match="out"):

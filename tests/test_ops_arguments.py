@@ -164,11 +164,32 @@ def test_rmsnorm_gemv_argmax_refuses_an_empty_vocabulary():
         ops.rmsnorm_gemv_argmax(st.ones((K,)), st.ones((K,)), st.zeros((0, K)))
 
 
-@pytest.mark.parametrize("how", ["token", "dtype"])
-def test_rmsnorm_gemv_argmax_names_itself_for_a_float_token(how):
+@pytest.mark.parametrize("how,named", [("token", "token's dtype"), ("dtype", "dtype")])
+def test_rmsnorm_gemv_argmax_names_itself_and_the_argument_for_a_float_token(how, named):
     kw = dict(token=st.empty((1,))) if how == "token" else dict(dtype=st.f32)
-    with pytest.raises(st.ArgumentError, match="ops.rmsnorm_gemv_argmax: the token dtype"):
+    with pytest.raises(st.ArgumentError, match=f"ops.rmsnorm_gemv_argmax: {named} must be st.i32"):
         ops.rmsnorm_gemv_argmax(st.ones((K,)), st.ones((K,)), st.zeros((300, K)), **kw)
+
+
+@pytest.mark.parametrize("how,named", [("out", "out's dtype"), ("dtype", "dtype")])
+def test_argmax_names_the_argument_whose_dtype_is_not_an_index(how, named):
+    kw = dict(out=st.empty((1,))) if how == "out" else dict(dtype=st.f32)
+    with pytest.raises(st.ArgumentError, match=f"ops.argmax: {named} must be st.i32 or st.i64"):
+        ops.argmax(st.ones((64,)), **kw)
+
+
+@pytest.mark.parametrize("op", ["gemv_add", "rmsnorm_gemv", "silu_mul_gemv_add",
+                                "rmsnorm_gemv_argmax"])
+def test_a_fused_gemv_given_a_prefetch_config_names_itself(op):
+    from safetile.ops.gemv import GemvConfig
+    cfg = GemvConfig(bn=16, bk=64, num_warps=4, num_stages=2, prefetch=1)
+    w = st.ones((32, K))
+    args = {"gemv_add": (w, st.ones((K,)), st.ones((32,))),
+            "rmsnorm_gemv": (st.ones((K,)), st.ones((K,)), w),
+            "silu_mul_gemv_add": (w, st.ones((2, K)), st.ones((32,))),
+            "rmsnorm_gemv_argmax": (st.ones((K,)), st.ones((K,)), w)}[op]
+    with pytest.raises(st.ArgumentError, match=rf"ops\.{op}: config\.prefetch is not supported"):
+        getattr(ops, op)(*args, config=cfg)
 
 
 # ---- products --------------------------------------------------------------------------------

@@ -109,7 +109,9 @@ def argmax(x, out=None, workspace: ArgmaxWorkspace | None = None, *, dtype: DTyp
         host.check_target("ops.argmax: out", out)
         dtype = out.dtype
     if dtype not in (st.i32, st.i64):
-        raise ArgumentError(f"ops.argmax: the index dtype must be st.i32 or st.i64, got {dtype!r}")
+        what = "out's dtype" if out is not None else "dtype"
+        raise ArgumentError(f"ops.argmax: {what} must be st.i32 or st.i64 (an index), got "
+                            f"{dtype!r}")
     if workspace is None:
         host.not_given("ops.argmax: workspace")
         workspace = argmax_workspace(n, dtype, x.device, block)

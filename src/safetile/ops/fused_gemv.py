@@ -175,14 +175,15 @@ def silu_mul_gemv_add_kernel(BK: int, HEAD: int, FLAT: bool = False):
     return silu_mul_gemv_add
 
 
-def configured(kernel, cfg: GemvConfig):
-    """``kernel`` with ``cfg``'s launch options (as ``ops.gemv`` launches its kernel)."""
+def configured(name: str, kernel, cfg: GemvConfig):
+    """``kernel`` with ``cfg``'s launch options (as ``ops.gemv`` launches its kernel); ``name``
+    (``"ops.gemv_add"``) names the op in errors."""
     if cfg.head not in (0, 2):
-        raise ArgumentError(f"fused gemv: head must be 0 or 2 K blocks loaded ahead of the "
+        raise ArgumentError(f"{name}: config.head must be 0 or 2 K blocks loaded ahead of the "
                             f"loop, got {cfg.head}")
     if cfg.prefetch:
-        raise ArgumentError("fused gemv: prefetch is not supported (early weight loads "
-                            "replace it); use prefetch=0")
+        raise ArgumentError(f"{name}: config.prefetch is not supported (early weight loads "
+                            f"replace it); use prefetch=0")
     early = ("w",) if cfg.pdl and cfg.early and cfg.head else ()
     return kernel.options(num_warps=cfg.num_warps, loop_stages=cfg.num_stages, tma=cfg.tma,
                           pdl=cfg.pdl, early=early, trigger_early=cfg.pdl and cfg.trigger_early)
@@ -248,7 +249,7 @@ def rmsnorm_gemv(x, norm_weight, w, eps: float = 1e-6, out=None, *,
     eps = host.check_eps("ops.rmsnorm_gemv", eps)
     y, yv = result("ops.rmsnorm_gemv", out, n, w.dtype, w.device)
     cfg = host.config("ops.rmsnorm_gemv", config, GemvConfig, lambda: choose_config(n, k))
-    kern = configured(rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
+    kern = configured("ops.rmsnorm_gemv", rmsnorm_gemv_kernel(cfg.bk, cfg.head), cfg)
     op = kern(*host.inputs(xv, norm_weight, w), yv.partition((cfg.bn,)), eps,
               -(-k // cfg.bk), host.next_pow2(k))
     return host.returning(op, y)
@@ -277,7 +278,7 @@ def gemv_add(w, x, residual, out=None, *, config: GemvConfig | None = None) -> s
     rv = _residual("ops.gemv_add", residual, n)
     y, yv = result("ops.gemv_add", out, n, residual.dtype, w.device)
     cfg = host.config("ops.gemv_add", config, GemvConfig, lambda: choose_config(n, k))
-    kern = configured(gemv_add_kernel(cfg.bk, cfg.head), cfg)
+    kern = configured("ops.gemv_add", gemv_add_kernel(cfg.bk, cfg.head), cfg)
     op = kern(*host.inputs(w, xv, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)
 
@@ -315,6 +316,7 @@ def silu_mul_gemv_add(w, gate_up, residual, out=None, *,
     y, yv = result("ops.silu_mul_gemv_add", out, n, residual.dtype, w.device)
     cfg = host.config("ops.silu_mul_gemv_add", config, GemvConfig,
                       lambda: choose_config(n, k, swiglu=True))
-    kern = configured(silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
+    kern = configured("ops.silu_mul_gemv_add",
+                      silu_mul_gemv_add_kernel(cfg.bk, cfg.head, flat), cfg)
     op = kern(*host.inputs(w, gu, rv), yv.partition((cfg.bn,)), -(-k // cfg.bk))
     return host.returning(op, y)

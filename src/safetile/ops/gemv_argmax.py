@@ -112,7 +112,8 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
         host.check_target(f"{name}: token", token)
         dtype = token.dtype
     if dtype not in (st.i32, st.i64):
-        raise ArgumentError(f"{name}: the token dtype must be st.i32 or st.i64, got {dtype!r}")
+        what = "token's dtype" if token is not None else "dtype"
+        raise ArgumentError(f"{name}: {what} must be st.i32 or st.i64 (an index), got {dtype!r}")
     cfg = host.config("ops.rmsnorm_gemv_argmax", config, GemvConfig, lambda: choose_config(n, k))
     if workspace is None:
         host.not_given(f"{name}: workspace")
@@ -138,7 +139,7 @@ def rmsnorm_gemv_argmax(x, norm_weight, w, eps: float = 1e-6, logits=None, token
     host.check_disjoint(name, dict(x=x, norm_weight=norm_weight, w=w),
                         {"logits": y, "token": z, "workspace.values": ws.values,
                          "workspace.indices": ws.indices})
-    kern = configured(rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
+    kern = configured(name, rmsnorm_gemv_argmax_kernel(cfg.bk, cfg.head), cfg)
     stage1 = kern(*host.inputs(xv, norm_weight, w),
                   host.owned_view(y, (n,), f"{name}: logits").partition((cfg.bn,)),
                   host.owned_view(ws.values, (blocks,), f"{name}: workspace.values")

@@ -22,6 +22,7 @@ from ..dtypes import DType, dtype_members, int32
 from ..lang.semantics import MAX_TILE_ELEMENTS
 from ..tensor import Shared, Tensor, overlaps
 from ..tensor import alloc
+from ..tensor.overlap import self_overlapping
 
 # Elements of one program's tile for memory-bound kernels: large enough to amortize the
 # per-program prologue, small enough to keep many programs in flight on every SM.
@@ -166,9 +167,14 @@ def check_dtype(name: str, v, allowed,
 
 
 def check_target(name: str, v) -> None:
-    """``v``, which an op writes, must be a Tensor (a Shared handle is read-only)."""
+    """``v``, which an op writes, must be a Tensor (a Shared handle is read-only) whose
+    elements are each their own memory (an op of several launches finds out no later)."""
     if not isinstance(v, Tensor):
         raise ArgumentError(f"{name}: expected an st.Tensor, got {given_argument(v, 'tensor')}")
+    if v._is_live() and self_overlapping(v._torch):
+        raise ArgumentError(f"{name}: its elements overlap in memory (stride {v._torch.stride()}"
+                            f", as torch's expand makes): an op writes every element once; "
+                            f"pass a tensor with its own storage")
 
 
 def check_workspace(name: str, ws, fields) -> None:
