@@ -43,7 +43,7 @@ def out(shape, tile, dtype=BF, **kw):
 def _fused(factory, n, k, args):
     c = choose_config(n, k, pdl=True)
     blocks = -(-k // c.bk)
-    return configured(factory(c.bk, c.head), c), args(c, blocks)
+    return configured(factory.__name__, factory(c.bk, c.head), c), args(c, blocks)
 
 
 CASES = {

@@ -61,7 +61,7 @@ def early_loads(ptx: str) -> list:
 def test_fused_gemv_compiles_with_the_gemvs_early_weight_loads(name):
     factory, (n, k), args = CASES[name]
     c = cfg(n, k, swiglu=name.startswith("silu_mul"))
-    ptx = configured(factory(c.bk, c.head), c).compile(*args(c)).asm["ptx"]
+    ptx = configured(name, factory(c.bk, c.head), c).compile(*args(c)).asm["ptx"]
     assert ".target sm_90" in ptx
     plain = gemv_kernel(c.bk, c.head).options(
         num_warps=c.num_warps, loop_stages=c.num_stages, tma=False, pdl=True,
