@@ -36,7 +36,7 @@ def _entry(rank, port, body, results, gloo_timeout_s):
     except BaseException as e:
         results[rank] = ("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     finally:
-        if body is not _survivor_after_peer_dies:
+        if body is not _survivor_after_peer_dies and dist.is_initialized():
             dist.destroy_process_group()
 
 
@@ -198,6 +198,55 @@ def test_a_killed_peer_makes_the_survivor_fail_with_a_collective_error_in_bounde
     assert kind == "CollectiveError" and recovered and live
     assert elapsed < 15
     assert "rank 0 of 2" in message
+
+
+def _storage_shrunk_before_the_run(rank):
+    base = torch.ones(4)
+    op = st.all_reduce(st.from_torch(base))
+    base.untyped_storage().resize_(0)            # through the caller's own torch alias
+    try:
+        op.sync()
+        refused = None
+    except ArgumentError as e:
+        refused = ("past the end of its storage" in str(e), e.recovered is not None)
+    # nothing was sent: the next collective pairs with the peer's
+    return refused, st.all_reduce(st.from_torch(torch.ones(2))).sync().to_torch().tolist()
+
+
+def test_a_collective_whose_buffer_storage_shrank_before_it_ran_is_refused_sending_nothing():
+    for refused, total in _ok(run_ranks(_storage_shrunk_before_the_run)[0]):
+        assert refused == (True, True) and total == [2.0, 2.0]
+
+
+def _process_group_destroyed_before_the_run(rank):
+    buf = st.from_torch(torch.ones(4))
+    op = st.all_reduce(buf)
+    dist.destroy_process_group()
+    try:
+        op.sync()
+    except CollectiveError as e:
+        return "destroyed" in str(e), e.recovered is buf, buf._is_live()
+
+
+def test_a_collective_run_after_its_process_group_was_destroyed_is_a_collective_error():
+    for outcome in _ok(run_ranks(_process_group_destroyed_before_the_run)[0]):
+        assert outcome == (True, True, True)
+
+
+def _called_by_a_rank_outside_the_group(rank):
+    group = dist.new_group(ranks=[0])
+    buf = st.from_torch(torch.ones(2))
+    if rank == 0:
+        return st.all_reduce(buf, group=group).sync().to_torch().tolist()
+    try:
+        st.all_reduce(buf, group=group)
+    except ArgumentError as e:
+        return "not a member of the group" in str(e), buf._is_live()
+
+
+def test_a_rank_outside_a_subgroup_is_told_it_is_not_a_member():
+    first, second = _ok(run_ranks(_called_by_a_rank_outside_the_group)[0])
+    assert first == [1.0, 1.0] and second == (True, True)
 
 
 def test_a_collective_without_a_process_group_is_refused():

@@ -415,3 +415,22 @@ def test_a_zero_tensor_without_memory_is_refused_when_wrapped():
     failed with torch's untyped RuntimeError."""
     with pytest.raises(ArgumentError, match="ZeroTensor"):
         from_torch(torch._efficientzerotensor((8,)))
+
+
+def test_in_place_metadata_changes_through_the_callers_torch_tensor_leave_the_handle_as_it_was():
+    base = torch.arange(4.0)
+    t = from_torch(base)
+    base.unsqueeze_(0)
+    base.as_strided_((4,), (0,))
+    assert t.shape == (4,) and t.to_torch().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.0], 3.0], ids=["list", "float"])
+def test_from_dlpack_of_a_python_value_says_what_it_takes(value):
+    with pytest.raises(ArgumentError, match="expected a DLPack producer.*got"):
+        from_dlpack(value)
+
+
+def test_from_dlpack_of_an_array_dlpack_cannot_carry_is_an_argument_error():
+    with pytest.raises(ArgumentError, match="st.from_dlpack: .*byte order"):
+        from_dlpack(np.arange(4, dtype=">f4"))

@@ -109,16 +109,17 @@ class CollectiveOp(DeviceOp):
         ctx._settle.append(self._hand_back)
         ctx.last = UNKNOWN                        # not a kernel: later PDL launches go in order
         try:
+            for name, t in (*self._reads, *self._writes):   # a storage shrunk since the build
+                within_storage(t, f"run {self._name} on '{name}'")
             self._call()
         except SafetileError as e:
             e.recovered = self._output()
             raise
         except (RuntimeError, ValueError) as e:   # gloo/NCCL: a peer left, or timed out
-            rank, size = dist.get_rank(), dist.get_world_size()
             err = CollectiveError(
-                f"{self._name} failed on rank {rank} of {size}: {e}. A peer may have exited or "
-                f"be issuing a different sequence of collectives; every rank must issue the "
-                f"same collectives in the same order")
+                f"{self._name} failed on {_this_rank()}: {e}. A peer may have exited or be "
+                f"issuing a different sequence of collectives; every rank must issue the same "
+                f"collectives in the same order")
             err.recovered = self._output()
             raise err from e
         return self._output()
@@ -144,7 +145,19 @@ class CollectiveOp(DeviceOp):
         warn_unrun(self._name, self.site)
 
 
+def _this_rank() -> str:
+    """This process's global rank, as an error names it (the group may be gone by then)."""
+    try:
+        return f"rank {dist.get_rank()} of {dist.get_world_size()}"
+    except (RuntimeError, ValueError):
+        return "this rank (its process group was destroyed before the collective ran)"
+
+
 def _group_size(what: str, group) -> int:
+    if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ArgumentError(f"{what}: this rank is not a member of the group "
+                            f"(torch.distributed.new_group gives non-members a placeholder); "
+                            f"call the collective on the group's ranks only")
     if group is not None and not isinstance(group, getattr(dist, "ProcessGroup", ())):
         raise ArgumentError(f"{what}: group={group!r:.80} is not a process group; pass None "
                             f"(the default group) or one torch.distributed.new_group made")

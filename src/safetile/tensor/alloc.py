@@ -106,7 +106,7 @@ def _typed(what: str):
         raise
     except torch.OutOfMemoryError:
         raise
-    except (RuntimeError, TypeError, ValueError, OverflowError) as e:
+    except (RuntimeError, TypeError, ValueError, OverflowError, BufferError) as e:
         raise ArgumentError(f"{what}: {e}") from None
 
 
@@ -308,9 +308,11 @@ def from_torch(t: torch.Tensor) -> Tensor:
     aliases the memory: access through it while safetile operations are in flight is
     outside safetile's guarantee. Wrapping two torch views of one storage is fine: they are
     separate handles whose overlap is checked at launch. A tensor that requires grad is
-    detached (zero-copy).
+    detached (zero-copy). The handle holds a torch view of its own (``t.detach()``), so
+    in-place metadata changes through ``t`` (``unsqueeze_``, ``as_strided_``, ``set_``) do
+    not change the handle's shape or strides.
     """
-    return Tensor._wrap(t)
+    return Tensor._wrap(t.detach() if type(t) is torch.Tensor else t)
 
 
 def from_numpy(a, device=None) -> Tensor:
@@ -351,6 +353,10 @@ def from_dlpack(x) -> Tensor:
     if flags is not None and getattr(flags, "writeable", True) is False:
         raise ArgumentError("st.from_dlpack: the array is read-only (writeable=False); a kernel "
                             "could write it: pass a writable copy (st.from_numpy copies)")
+    if not hasattr(x, "__dlpack__") and type(x).__name__ != "PyCapsule":
+        raise ArgumentError(f"st.from_dlpack: expected a DLPack producer (an array with "
+                            f"__dlpack__, or a capsule), got {type(x).__name__}; for Python "
+                            f"values use st.from_torch(torch.tensor(...))")
     strides = getattr(x, "strides", None)
     if isinstance(strides, tuple) and any(type(s) is int and s < 0 for s in strides):
         raise ArgumentError(f"st.from_dlpack: the array has negative strides {strides}; "
