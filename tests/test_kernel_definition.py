@@ -113,6 +113,15 @@ def test_a_sub_partition_outside_a_one_name_binding_or_an_inline_store_is_reject
     assert_definition_error(ei, "statement", marker)
 
 
+def test_an_unknown_attribute_of_an_inline_sub_partition_names_it():
+    with pytest.raises(st.KernelDefinitionError) as ei:
+        @st.kernel
+        def bad(z: st.Out[st.f32]):
+            z.store(z.partition((2,)).grid)  # <- inline-sub-attribute
+    assert_definition_error(ei, "call", "inline-sub-attribute")
+    assert "'z.partition((2,))' (sub) has no attribute 'grid'" in str(ei.value)
+
+
 def test_assignment_to_a_parameter_is_rejected():
     with pytest.raises(st.KernelDefinitionError) as ei:
         @st.kernel

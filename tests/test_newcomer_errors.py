@@ -93,7 +93,7 @@ def test_a_handle_given_to_a_torch_function_is_told_to_take_a_copy_with_to_torch
 @pytest.mark.parametrize("expr", [lambda x: -x, lambda x: abs(x), lambda x: x < 1,
                                   lambda x: 0 >= x, lambda x: ~x])
 def test_unary_operators_and_comparisons_on_a_handle_say_to_compute_in_a_kernel(expr):
-    with pytest.raises(st.ArgumentError, match=r"host arithmetic.*take a torch copy"):
+    with pytest.raises(st.ArgumentError, match=r"host arithmetic.*compute on it in a kernel"):
         expr(st.ones((4,)))
 
 

@@ -401,6 +401,22 @@ def test_full_names_the_range_an_integer_dtype_cannot_hold(value, dtype):
         full((2,), value, dtype=dtype)
 
 
+def test_full_rounds_an_int64_value_to_float32_once_as_torch_does():
+    value = 2**60 + 2**36 + 1
+    assert full((1,), value).to_torch().item() == torch.full((1,), value, dtype=torch.float32).item()
+
+
+@pytest.mark.parametrize("value", [np.int64(300), 300.0], ids=["numpy int", "integral float"])
+def test_full_names_the_range_for_any_integral_value(value):
+    with pytest.raises(ArgumentError, match=r"is out of st\.int8's range"):
+        full((2,), value, dtype=dtypes.int8)
+
+
+def test_full_refuses_a_numpy_complex_value():
+    with pytest.raises(ArgumentError, match="is complex"):
+        full((2,), np.complex64(1j))
+
+
 def test_full_takes_an_int_past_int64_as_the_float_it_rounds_to():
     assert full((1,), 2**70).to_torch().item() == float(2**70)
 
@@ -434,3 +450,11 @@ def test_from_dlpack_of_a_python_value_says_what_it_takes(value):
 def test_from_dlpack_of_an_array_dlpack_cannot_carry_is_an_argument_error():
     with pytest.raises(ArgumentError, match="st.from_dlpack: .*byte order"):
         from_dlpack(np.arange(4, dtype=">f4"))
+
+
+def test_from_dlpack_of_a_torch_tensor_sees_a_storage_shrunk_through_it():
+    base = torch.ones(1024)
+    t = from_dlpack(base)
+    base.untyped_storage().resize_(0)
+    with pytest.raises(ArgumentError, match="past the end of its storage"):
+        t.to_torch()

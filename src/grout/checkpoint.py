@@ -131,9 +131,10 @@ def checkpoint_files(directory: Path) -> dict:
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise CheckpointError(f"{index}: corrupt index ({e!r})") from None
         for name, file in files.items():
-            if file.is_absolute() or ".." in file.parts:   # the shards live in the folder
-                raise CheckpointError(f"{index}: weight_map names {str(file)!r} for {name!r}, "
-                                      f"outside the checkpoint folder; name the shard's file")
+            if file.is_absolute() or ".." in file.parts or "\0" in str(file):
+                raise CheckpointError(f"{index}: weight_map names {str(file)!r} for {name!r}: "
+                                      f"a shard is named by a path inside the checkpoint "
+                                      f"folder, without '..', absolute parts or NUL bytes")
         return {name: directory / file for name, file in files.items()}
     single = directory / "model.safetensors"
     if single.is_file():

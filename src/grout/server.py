@@ -387,7 +387,8 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
     """Serve the engine ``load()`` returns (loaded and warmed up on the engine thread) until
     interrupted; returns the process exit status (1 when the address cannot be listened on,
     checked before loading starts, or when loading fails; Ctrl-C while loading ends the
-    process at once with 130, and after it the graceful stop returns 130; SIGTERM 0).
+    process at once with 130, and after it the graceful stop returns 130; after SIGTERM's
+    graceful stop uvicorn ends the process by that signal).
     ``default_seed``, ``generation_config``, ``allowed_origins``, ``api_keys``: as
     :func:`create_app`."""
     try:
@@ -421,10 +422,13 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
         if not app.state.grout.scheduler.ready.is_set():
             _exit_while_loading(130)
         raise
+    interrupted = server.signal == signal.SIGINT     # (no KeyboardInterrupt: SIGINT ignored)
+    if interrupted and not failed and not app.state.grout.scheduler.ready.is_set():
+        _exit_while_loading(130)
     if failed:
         err = failed[0]
         print(f"grout serve: could not load {model_name!r}: {type(err).__name__}: {err}",
               file=sys.stderr)
         return 1
     log.info("stopped after %.0f s", time.monotonic() - started)
-    return 128 + signal.SIGINT if server.signal == signal.SIGINT else 0
+    return 128 + signal.SIGINT if interrupted else 0

@@ -427,17 +427,41 @@ def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path):
         server.proc.wait()
 
 
+def inheriting_sigint(monkeypatch, handler) -> None:
+    """Start the test's servers with SIGINT ``handler`` inherited. A background job of a
+    non-interactive shell inherits it ignored: uvicorn still catches it and stops, but
+    re-raising it after the shutdown then does nothing."""
+    import server_process
+
+    def spawn(die=server_process._die_with_parent):
+        die()
+        signal.signal(signal.SIGINT, handler)
+    monkeypatch.setattr(server_process, "_die_with_parent", spawn)
+
+
+def test_ctrl_c_while_loading_exits_at_once_also_with_sigint_inherited_ignored(tmp_path,
+                                                                             monkeypatch):
+    inheriting_sigint(monkeypatch, signal.SIG_IGN)
+    server = ServerProcess("qwen3-0.6b", tmp_path / "serve.log", "--device", "cpu",
+                           "--max-seq-len", "64", "--no-progress")
+    server.port = free_port()
+    server._spawn()
+    try:
+        deadline = time.monotonic() + 120
+        while (503, '{"status":"loading"}') not in server.health_seen:
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
+            server.wait_healthy(0.5)
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 130, server.log()[-2000:]
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
 @pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN],
                          ids=["terminal", "background job"])
 def test_ctrl_c_after_loading_stops_gracefully_with_status_130(tmp_path, monkeypatch, inherited):
-    # A background job of a non-interactive shell inherits SIGINT ignored: uvicorn still
-    # catches it and stops, but re-raising it after the shutdown then does nothing.
-    import server_process
-
-    def spawn_with_sigint(handler=inherited, die=server_process._die_with_parent):
-        die()
-        signal.signal(signal.SIGINT, handler)
-    monkeypatch.setattr(server_process, "_die_with_parent", spawn_with_sigint)
+    inheriting_sigint(monkeypatch, inherited)
     server = ServerProcess("tiny", tmp_path / "serve.log", "--device", "cpu",
                            "--max-seq-len", "32", "--no-progress").start()
     try:

@@ -116,10 +116,12 @@ class CollectiveOp(DeviceOp):
             e.recovered = self._output()
             raise
         except (RuntimeError, ValueError) as e:   # gloo/NCCL: a peer left, or timed out
-            err = CollectiveError(
-                f"{self._name} failed on {_this_rank()}: {e}. A peer may have exited or be "
-                f"issuing a different sequence of collectives; every rank must issue the same "
-                f"collectives in the same order")
+            rank = _this_rank()
+            why = ("A peer may have exited or be issuing a different sequence of collectives; "
+                   "every rank must issue the same collectives in the same order") if rank else (
+                "The process group was destroyed before the collective ran: sync every "
+                "collective before torch.distributed.destroy_process_group()")
+            err = CollectiveError(f"{self._name} failed on {rank or 'this rank'}: {e}. {why}")
             err.recovered = self._output()
             raise err from e
         return self._output()
@@ -145,12 +147,12 @@ class CollectiveOp(DeviceOp):
         warn_unrun(self._name, self.site)
 
 
-def _this_rank() -> str:
-    """This process's global rank, as an error names it (the group may be gone by then)."""
+def _this_rank() -> str | None:
+    """This process's global rank, as an error names it; None once the process group is gone."""
     try:
         return f"rank {dist.get_rank()} of {dist.get_world_size()}"
     except (RuntimeError, ValueError):
-        return "this rank (its process group was destroyed before the collective ran)"
+        return None
 
 
 def _group_size(what: str, group) -> int:

@@ -271,8 +271,9 @@ class Graph(NoCopies):
         for label, name, t, recorded in self._layouts:
             if _layout(t) != recorded:
                 raise GraphCaptureError(
-                    f"{self!r}: the tensor passed to {label} as '{name}' was changed "
-                    f"through a torch alias since it was recorded ({_describe(recorded)} then, "
+                    f"{self!r}: the tensor passed to {label} as '{name}' was moved (its storage "
+                    f"resized through a torch alias) since it was recorded "
+                    f"({_describe(recorded)} then, "
                     f"{_describe(_layout(t))} now); record the graph again")
             if past_storage(t):
                 raise GraphCaptureError(

@@ -295,7 +295,7 @@ class BodyChecker(ast.NodeVisitor):
                    "Ptr": set()}.get(kind)
         if allowed is not None:
             if node.attr not in allowed:
-                self.fail(node, "call", f"'{node.value.id}' ({kind}) has no attribute "
+                self.fail(node, "call", f"'{ast.unparse(node.value)}' ({kind}) has no attribute "
                                         f"'{node.attr}'; it has {sorted(allowed)}")
             return self.visit(node.value)
         r = self.info.scope.resolve(node)

@@ -144,7 +144,7 @@ def _check_arg(kernel, name, spec, v) -> BoundArg:
                                       f"shrunk through a torch alias; make the tensor again")
         if kind == "Out":
             grid = tuple(-(-n // k) for n, k in zip(t.shape, v._tile_shape))
-            if grid != v._order.grid:        # resized through a torch alias since partition()
+            if grid != v._order.grid:        # (a handle's own view keeps its shape: a guard)
                 raise _fail(kernel, name, f"the partitioned tensor now has shape "
                                           f"{tuple(t.shape)} (grid {grid}) but was partitioned "
                                           f"with grid {v._order.grid}; partition it again")

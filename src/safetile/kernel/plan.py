@@ -10,9 +10,9 @@ binary), for the exact arguments of one launch. A later launch reuses a plan onl
 * the same handle objects are passed at the same positions (held through weak references:
   a plan never keeps a handle or its memory alive). A handle's torch tensor, tile shape and
   program order never change for the handle's life, so the handle decides them;
-* each torch tensor still has the data pointer, shape, strides and dtype the plan saw (a
-  torch alias kept by the user could have been resized, restrided or given another dtype
-  through ``.data`` since; with the element size the byte extents change too), and its
+* each torch tensor still has the data pointer, shape, strides and dtype the plan saw (the
+  handle's own torch view: a storage resized through a torch alias the user kept moves its
+  data pointer; the layout is compared too, as it costs little), and its
   storage still reaches the plan's last byte: a storage shrunk through a torch alias is
   reallocated, and the allocator may hand the new, smaller block the old address, so the
   pointer alone cannot tell (the launch would write past the block's end);

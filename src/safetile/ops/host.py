@@ -168,7 +168,8 @@ def check_dtype(name: str, v, allowed,
 
 def check_target(name: str, v) -> None:
     """``v``, which an op writes, must be a Tensor (a Shared handle is read-only) whose
-    elements are each their own memory (an op of several launches finds out no later)."""
+    elements are each their own memory: checked as the op is built, so an op of several
+    launches refuses it before its first launch."""
     if not isinstance(v, Tensor):
         raise ArgumentError(f"{name}: expected an st.Tensor, got {given_argument(v, 'tensor')}")
     if v._is_live() and self_overlapping(v._torch):

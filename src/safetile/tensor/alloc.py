@@ -183,21 +183,20 @@ def full(shape, value, dtype=_dtypes.float32, device=None) -> Tensor:
     """A Tensor filled with ``value`` (``dtype`` defaults to ``st.float32``)."""
     _guard("full")
     tdt = _torch_dtype(dtype)
-    if not tdt.is_floating_point and tdt is not torch.bool and \
-            not isinstance(value, (bool, int)) and not _integral(value):
+    if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+        raise ArgumentError(f"st.full: {value!r} is complex; safetile has no complex dtype")
+    integer = not tdt.is_floating_point and tdt is not torch.bool
+    if integer and not isinstance(value, (bool, int)) and not _integral(value):
         raise ArgumentError(f"st.full: {value!r} is not a value of the integer dtype "
                             f"{dtype}; round it first, or use a float dtype")
-    if isinstance(value, complex):
-        raise ArgumentError(f"st.full: {value!r} is complex; safetile has no complex dtype")
-    if isinstance(value, int) and not isinstance(value, bool) and not tdt.is_floating_point \
-            and tdt is not torch.bool:
+    if integer and isinstance(value, numbers.Real) and not isinstance(value, bool):
         info = torch.iinfo(tdt)
         if not info.min <= value <= info.max:
-            raise ArgumentError(f"st.full: {value} is out of {dtype}'s range "
+            raise ArgumentError(f"st.full: {value!r} is out of {dtype}'s range "
                                 f"[{info.min}, {info.max}]")
     with _typed("st.full"):
-        if isinstance(value, int) and tdt.is_floating_point:
-            value = float(value)        # past int64 too, as the float it rounds to
+        if type(value) is int and not -2**63 <= value < 2**63 and tdt.is_floating_point:
+            value = float(value)        # torch takes no int past int64: its nearest float
         return Tensor._wrap(torch.full(_shape_tuple(shape), value, dtype=tdt,
                                        device=_device(device)))
 
@@ -349,6 +348,8 @@ def from_dlpack(x) -> Tensor:
     if isinstance(x, Handle):
         raise ArgumentError(f"st.from_dlpack: {x._describe()} is a safetile handle, not a "
                             f"DLPack producer; pass a Tensor (its zero-copy view comes back)")
+    if isinstance(x, torch.Tensor):     # shares x's storage, so a resize through x is seen
+        return from_torch(x)
     flags = getattr(x, "flags", None)             # numpy's (and numpy-like) arrays
     if flags is not None and getattr(flags, "writeable", True) is False:
         raise ArgumentError("st.from_dlpack: the array is read-only (writeable=False); a kernel "
@@ -362,5 +363,9 @@ def from_dlpack(x) -> Tensor:
         raise ArgumentError(f"st.from_dlpack: the array has negative strides {strides}; "
                             f"pass a copy (st.from_numpy copies)")
     with _typed("st.from_dlpack"):
-        t = torch.from_dlpack(x)
+        try:
+            t = torch.from_dlpack(x)
+        except BufferError as e:        # numpy: a byte order or dtype DLPack cannot carry
+            raise ArgumentError(f"st.from_dlpack: {e} Pass a native-order copy of a "
+                                f"supported dtype (st.from_numpy copies)") from None
     return Tensor._wrap(t)
