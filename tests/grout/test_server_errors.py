@@ -409,24 +409,6 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
         server.stop()
 
 
-def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path):
-    # A 0.6B shape takes minutes to load and warm up on the CPU executor.
-    server = ServerProcess("qwen3-0.6b", tmp_path / "serve.log", "--device", "cpu",
-                           "--max-seq-len", "64", "--no-progress")
-    server.port = free_port()
-    server._spawn()
-    try:
-        deadline = time.monotonic() + 120
-        while (503, '{"status":"loading"}') not in server.health_seen:
-            assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
-            server.wait_healthy(0.5)
-        server.proc.send_signal(signal.SIGINT)
-        assert server.proc.wait(30) == 130, server.log()[-2000:]
-    finally:
-        server.proc.kill()
-        server.proc.wait()
-
-
 def inheriting_sigint(monkeypatch, handler) -> None:
     """Start the test's servers with SIGINT ``handler`` inherited. A background job of a
     non-interactive shell inherits it ignored: uvicorn still catches it and stops, but
@@ -439,9 +421,11 @@ def inheriting_sigint(monkeypatch, handler) -> None:
     monkeypatch.setattr(server_process, "_die_with_parent", spawn)
 
 
-def test_ctrl_c_while_loading_exits_at_once_also_with_sigint_inherited_ignored(tmp_path,
-                                                                             monkeypatch):
-    inheriting_sigint(monkeypatch, signal.SIG_IGN)
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN],
+                         ids=["terminal", "background job"])
+def test_ctrl_c_while_the_model_loads_exits_at_once(tmp_path, monkeypatch, inherited):
+    # A 0.6B shape takes minutes to load and warm up on the CPU executor.
+    inheriting_sigint(monkeypatch, inherited)
     server = ServerProcess("qwen3-0.6b", tmp_path / "serve.log", "--device", "cpu",
                            "--max-seq-len", "64", "--no-progress")
     server.port = free_port()
