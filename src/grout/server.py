@@ -418,12 +418,11 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
              "/v1 requests need an API key" if api_keys else "no API key needed")
     try:
         server.run(sockets=[sock])
+        # uvicorn re-raises the SIGINT it caught; one inherited ignored raises nothing
+        interrupted = server.signal == signal.SIGINT
     except KeyboardInterrupt:
-        if not app.state.grout.scheduler.ready.is_set():
-            _exit_while_loading(130)
-        raise
-    interrupted = server.signal == signal.SIGINT     # (no KeyboardInterrupt: SIGINT ignored)
-    if interrupted and not failed and not app.state.grout.scheduler.ready.is_set():
+        interrupted = True
+    if interrupted and not app.state.grout.scheduler.ready.is_set():
         _exit_while_loading(130)
     if failed:
         err = failed[0]

@@ -1,6 +1,8 @@
 """The parameter grammar of ``@st.kernel``: ``In``, ``Out``, ``Const``, ``Ptr`` and scalars."""
 from __future__ import annotations
 
+import functools
+import operator
 import types
 import typing
 from dataclasses import dataclass
@@ -144,13 +146,17 @@ def parse_annotation(annotation) -> ParamSpec:
 
 
 def _from_grammar(spec: ParamSpec) -> bool:
-    """Whether ``spec`` is one the grammar makes (a ParamSpec built by hand is refused)."""
-    if spec.kind in ("int", "float"):
-        return spec == SCALARS[int if spec.kind == "int" else float]
-    if spec.kind == "Const":
-        return (not spec.dtypes and spec.rank is None and isinstance(spec.const_kinds, tuple)
-                and bool(spec.const_kinds) and all(k in CONST_KINDS for k in spec.const_kinds))
-    rank_ok = spec.rank is None or (type(spec.rank) is int and spec.rank >= 1)
-    return (spec.kind in ("In", "Out", "Ptr") and isinstance(spec.dtypes, tuple)
-            and bool(spec.dtypes) and all(isinstance(d, DType) for d in spec.dtypes)
-            and rank_ok and not spec.const_kinds)
+    """Whether ``spec`` is one the grammar makes: the grammar makes it again from its fields
+    (a ParamSpec built by hand may break the grammar's rules)."""
+    try:
+        if spec.kind in ("int", "float"):
+            remade = SCALARS[int if spec.kind == "int" else float]
+        elif spec.kind == "Const":
+            remade = Const[functools.reduce(operator.or_, spec.const_kinds)]
+        else:
+            kind = {"In": In, "Out": Out, "Ptr": Ptr}[spec.kind]
+            dtypes = functools.reduce(operator.or_, spec.dtypes)
+            remade = kind[dtypes] if spec.rank is None else kind[dtypes, spec.rank]
+    except (KeyError, TypeError):             # a kind the grammar lacks, no dtypes or kinds
+        return False
+    return remade == spec

@@ -106,7 +106,7 @@ def _typed(what: str):
         raise
     except torch.OutOfMemoryError:
         raise
-    except (RuntimeError, TypeError, ValueError, OverflowError, BufferError) as e:
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:
         raise ArgumentError(f"{what}: {e}") from None
 
 
