@@ -8,7 +8,7 @@ import torch
 
 import safetile as st
 import safetile.lang as sl
-from safetile.errors import ExecutionError, OutOfBoundsError
+from safetile.errors import ArgumentError, ExecutionError, OutOfBoundsError
 
 import support
 from support import add, vec, out
@@ -391,3 +391,17 @@ def test_an_await_refused_by_a_shut_down_executor_names_the_ops_values_and_leave
     assert error.recovered[0] is x and error.recovered[2] is z
     _, _, z = op.sync()                       # the op did not start: it still runs
     assert z.unpartition().to_torch().tolist() == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("what", ["op", "task"])
+def test_recovered_of_anything_but_a_submitted_future_says_what_to_pass(what):
+    async def main():
+        op = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), out())
+        fut = op if what == "op" else asyncio.ensure_future(op)
+        try:
+            with pytest.raises(ArgumentError, match=r"made by st\.submit\(op\)"):
+                await st.recovered(fut)
+        finally:
+            await fut
+
+    asyncio.run(main())

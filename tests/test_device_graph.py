@@ -262,7 +262,12 @@ def test_update_with_a_different_structure_hands_the_new_values_back_as_recovere
 
 
 def test_an_update_whose_record_fails_hands_back_the_values_of_every_op():
-    g = add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), st.empty((4,)).partition((2,))).graph()
+    first, second = inc(st.zeros((4,)).partition((2,))), \
+        add(vec(1, 2, 3, 4), vec(1, 1, 1, 1), st.empty((4,)).partition((2,)))
+    with st.graph_scope() as s:
+        s.record(first)
+        s.record(second)
+    g = s.graph
     x, z = vec(1, 1, 1, 1), st.empty((4,))
     failing = inc(st.zeros((4,)).partition((2,))).then(lambda z: "not an op")
     later = add(x, vec(1, 1, 1, 1), z.partition((2,)))

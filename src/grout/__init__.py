@@ -7,8 +7,9 @@
         print(piece.text, end="")
 """
 from .config import SHAPES, Qwen3Config  # noqa: F401
-from .engine import Completion, Engine, Piece, Stream, load  # noqa: F401
+from .engine import Engine, load  # noqa: F401
 from .errors import CheckpointError, GroutError, RequestError  # noqa: F401
+from .outputs import Completion, Piece, Stream  # noqa: F401
 from .sampler import SamplingParams  # noqa: F401
 from .tokenizer import Tokenizer  # noqa: F401
 

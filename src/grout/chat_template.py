@@ -63,9 +63,7 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
     ``<tool_response>``.
     The generation prompt opens an assistant turn; ``enable_thinking=False`` pre-fills an
     empty think block, so the model answers directly."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise RequestError("messages must be a non-empty list of {'role', 'content'} dicts")
-    messages = [_openai_message(m) for m in messages]
+    messages = _checked(messages)
     turns = [_message_text(m, i) for i, m in enumerate(messages)]
     last_query = max((i for i, (r, c) in enumerate(turns)
                       if r == "user" and not _is_tool_result(r, c)), default=len(turns) - 1)
@@ -103,6 +101,13 @@ def qwen3_chat(messages, add_generation_prompt: bool = True, enable_thinking: bo
     return "".join(out)
 
 
+def _checked(messages) -> list:
+    """``messages`` as a list of message dicts (``RequestError`` for any other shape)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise RequestError("messages must be a non-empty list of {'role', 'content'} dicts")
+    return [_openai_message(m) for m in messages]
+
+
 def render(messages, add_generation_prompt: bool = True, enable_thinking: bool = True,
            template: str | None = None, template_source: str = "the chat template") -> str:
     """The prompt text of a conversation: a checkpoint's ``template``, else :func:`qwen3_chat`."""
@@ -110,8 +115,7 @@ def render(messages, add_generation_prompt: bool = True, enable_thinking: bool =
     check_flag("enable_thinking", enable_thinking)
     if template is None:
         return qwen3_chat(messages, add_generation_prompt, enable_thinking)
-    if isinstance(messages, (list, tuple)):
-        messages = [_openai_message(m) for m in messages]
+    messages = _checked(messages)
     # Checked; an assistant's None content renders as "" (as the server sends it), not "None".
     turns = [dict(m, content=_message_text(m, i)[1]) for i, m in enumerate(messages)]
     try:

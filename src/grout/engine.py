@@ -15,7 +15,6 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -26,7 +25,8 @@ import safetile as st
 from . import config as config_mod
 from .config import Qwen3Config
 from .errors import CheckpointError, RequestError, check_flag, drop_locals, dropping_locals
-from .logprobs import TokenLogprobs, check_top_logprobs, check_vocabulary, step_logprobs
+from .logprobs import check_top_logprobs, check_vocabulary, step_logprobs
+from .outputs import Completion, Piece, Stream
 from .runner import Runner
 from .sampler import SEED_END, SEED_MIN, SamplingParams, integer
 from .stops import StopTail, stop_strings
@@ -35,71 +35,12 @@ from .weights import Weights, load_checkpoint, random_weights
 from .weights import from_tensors as weights_from_tensors
 
 GEMMS = ("safetile", "cublas")
+# The most decode steps in one chunk: a chunk is one graph of that many inlined steps, and
+# its token buffers are allocated with the engine.
+MAX_DECODE_CHUNK = 1024
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "f32": "float32",
                "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16"}
-
-
-@dataclass
-class Completion:
-    """A finished generation: ``finish_reason`` is "stop" (an eos token or a stop string)
-    or "length" (``max_new_tokens``, or the context full: :func:`token_budget`)."""
-
-    text: str
-    token_ids: list
-    finish_reason: str
-    prompt_tokens: int
-    logprobs: list | None = None     # with generate(..., logprobs=k): a TokenLogprobs a token
-
-    @property
-    def completion_tokens(self) -> int:
-        """How many tokens were generated (``len(token_ids)``)."""
-        return len(self.token_ids)
-
-
-@dataclass
-class Piece:
-    """One generated token and the text it completes (possibly empty: text is held back
-    while it may still turn into a stop string or an incomplete character). The last piece
-    of a stream carries the ``finish_reason``."""
-
-    text: str
-    token_id: int
-    finish_reason: str | None = None
-    logprobs: TokenLogprobs | None = None      # with stream(..., logprobs=k)
-    offset: int = 0                            # where this token's text starts in the output
-
-
-class Stream:
-    """The generator :meth:`Engine.stream` returns: iterate it for :class:`Piece` values;
-    ``close()`` stops generation. ``prompt_tokens``: the prompt's length in tokens;
-    ``decoded``: the tokens the engine has produced so far, those decoded ahead in a chunk
-    of graph replays and not yet yielded included."""
-
-    def __init__(self, prompt_tokens: int):
-        self._gen: Iterator[Piece] = iter(())
-        self.prompt_tokens = prompt_tokens
-        self.decoded = 0
-
-    def __iter__(self):
-        """The stream itself: iterate it for the pieces."""
-        return self
-
-    def __next__(self) -> Piece:
-        """The next piece (StopIteration once the generation has finished)."""
-        return next(self._gen)
-
-    def close(self) -> None:
-        """Stop generating (the engine is free for the next request)."""
-        self._gen.close()
-
-    def __enter__(self):
-        """``with eng.stream(...) as s``: the stream, closed when the block ends."""
-        return self
-
-    def __exit__(self, *exc):
-        """Close the stream (its generation stops; the engine is free for the next)."""
-        self.close()
 
 
 def resolve_device(device) -> torch.device:
@@ -151,8 +92,10 @@ def check_options(gemm, max_seq_len, decode_chunk) -> None:
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise RequestError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     n = decode_chunk
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
-        raise RequestError(f"decode_chunk must be a power of two >= 1, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_DECODE_CHUNK or \
+            n & (n - 1):
+        raise RequestError(f"decode_chunk must be a power of two from 1 to "
+                           f"{MAX_DECODE_CHUNK}, got {n!r}")
 
 
 def check_request(max_new_tokens, temperature, top_k, top_p, seed, stop, logprobs=None,

@@ -7,9 +7,14 @@ device-resident position (``ops.kv_append``). Rows past the current length are n
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
 import safetile as st
 
 from .config import Qwen3Config
+from .errors import RequestError
 
 
 class KVCache:
@@ -19,8 +24,14 @@ class KVCache:
 
     def __init__(self, cfg: Qwen3Config, max_seq_len: int, dtype, device):
         self.max_seq_len = max_seq_len
-        self.all = st.zeros((cfg.num_hidden_layers, 2, cfg.num_key_value_heads, max_seq_len,
-                             cfg.head_dim), dtype=dtype, device=device)
+        shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
+        try:
+            self.all = st.zeros(shape, dtype=dtype, device=device)
+        except (torch.OutOfMemoryError, st.ArgumentError) as e:   # (the shape is ours: too big)
+            nbytes = math.prod(shape) * dtype.itemsize
+            raise RequestError(f"the KV cache for max_seq_len={max_seq_len} positions "
+                               f"({nbytes / 2**30:.1f} GiB) cannot be allocated on {device} "
+                               f"({e}); pass a smaller max_seq_len") from None
         self.k = [self.all[n, 0] for n in range(cfg.num_hidden_layers)]
         self.v = [self.all[n, 1] for n in range(cfg.num_hidden_layers)]
 

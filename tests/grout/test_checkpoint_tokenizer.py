@@ -128,3 +128,13 @@ def test_a_checkpoint_template_renders_the_text_hugging_face_renders(checkpoint_
     want = render_jinja_template([messages], chat_template=template, add_generation_prompt=True,
                                  bos_token="", eos_token="<|im_end|>")[0][0]
     assert load(checkpoint_copy).tokenizer.apply_chat_template(messages) == want
+
+
+@pytest.mark.parametrize("messages", [None, 5, "hi", {"role": "user", "content": "hi"}, []])
+def test_the_checkpoint_chat_template_refuses_messages_that_are_not_a_list_of_dicts(
+        checkpoint_copy, messages):
+    (checkpoint_copy / "chat_template.jinja").write_text(TEMPLATE)
+    eng = load(checkpoint_copy)
+    with pytest.raises(grout.RequestError, match="non-empty list"):
+        eng.tokenizer.apply_chat_template(messages)
+

@@ -550,3 +550,13 @@ def test_a_config_error_names_the_file_once_without_a_model_name():
         config.from_dict(raw, "/p/config.json", name="")
     assert str(e.value) == ("/p/config.json: num_attention_heads 3 is not a multiple of "
                             "num_key_value_heads 2")
+
+
+def test_a_kv_cache_too_large_to_allocate_is_a_request_error_naming_max_seq_len(
+        checkpoint_copy):
+    config = json.loads((checkpoint_copy / "config.json").read_text())
+    config["max_position_embeddings"] = 2**62
+    (checkpoint_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(grout.RequestError, match="KV cache for max_seq_len=1152921504606846976"):
+        grout.load(checkpoint_copy, device="cpu", dtype="float32", max_seq_len=2**60,
+                   progress=False)

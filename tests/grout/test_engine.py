@@ -151,6 +151,24 @@ def test_closing_a_stream_stops_it_and_frees_the_engine(eng, reference):
     assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
 
 
+def test_a_stream_closed_from_another_thread_while_it_decodes_stops(eng, reference):
+    s = eng.stream(PROMPT, max_new_tokens=200, ignore_eos=True)
+    got, started = [], threading.Event()
+
+    def consume():
+        for piece in s:
+            got.append(piece)
+            started.set()
+
+    th = threading.Thread(target=consume)
+    th.start()
+    started.wait()
+    s.close()
+    th.join()
+    assert 1 <= len(got) < 200
+    assert eng.generate(PROMPT, max_new_tokens=3).token_ids == reference
+
+
 def test_a_newer_request_supersedes_an_unfinished_stream(eng, reference):
     old = eng.stream(PROMPT, max_new_tokens=10)
     next(old)

@@ -197,7 +197,7 @@ def test_a_chunk_never_straddles_the_short_context_limit(long_cache):
         r.short_attention_max = runner_module.SHORT_ATTENTION_MAX
 
 
-@pytest.mark.parametrize("chunk", [0, 3, -2, 2.0, True])
+@pytest.mark.parametrize("chunk", [0, 3, -2, 2.0, True, 2048, 2**62])
 def test_a_decode_chunk_that_is_not_a_power_of_two_is_refused(checkpoints, chunk):
     with pytest.raises(grout.RequestError, match="decode_chunk"):
         grout.load(checkpoints["tied"][0], device="cpu", dtype="float32", max_seq_len=64,

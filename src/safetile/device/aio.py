@@ -37,7 +37,7 @@ import queue
 import threading
 import weakref
 
-from ..errors import ExecutionError
+from ..errors import ArgumentError, ExecutionError
 from . import streams
 from .execution import _state, enqueue, executing, refuse_inside_recording, refused
 from .op import DeviceOp
@@ -295,6 +295,11 @@ async def recovered(fut):
     """``st.recovered``: the output of an ``st.submit`` future's op once its work has
     completed, also when the future was cancelled (further cancellations of the waiting task
     are held off until then); for a failed op, the values its error recovered."""
+    if not isinstance(fut, _OpFuture):
+        raise ArgumentError(
+            f"st.recovered(fut) takes a future made by st.submit(op), got "
+            f"{type(fut).__name__}; an `await op` or op.sync() that fails or is cancelled "
+            f"carries the op's values as error.recovered instead")
     out, error = await _outcome(fut)
     if error is not None and getattr(error, "recovered", None) is not None:
         return error.recovered

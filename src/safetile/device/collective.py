@@ -35,7 +35,7 @@ from ..tensor import LOCK, Partition, Shared, Tensor, borrows
 from ..tensor.ownership import LIVE, finalize, restore_all_locked
 from ..tensor.tensor import within_storage
 from .execution import UNKNOWN, RunContext, note_built
-from .op import DeviceOp
+from .op import ABANDONED, DeviceOp
 from .unrun import building_site, warn_unrun
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
@@ -127,7 +127,7 @@ class CollectiveOp(DeviceOp):
         return self._output()
 
     def _abandon(self) -> None:
-        if self._claim():
+        if self._claim(ABANDONED):
             self._release()
 
     def _values(self):

@@ -17,7 +17,7 @@ import threading
 from ..errors import ArgumentError, ExecutionError
 from .execution import (UNKNOWN, RunContext, _state, attach_recovered, collecting_built,
                         in_callback, refused, spread)
-from .op import DeviceOp, fail_in_sequence
+from .op import ABANDONED, DeviceOp, fail_in_sequence
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -109,6 +109,7 @@ class ThenOp(DeviceOp):
         # Iterative, not recursive: a chain of thousands of `then`s must not exhaust the stack.
         callbacks, op = [], self
         while type(op) is ThenOp:
+            op._take()                # each link runs once, also over a shared op
             callbacks.append(op.f)
             op = op.prev
         out = op._run(ctx)
@@ -131,7 +132,9 @@ class ThenOp(DeviceOp):
                 for op in built:              # ops the callback built: values come back
                     op._abandon()
                 wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
-                attach_recovered(wrong or e, out)
+                # The values the callback was given, also over an account a launch inside
+                # it attached: what the callback made itself died with it, as any local.
+                attach_recovered(wrong or e, out, replace=True)
                 if wrong is not None:
                     raise wrong from e
                 raise
@@ -142,12 +145,15 @@ class ThenOp(DeviceOp):
             try:
                 out = nxt._run(ctx)
             except BaseException as e:    # (an op that already ran took none of them)
+                for op in built:              # built by the callback, never to run now (one
+                    op._abandon()             # held only by a closure of nxt, say)
                 attach_recovered(e, out)
                 raise
             source = nxt
         return out
 
     def _abandon(self) -> None:
+        self._claim(ABANDONED)        # (a run cut short before its parts ran: they go too)
         self.prev._abandon()
 
     def _values(self):
@@ -172,6 +178,7 @@ class MapOp(DeviceOp):
         return f"<MapOp {self.inner!r} -> {getattr(self.f, '__name__', self.f)!r}>"
 
     def _run(self, ctx: RunContext):
+        self._take()
         out = self.inner._run(ctx)
         ctx.settle()
         try:
@@ -188,7 +195,7 @@ class MapOp(DeviceOp):
                 return result
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
-            attach_recovered(wrong or e, out)
+            attach_recovered(wrong or e, out, replace=True)
             if wrong is not None:
                 raise wrong from e
             raise
@@ -196,6 +203,7 @@ class MapOp(DeviceOp):
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
 
     def _abandon(self) -> None:
+        self._claim(ABANDONED)
         self.inner._abandon()
 
     def _values(self):
@@ -225,6 +233,7 @@ class ZipOp(DeviceOp):
         return f"<ZipOp of {len(self.ops)}>"
 
     def _run(self, ctx: RunContext):
+        self._take()
         outs = []
         for i, op in enumerate(self.ops):
             try:
@@ -235,6 +244,7 @@ class ZipOp(DeviceOp):
         return tuple(outs)
 
     def _abandon(self) -> None:
+        self._claim(ABANDONED)
         for op in self.ops:
             op._abandon()
 

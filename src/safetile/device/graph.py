@@ -46,7 +46,7 @@ from ..tensor.ownership import NoCopies, finalize
 from ..tensor.overlap import Extent, past_storage
 from ..tensor.spans import covering_views
 from .execution import RunContext, attach_recovered
-from .op import DeviceOp, fail_in_sequence
+from .op import ABANDONED, DeviceOp, ReplayedBy, fail_in_sequence
 from .scope import GraphScope
 from .unrun import building_site, warn_unrun
 from .unsafe_block import in_unsafe_block
@@ -182,6 +182,8 @@ class Graph(NoCopies):
                         f"handed to torch once this graph is dropped; keep a reference to the "
                         f"graph itself, or record another one")
 
+    sync, run, replay, result = (ReplayedBy() for _ in range(4))
+
     def __init__(self, records: list, output, single: bool = False, shared_holds=()):
         self.output = output
         self._single = single
@@ -287,21 +289,24 @@ class Graph(NoCopies):
                     f"freed since it was recorded: its storage was resized through a torch "
                     f"alias; record the graph again")
 
-    def inline(self) -> tuple:
+    def inline(self, ctx: RunContext) -> tuple:
         """``(records, output)`` of one state of this graph (an update swaps both at once),
         its launches checked, as recording them directly would, against the borrows in force
-        (``AliasError``, with the output as ``e.recovered``). In particular a value shared
-        earlier in the recording keeps them from writing its bytes: only launches recorded
-        before its share may rewrite it (it is not this graph's own, and its replays'
-        exemption does not carry over)."""
+        (``AliasError``, with the output as ``e.recovered``), and borrowed until the record
+        ``ctx`` finishes, as a recorded launch is. In particular a value shared earlier in the
+        recording keeps them from writing its bytes: only launches recorded before its share
+        may rewrite it (it is not this graph's own, and its replays' exemption does not carry
+        over)."""
         with self._lock:
             records, output = self._records, self.output
         for i, r in enumerate(records):
             try:
-                r.borrow(f"{r.label} (launch {i} of the inlined {self!r})").release()
+                hold = r.borrow(f"{r.label} (launch {i} of the inlined {self!r})")
             except BaseException as e:
                 attach_recovered(e, output, replace=True)
                 raise
+            hold.owner = ctx                      # ordered with the rest of the record
+            ctx._finish.append(hold.release)
         return records, output
 
     def _replay(self, ctx: RunContext) -> None:
@@ -324,9 +329,21 @@ class Graph(NoCopies):
     def update(self, *ops) -> None:
         """Re-record from ``ops`` (one per original record) and re-capture; see the module
         docstring. Raises ``GraphCaptureError`` if the structure differs."""
-        scope = _record(ops, "graph.update()", single=self._single and len(ops) == 1)
+        expected = 1 if self._single else len(self.output)
+        if len(ops) != expected:
+            err = GraphCaptureError(
+                f"graph.update() takes {expected} op(s), one per op {self!r} was recorded "
+                f"from, got {len(ops)}; the graph is unchanged and the ops' values are handed "
+                f"back (e.recovered)")
+            for op in ops:
+                if isinstance(op, DeviceOp):
+                    op._abandon()
+            attach_recovered(err, tuple(op._values() if isinstance(op, DeviceOp) else op
+                                        for op in ops))
+            raise err
+        scope = _record(ops, "graph.update()", single=self._single)
         outs = tuple(scope.outputs)
-        output = outs[0] if self._single and len(outs) == 1 else outs
+        output = outs[0] if self._single else outs
         try:
             if _structure(scope._records) != _structure(self._records):
                 raise GraphCaptureError(
@@ -378,7 +395,7 @@ class GraphLaunchOp(DeviceOp):
         return self._graph
 
     def _abandon(self) -> None:
-        self._consumed = True
+        self._claim(ABANDONED)
 
     def __del__(self):
         graph = getattr(self, "_graph", None)     # (None if an interrupt cut __init__ short)
@@ -395,7 +412,7 @@ class GraphLaunchOp(DeviceOp):
         self._take()
         g = self._graph
         if ctx.recording is not None:             # a replay inside a recording: inline it
-            records, output = g.inline()
+            records, output = g.inline(ctx)
             ctx.recording.extend(records)
             return output
         with g._lock:
@@ -405,8 +422,9 @@ class GraphLaunchOp(DeviceOp):
             hold = borrows.register(f"graph replay ({len(g._records)} launches)", g._extents,
                                     g._borrowed, groups=g._extent_groups,
                                     exempt=g._own_shared)
-        except BaseException:
+        except BaseException as e:
             g._replay_done()
+            attach_recovered(e, g.output)
             raise
         hold.owner = ctx
         # Both owed at once, through the list's own extend (no Python function entry, where

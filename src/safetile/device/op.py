@@ -58,6 +58,22 @@ class _NoOutputYet:
             f"it", name=self.name, obj=op)
 
 
+class ReplayedBy:
+    """A name that an op's users reach for on a graph (``g.sync()``): says how to replay it."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, g, owner=None):
+        if g is None:
+            return self
+        raise AttributeError(f"'Graph' object has no attribute {self.name!r}: a graph is "
+                             f"replayed by g.launch(), an op: g.launch().sync(), or `await "
+                             f"g.launch()` in a coroutine", name=self.name, obj=g)
+
+
 def unrun_argument(op, callee: str | None = None) -> str:
     """How to name ``op`` where its output was expected (by ``callee``), and what to pass."""
     chain = (f"op.then({callee}) (its output values become {callee}'s arguments) or "
@@ -82,6 +98,11 @@ def _end_of(values: tuple, i: int, which: str):
         raise ArgumentError(f"op.{which}() of an op whose output is empty: there is no "
                             f"{which} value")
     return values[i]
+
+
+# ``_consumed`` of an op that will never run: an execution it was part of failed first and
+# handed its values back (truthy, as is the True of an op that ran).
+ABANDONED = "abandoned"
 
 
 class DeviceOp(NoCopies):
@@ -130,20 +151,25 @@ class DeviceOp(NoCopies):
         so that ``await`` must run it off the event-loop thread."""
         return True
 
-    def _claim(self) -> bool:
-        """Mark this op consumed (to run, or abandoned); False if it already was. Atomic: two
-        threads syncing one op must not both run it on its one borrow."""
+    def _claim(self, how=True) -> bool:
+        """Mark this op consumed (``how``: True to run it, ``ABANDONED``); False if it already
+        was. Atomic: two threads syncing one op must not both run it on its one borrow."""
         with LOCK:
             if self._consumed:
                 return False
-            self._consumed = True
+            self._consumed = how
             return True
 
     def _take(self) -> None:
         """Mark this op as executed; an op runs once (its arguments come back once)."""
         if not self._claim():
+            if self._consumed is ABANDONED:
+                raise ExecutionError(f"{self!r} never ran: an execution it was part of failed "
+                                     f"first, and its values were handed back (that error's "
+                                     f"e.recovered); build the op again to run it")
             raise ExecutionError(f"{self!r} has already run (or is running): an op runs once. "
-                                 f"Capture it with op.graph() to run work repeatedly")
+                                 f"Build it again to run it again, or capture one with "
+                                 f"op.graph() and replay that to run work repeatedly")
 
     # -- combinators ----------------------------------------------------------------------
     def then(self, f) -> "DeviceOp":

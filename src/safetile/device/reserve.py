@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..tensor import borrows
 from ..tensor.ownership import finalize
 from .execution import RunContext, note_built
-from .op import DeviceOp
+from .op import ABANDONED, DeviceOp
 
 
 class ReservingOp(DeviceOp):
@@ -80,7 +80,7 @@ class ReservingOp(DeviceOp):
             h.release()
 
     def _abandon(self) -> None:
-        if self._claim():
+        if self._claim(ABANDONED):
             self._end()
         self._inner._abandon()
 

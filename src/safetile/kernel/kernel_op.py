@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..device.execution import UNKNOWN, RunContext, attach_recovered, note_built
-from ..device.op import DeviceOp
+from ..device.op import ABANDONED, DeviceOp
 from ..device.unrun import warn_unrun
 from ..tensor import borrows
 from ..tensor.overlap import _overlap
@@ -196,7 +196,7 @@ class KernelOp(DeviceOp):
         return new
 
     def _abandon(self) -> None:
-        if self._claim():
+        if self._claim(ABANDONED):
             self._release()
 
     def _values(self):
