@@ -131,7 +131,7 @@ def test_graph_update_names_a_different_number_of_launches():
     g = scale(st.ones((4,)), part(), 2.0).graph()
     with pytest.raises(st.GraphCaptureError, match=r"records 1 launch\(es\) \['scale'\], the new "
                                                    r"ops 2"):
-        g.update(scale(st.ones((4,)), part(), 2.0), scale(st.ones((4,)), part(), 2.0))
+        g.update(st.zip(scale(st.ones((4,)), part(), 2.0), scale(st.ones((4,)), part(), 2.0)))
 
 
 # -- sync inside a running event loop ------------------------------------------------------------
