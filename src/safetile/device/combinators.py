@@ -15,9 +15,9 @@ import inspect
 import threading
 
 from ..errors import ArgumentError, ExecutionError
-from .execution import (UNKNOWN, RunContext, _state, attach_recovered, collecting_built,
-                        in_callback, refused, spread)
-from .op import ABANDONED, DeviceOp, fail_in_sequence
+from .execution import (UNKNOWN, RunContext, _state, abandon_all, attach_recovered,
+                        collecting_built, in_callback, refused, spread)
+from .op import DeviceOp, fail_in_sequence
 
 
 def _check_op(value, what: str) -> DeviceOp:
@@ -66,6 +66,15 @@ def _check_result(value, f) -> None:
     _check_op(value, "the value returned by a `then` callback")
 
 
+def callback_account(error: BaseException, given) -> object:
+    """What the error a callback raised recovers: the values it was ``given`` or, when a
+    launch inside it attached an account of its own, ``(given, that account)`` (a value the
+    callback moved into a handle it made, ``z.unpartition().partition(...)``, is found
+    only in the second)."""
+    inner = getattr(error, "recovered", None)
+    return given if inner is None else (given, inner)
+
+
 def arity_error(kind: str, f, out, source) -> ArgumentError | None:
     """The error to raise when the ``kind`` callback ``f`` raised a TypeError because it
     cannot take the values ``out`` spreads into (None if the TypeError came from inside f)."""
@@ -107,16 +116,20 @@ class ThenOp(DeviceOp):
 
     def _run(self, ctx: RunContext):
         # Iterative, not recursive: a chain of thousands of `then`s must not exhaust the stack.
-        callbacks, op = [], self
+        links, op = [], self
         while type(op) is ThenOp:
-            op._take()                # each link runs once, also over a shared op
-            callbacks.append(op.f)
+            links.append(op)
             op = op.prev
         out = op._run(ctx)
         source = op
         state = _state
         turn = ctx.turn
-        for f in reversed(callbacks):
+        for link in reversed(links):
+            # Each link runs once, also over a shared op; claimed only once what it follows
+            # has run, so that a refusal of that (a shared op in flight elsewhere) leaves it
+            # to run later.
+            link._take()
+            f = link.f
             ctx.settle()          # the next op runs on ctx.stream: ordered after this work
             # `with in_callback("then")`, inlined (this loop runs once per chained op)
             outer = getattr(state, "busy", None)
@@ -129,12 +142,9 @@ class ThenOp(DeviceOp):
                 if not isinstance(nxt, DeviceOp):
                     _check_result(nxt, f)
             except BaseException as e:
-                for op in built:              # ops the callback built: values come back
-                    op._abandon()
+                abandon_all(built)            # ops the callback built: values come back
                 wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
-                # The values the callback was given, also over an account a launch inside
-                # it attached: what the callback made itself died with it, as any local.
-                attach_recovered(wrong or e, out, replace=True)
+                attach_recovered(wrong or e, callback_account(e, out), replace=True)
                 if wrong is not None:
                     raise wrong from e
                 raise
@@ -145,15 +155,13 @@ class ThenOp(DeviceOp):
             try:
                 out = nxt._run(ctx)
             except BaseException as e:    # (an op that already ran took none of them)
-                for op in built:              # built by the callback, never to run now (one
-                    op._abandon()             # held only by a closure of nxt, say)
-                attach_recovered(e, out)
+                abandon_all(built)            # built by the callback, never to run now (one
+                attach_recovered(e, out)      # held only by a closure of nxt, say)
                 raise
             source = nxt
         return out
 
     def _abandon(self) -> None:
-        self._claim(ABANDONED)        # (a run cut short before its parts ran: they go too)
         self.prev._abandon()
 
     def _values(self):
@@ -178,8 +186,8 @@ class MapOp(DeviceOp):
         return f"<MapOp {self.inner!r} -> {getattr(self.f, '__name__', self.f)!r}>"
 
     def _run(self, ctx: RunContext):
-        self._take()
         out = self.inner._run(ctx)
+        self._take()              # (after its op, as a `then` link is)
         ctx.settle()
         try:
             with in_callback("map"), collecting_built():
@@ -195,7 +203,7 @@ class MapOp(DeviceOp):
                 return result
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
-            attach_recovered(wrong or e, out, replace=True)
+            attach_recovered(wrong or e, callback_account(e, out), replace=True)
             if wrong is not None:
                 raise wrong from e
             raise
@@ -203,7 +211,6 @@ class MapOp(DeviceOp):
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
 
     def _abandon(self) -> None:
-        self._claim(ABANDONED)
         self.inner._abandon()
 
     def _values(self):
@@ -221,10 +228,8 @@ class ZipOp(DeviceOp):
     def __init__(self, ops):
         try:
             self.ops = tuple(_check_op(op, f"st.zip argument {i}") for i, op in enumerate(ops))
-        except ExecutionError as e:
-            for op in ops:                        # they will never run: hand their values back
-                if isinstance(op, DeviceOp):
-                    op._abandon()
+        except ExecutionError as e:               # they will never run: values come back
+            abandon_all([op for op in ops if isinstance(op, DeviceOp)])
             attach_recovered(e, tuple(op._values() if isinstance(op, DeviceOp) else op
                                       for op in ops))
             raise
@@ -233,7 +238,6 @@ class ZipOp(DeviceOp):
         return f"<ZipOp of {len(self.ops)}>"
 
     def _run(self, ctx: RunContext):
-        self._take()
         outs = []
         for i, op in enumerate(self.ops):
             try:
@@ -241,10 +245,10 @@ class ZipOp(DeviceOp):
             except BaseException as e:
                 fail_in_sequence(e, outs, op, self.ops[i + 1:])
                 raise
+        self._take()              # (after its ops, as a `then` link is)
         return tuple(outs)
 
     def _abandon(self) -> None:
-        self._claim(ABANDONED)
         for op in self.ops:
             op._abandon()
 

@@ -198,11 +198,28 @@ def collecting_built():
     try:
         yield
     except BaseException:
-        for op in built:
-            op._abandon()
+        abandon_all(built)
         raise
     finally:
         _state.built = outer
+
+
+def abandon_all(ops) -> None:
+    """``op._abandon()`` for each op of ``ops`` that never ran (its values are handed back),
+    each again while an interrupt cuts it short (abandoning is idempotent); then the first
+    interrupt is raised."""
+    first = None
+    for op in ops:
+        while True:
+            try:
+                op._abandon()
+                break
+            except BaseException as e:
+                first = first or e
+                if not isinstance(e, KeyboardInterrupt):
+                    break
+    if first is not None:
+        raise first
 
 
 def abandon_and_finish(op, ctx: RunContext) -> None:

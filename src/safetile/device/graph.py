@@ -45,7 +45,7 @@ from ..tensor.alloc import forbid_allocation
 from ..tensor.ownership import NoCopies, finalize
 from ..tensor.overlap import Extent, past_storage
 from ..tensor.spans import covering_views
-from .execution import RunContext, attach_recovered
+from .execution import RunContext, abandon_all, attach_recovered
 from .op import ABANDONED, DeviceOp, ReplayedBy, fail_in_sequence
 from .scope import GraphScope
 from .unrun import building_site, warn_unrun
@@ -335,9 +335,7 @@ class Graph(NoCopies):
                 f"graph.update() takes {expected} op(s), one per op {self!r} was recorded "
                 f"from, got {len(ops)}; the graph is unchanged and the ops' values are handed "
                 f"back (e.recovered)")
-            for op in ops:
-                if isinstance(op, DeviceOp):
-                    op._abandon()
+            abandon_all([op for op in ops if isinstance(op, DeviceOp)])
             attach_recovered(err, tuple(op._values() if isinstance(op, DeviceOp) else op
                                         for op in ops))
             raise err

@@ -15,7 +15,7 @@ from asyncio.events import _get_running_loop as _running_loop
 from ..errors import ArgumentError, BlockingSyncWarning, CopyError, ExecutionError, NotRunError
 from ..tensor.hints import a_type_name, how_to_pass
 from ..tensor.ownership import LOCK, NoCopies
-from .execution import (RunContext, attach_recovered, enqueue, finish_fully,
+from .execution import (RunContext, abandon_all, attach_recovered, enqueue, finish_fully,
                         finish_when_complete)
 
 
@@ -25,9 +25,7 @@ def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
     what they hold, and record on ``error`` every value the sequence took: ``outs`` (the
     outputs of the ops before it, handed back when their execution ends), what ``failed``
     handed back, and the values of ``rest``."""
-    for later in rest:
-        if isinstance(later, DeviceOp):
-            later._abandon()
+    abandon_all([later for later in rest if isinstance(later, DeviceOp)])
     took = getattr(error, "recovered", None)
     if took is None and isinstance(failed, DeviceOp):
         took = failed._values()
@@ -164,8 +162,9 @@ class DeviceOp(NoCopies):
         """Mark this op as executed; an op runs once (its arguments come back once)."""
         if not self._claim():
             if self._consumed is ABANDONED:
-                raise ExecutionError(f"{self!r} never ran: an execution it was part of failed "
-                                     f"first, and its values were handed back (that error's "
+                raise ExecutionError(f"{self!r} never ran: it was given up when an op or "
+                                     f"execution it was part of was refused or failed, and "
+                                     f"its values were handed back (that error's "
                                      f"e.recovered); build the op again to run it")
             raise ExecutionError(f"{self!r} has already run (or is running): an op runs once. "
                                  f"Build it again to run it again, or capture one with "

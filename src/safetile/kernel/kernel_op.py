@@ -196,7 +196,8 @@ class KernelOp(DeviceOp):
         return new
 
     def _abandon(self) -> None:
-        if self._claim(ABANDONED):
+        # Again for an op already abandoned: an interrupt may have cut that release short.
+        if self._claim(ABANDONED) or self._consumed is ABANDONED:
             self._release()
 
     def _values(self):
