@@ -176,7 +176,9 @@ class DeviceOp(NoCopies):
 
         This op's values are handed back before ``f`` is called, so ``f`` may pass them on to
         the next launch. ``f`` must return a ``DeviceOp`` and must not start execution; an
-        ``async def`` ``f`` is refused (``ExecutionError``), as nothing could await it."""
+        ``async def`` ``f`` is refused (``ExecutionError``), as nothing could await it. An
+        error ``f`` raises recovers the values ``f`` was given, or ``(given, account)`` where
+        a launch inside ``f`` attached its own account."""
         return _combinators.ThenOp(self, f)
 
     def map(self, f) -> "DeviceOp":
