@@ -46,7 +46,7 @@ from ..tensor.ownership import NoCopies, finalize
 from ..tensor.overlap import Extent, past_storage
 from ..tensor.spans import covering_views
 from .execution import RunContext, abandon_all, attach_recovered
-from .op import ABANDONED, DeviceOp, ReplayedBy, fail_in_sequence
+from .op import ABANDONED, REPLAYED_BY, DeviceOp, MissingName, fail_in_sequence
 from .scope import GraphScope
 from .unrun import building_site, warn_unrun
 from .unsafe_block import in_unsafe_block
@@ -182,7 +182,7 @@ class Graph(NoCopies):
                         f"handed to torch once this graph is dropped; keep a reference to the "
                         f"graph itself, or record another one")
 
-    sync, run, replay, result = (ReplayedBy() for _ in range(4))
+    sync, run, replay, result = (MissingName(REPLAYED_BY) for _ in range(4))
 
     def __init__(self, records: list, output, single: bool = False, shared_holds=()):
         self.output = output

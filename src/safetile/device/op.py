@@ -34,42 +34,36 @@ def fail_in_sequence(error: BaseException, outs, failed, rest) -> None:
         replace=True)
 
 
-class _NoOutputYet:
-    """A name that futures, JAX and Triton users reach for on an op: says where the output is."""
+class MissingName:
+    """A name users of other libraries reach for that a class lacks: reading it raises an
+    AttributeError with ``hint(obj, name)``, what to do instead."""
 
-    # A class-level descriptor rather than ``DeviceOp.__getattr__``: on Python 3.11 a class
-    # with ``__getattr__`` loses the specialized lookup of every other attribute, and the
-    # launch path reads an op's attributes many times per launch.
-    __slots__ = ("name",)
+    # A class-level descriptor rather than ``__getattr__``: on Python 3.11 a class with
+    # ``__getattr__`` loses the specialized lookup of every other attribute, and the launch
+    # path reads an op's attributes many times per launch.
+    __slots__ = ("name", "hint")
 
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
-
-    def __get__(self, op, owner=None):
-        if op is None:
-            return self
-        raise AttributeError(
-            f"{type(op).__name__!r} object has no attribute {self.name!r}: an op is lazy and "
-            f"its output exists once it has run. Run it and take the output from op.sync() "
-            f"(a kernel's output is every argument, in order: `x, y, z = op.sync()`), or "
-            f"`x, y, z = await op` in a coroutine; st.submit(op) gives an asyncio.Future of "
-            f"it", name=self.name, obj=op)
-
-
-class ReplayedBy:
-    """A name that an op's users reach for on a graph (``g.sync()``): says how to replay it."""
-
-    __slots__ = ("name",)
+    def __init__(self, hint):
+        self.hint = hint
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
 
-    def __get__(self, g, owner=None):
-        if g is None:
+    def __get__(self, obj, owner=None):
+        if obj is None:
             return self
-        raise AttributeError(f"'Graph' object has no attribute {self.name!r}: a graph is "
-                             f"replayed by g.launch(), an op: g.launch().sync(), or `await "
-                             f"g.launch()` in a coroutine", name=self.name, obj=g)
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}: "
+                             f"{self.hint}", name=self.name, obj=obj)
+
+
+# What futures, JAX and Triton users reach for on an op: where its output is.
+NO_OUTPUT_YET = ("an op is lazy and its output exists once it has run. Run it and take the "
+                 "output from op.sync() (a kernel's output is every argument, in order: `x, y, "
+                 "z = op.sync()`), or `x, y, z = await op` in a coroutine; st.submit(op) gives "
+                 "an asyncio.Future of it")
+# What an op's users reach for on a graph: how to replay it.
+REPLAYED_BY = ("a graph is replayed by g.launch(), an op: g.launch().sync(), or `await "
+               "g.launch()` in a coroutine")
 
 
 def unrun_argument(op, callee: str | None = None) -> str:
@@ -128,7 +122,8 @@ class DeviceOp(NoCopies):
         self._not_run("indexed")
 
     # One descriptor per name (each learns its name from __set_name__).
-    result, wait, run, get, value, output, block_until_ready = (_NoOutputYet() for _ in range(7))
+    result, wait, run, get, value, output, block_until_ready = (
+        MissingName(NO_OUTPUT_YET) for _ in range(7))
 
     # -- to be provided by subclasses ------------------------------------------------------
     def _run(self, ctx: RunContext):
