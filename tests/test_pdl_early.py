@@ -95,6 +95,32 @@ def test_a_graph_checks_the_launch_recorded_just_before():
     assert after_write.serial and not after_read.serial
 
 
+def test_after_a_launch_of_no_programs_a_launch_goes_in_plain_order():
+    # The launcher enqueues nothing for an empty grid: on the stream, the launch before it
+    # (here one writing w) is what a programmatic launch would overlap.
+    w, x, src = st.empty((8,), device="cpu"), vec(seed=2), vec(seed=3)
+    empty = copy(st.empty((0,), device="cpu"), st.empty((0,), device="cpu").partition((4,)))
+    built = []
+
+    def after(src, wp):
+        built.append(weighted.options(pdl=True, early=("w",))(wp.unpartition(), x, out()))
+        return st.zip(empty, built[0])
+
+    with st.backend("interpret", seed=0):
+        copy.options(pdl=True)(src, w.partition((4,))).then(after).sync()
+    assert built[0].serial
+
+
+def test_a_graph_recorded_after_a_launch_of_no_programs_goes_in_plain_order():
+    w, x, src, z = st.empty((8,), device="cpu"), vec(seed=2), vec(seed=3), out()
+    e_in, e_out = st.empty((0,), device="cpu"), st.empty((0,), device="cpu")
+    with st.graph_scope() as scope:
+        _, wp = scope.record(copy.options(pdl=True)(src, w.partition((4,))))
+        scope.record(copy(e_in, e_out.partition((4,))))
+        scope.record(weighted.options(pdl=True, early=("w",))(wp.unpartition(), x, z))
+    assert scope.graph.records[-1].serial
+
+
 def test_the_first_launch_of_a_graph_goes_in_plain_order():
     # What runs before a replay is not known when the graph is recorded.
     w, x, z = vec(seed=1), vec(seed=2), out()
@@ -238,3 +264,23 @@ def test_an_early_list_given_to_the_decorator_is_copied_when_the_kernel_is_defin
     names.clear()
     assert weighted_early.opts["early"] == ("w",)
     assert launch_after_a_writer_of_w(weighted_early)
+
+
+@pytest.mark.gpu
+def test_after_a_launch_on_the_cpu_executor_a_gpu_launch_goes_in_plain_order():
+    # The CPU executor runs on the host: on the stream, the launch before it is what a
+    # programmatic launch would overlap.
+    built = []
+
+    def after(src, wp):
+        with st.backend("interpret", seed=0):
+            on_the_host = copy(vec(seed=4), out())
+        built.append(weighted.options(pdl=True, early=("w",))(
+            wp.unpartition(), st.randn((8,), device="cuda", seed=2),
+            st.empty((8,), device="cuda").partition((4,))))
+        return st.zip(on_the_host, built[0])
+
+    with st.backend("triton"):
+        w, src = st.empty((8,), device="cuda"), st.randn((8,), device="cuda", seed=3)
+        copy.options(pdl=True)(src, w.partition((4,))).then(after).sync()
+    assert built[0].serial

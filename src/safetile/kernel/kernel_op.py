@@ -143,10 +143,11 @@ class KernelOp(DeviceOp):
                 prev = recording[-1] if recording else None
             else:
                 prev = ctx.last
-            if prev is None or prev is UNKNOWN:
+            if prev is None or prev is UNKNOWN or not prev._enqueues_for(self):
                 # Nothing known of what runs just before: a graph's first launch (a replay, or
                 # a graph inlined into another recording, may follow anything), an
-                # execution's first, one after a callback. It goes in plain order.
+                # execution's first, one after a callback, one after a launch that put no
+                # work on the stream (its own predecessor is this one's). Plain order.
                 serial, running = True, ()
             else:
                 running = may_still_run(prev)
@@ -168,6 +169,12 @@ class KernelOp(DeviceOp):
             raise
         self._executed = True
         return self._args
+
+    def _enqueues_for(self, op: "KernelOp") -> bool:
+        """Whether this launch puts work on the stream that ``op`` follows it on: not with
+        no programs (the launcher enqueues nothing) nor on another backend (the CPU
+        executor runs it on the host)."""
+        return type(self._backend) is type(op._backend) and all(n > 0 for n in self._plan.grid)
 
     def _let_go_locked(self) -> None:
         """Let go of the handed-back values (under ``LOCK``; after an executed op's hand-back, or
