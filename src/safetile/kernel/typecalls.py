@@ -20,9 +20,7 @@ _MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "s
 _FLOAT_NAMES = {"inf": math.inf, "-inf": -math.inf, "+inf": math.inf, "nan": math.nan,
                 "infinity": math.inf, "-infinity": -math.inf}
 
-
-# The keyword arguments each operation takes (both backends pass them by these names);
-# every other argument is positional.
+# The keyword arguments each operation takes (both backends pass them by these names).
 _KEYWORDS = {"sum": ("axis",), "max": ("axis",), "min": ("axis",), "argmax": ("axis",),
              "argmin": ("axis",), "full": ("dtype",), "zeros": ("dtype",),
              "load_ptr": ("mask", "other"), "store_ptr": ("mask",), "atomic_add": ("mask",)}
@@ -76,8 +74,7 @@ class CallTyper:
         raise self.fail(node, f"`{ast.unparse(node.func)}` cannot be called in a kernel")
 
     def arguments(self, node, fn, what: str, keywords) -> None:
-        """Check a call's arguments against ``fn``'s declared signature; ``keywords``: the
-        parameters that may be passed by name."""
+        """Check a call's arguments against ``fn``'s signature (``keywords``: by name)."""
         sig = inspect.Signature([p.replace(annotation=p.empty) for p in
                                  inspect.signature(fn).parameters.values() if p.name != "self"])
         for k in node.keywords:
@@ -146,8 +143,8 @@ class CallTyper:
         raise self.fail(node, f"`{ast.unparse(node.func)}` is not a method of {view.describe()}")
 
     def sub_index(self, node, shape: tuple, owned: tuple) -> None:
-        """A sub-tile index. A compile-time entry outside the slab's sub-grid is refused here:
-        the CPU executor would refuse it when the access runs, the GPU mask it off."""
+        """A sub-tile index; a compile-time entry outside the slab's sub-grid is refused (the
+        CPU executor would refuse it as it runs, the GPU mask it off)."""
         vals = self.index(node, len(shape), "the sub-tile index")
         grid = tuple(-(-t // r) for t, r in zip(owned, shape))
         for x, g in zip(vals, grid):
@@ -166,9 +163,8 @@ class CallTyper:
                                   f"size-1 axes stretch)")
 
     def owned_tile_reachable(self, node, out: str) -> None:
-        """Refuse an access of Out ``out``'s owned tile where there is none: outside
-        ``for t in out.tiles():`` of a persistent partition (``z.index`` there is refused in
-        ``view_attr``; the code generator has no tile coordinates to address it with)."""
+        """Refuse Out ``out``'s owned tile outside ``for t in out.tiles():`` of a persistent
+        partition: the code generator has no tile coordinates there."""
         if self.persistent and not self.in_tiles:
             raise self.fail(node, f"`{ast.unparse(node)}`: Out '{out}' is a persistent "
                                   f"partition: its owned tiles exist only inside `for t in "
@@ -305,15 +301,19 @@ class CallTyper:
     def op_reshape(self, node) -> V:
         t = self.runtime_arg(node, node.args[0], "sl.reshape's argument")
         shape = self.static_shape(node.args[1], "reshape shape")
-        if math.prod(shape) != math.prod(t.shape or (1,)):
+        if not t.shape:
+            raise self.fail(node, f"sl.reshape of a scalar: use sl.broadcast_to(s, {shape})")
+        if math.prod(shape) != math.prod(t.shape):
             raise self.fail(node, f"sl.reshape: {t.shape} and {shape} have different sizes")
         return tile(t.dtype, shape)
 
     def op_broadcast_to(self, node) -> V:
         t = self.runtime_arg(node, node.args[0], "sl.broadcast_to's argument")
         shape = self.static_shape(node.args[1], "broadcast shape")
-        if len(t.shape) > len(shape) or self.broadcast(node, t, tile(t.dtype, shape)) != shape:
-            raise self.fail(node, f"sl.broadcast_to: {t.shape} does not broadcast to {shape}")
+        if t.shape and len(t.shape) != len(shape) or self.broadcast(
+                node, t, tile(t.dtype, shape)) != shape:
+            raise self.fail(node, f"sl.broadcast_to: {t.shape} does not broadcast to {shape} "
+                                  f"(a tile keeps its rank: t[None, :] adds an axis)")
         return tile(t.dtype, shape)
 
     def op_permute(self, node) -> V:

@@ -4,7 +4,10 @@
 - offsets are ints (a float offset is truncated by the CPU executor and refused by Triton);
 - a mask is bool and broadcasts to the offsets' shape (an int mask is nonzero on the CPU
   executor and refused by Triton; a wider mask broadcasts on one backend only);
-- ``load_ptr``'s ``other``, what masked-off lanes read, is a compile-time number.
+- ``load_ptr``'s ``other``, what masked-off lanes read, is a compile-time number of the
+  pointer's dtype;
+- ``atomic_add`` adds into float32, float16, bfloat16, int32 or int64 memory (the GPU's
+  atomic adds), and only what a store there would take (no float into ints).
 """
 from __future__ import annotations
 
@@ -53,9 +56,12 @@ class PointerTyper:
         off = self.ptr_offsets(node)
         self.ptr_mask(node, 2, off)
         other = _arg(node, 3, "other")
-        if other is not None and self.expr(other).kind != "const":
-            raise self.fail(other, f"`{ast.unparse(other)}`: load_ptr's other (what masked-off "
-                                   f"lanes read) is a compile-time number")
+        if other is not None:
+            v = self.expr(other)
+            if v.kind != "const":
+                raise self.fail(other, f"`{ast.unparse(other)}`: load_ptr's other (what "
+                                       f"masked-off lanes read) is a compile-time number")
+            self.rule(other, S.representable, v.value, p.dtype, "read as the other of")
         return runtime(p.dtype, off.shape)
 
     def op_store_ptr(self, node) -> V:
@@ -68,7 +74,12 @@ class PointerTyper:
 
     def op_atomic_add(self, node) -> V:
         p = self.ptr_view(node)
+        if p.dtype in (_d.int8, _d.bool_):
+            raise self.fail(node, f"sl.atomic_add adds into float32, float16, bfloat16, int32 "
+                                  f"or int64 memory (the GPU has no atomic add of "
+                                  f"st.{p.dtype.name}), got a st.{p.dtype.name} pointer")
         off = self.ptr_offsets(node)
-        self.number(node.args[2], "the added value")
+        v = self.number(node.args[2], "the added value")
+        self.rule(node, S.store_check, operand(v), p.dtype)
         self.ptr_mask(node, 3, off)
         return runtime(p.dtype, off.shape)

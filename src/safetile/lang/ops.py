@@ -211,11 +211,13 @@ def matmul(a, b):
 
 @_builtin("tl.reshape")
 def reshape(t, shape):
-    """Same elements in row-major order, new shape (sizes must be powers of two)."""
+    """Same elements in row-major order, new shape (sizes must be powers of two); a tile,
+    not a scalar (``broadcast_to`` makes a tile of one)."""
 
 @_builtin("tl.broadcast_to")
 def broadcast_to(t, shape):
-    """Broadcast ``t`` to ``shape`` (size-1 axes stretch)."""
+    """Broadcast ``t`` to ``shape`` (size-1 axes stretch; a tile keeps its rank, so add
+    axes first with ``t[None, :]``; a scalar broadcasts to any shape)."""
 
 @_builtin("tl.permute")
 def permute(t, dims):
@@ -263,7 +265,8 @@ def cdiv(a, b):
 
 @_builtin("_st_load_ptr", unsafe=True)
 def load_ptr(p, offsets, mask=None, other=0):
-    """Load ``p[offsets]``; masked-off lanes read ``other``."""
+    """Load ``p[offsets]``; masked-off lanes read ``other`` (a compile-time value of
+    ``p``'s dtype)."""
 
 @_builtin("_st_store_ptr", unsafe=True)
 def store_ptr(p, offsets, value, mask=None):
@@ -271,4 +274,6 @@ def store_ptr(p, offsets, value, mask=None):
 
 @_builtin("_st_atomic_add", unsafe=True, atomic=True)
 def atomic_add(p, offsets, value, mask=None):
-    """Atomically add ``value`` at ``p[offsets]``; returns the old values."""
+    """Atomically add ``value`` at ``p[offsets]``; returns the old values. ``p`` is
+    float32, float16, bfloat16, int32 or int64 memory, and ``value`` what a store there
+    takes (floats into ints are converted explicitly first)."""

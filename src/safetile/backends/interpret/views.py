@@ -310,7 +310,7 @@ class PtrView:
         off, m, active = self._lanes(program, offsets, mask, "load_ptr")
         self._check(program, active, "reads", ("writer", "atomic"))
         _mark(self.reader, active, program)
-        vals = torch.full(off.shape, other, dtype=self._flat.dtype)
+        vals = arith.fill(off.shape, other, _d.from_torch(self._flat.dtype))
         vals[m] = self._flat[active]
         return Tile(vals.reshape(as_tensor(offsets).shape))
 
@@ -319,13 +319,13 @@ class PtrView:
         self._check(program, active, "writes", ("writer", "reader", "atomic"))
         self.writer[active] = program
         v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
-        self._flat[active] = v.to(self._flat.dtype)
+        self._flat[active] = arith.cast(v, _d.from_torch(self._flat.dtype))
 
     def atomic_add(self, program, offsets, value, mask):
         off, m, active = self._lanes(program, offsets, mask, "atomic_add")
         self._check(program, active, "atomically updates", ("writer", "reader"))
         v = torch.broadcast_to(as_tensor(value, self._flat), as_tensor(offsets).shape).reshape(-1)[m]
-        v = v.to(self._flat.dtype)
+        v = arith.cast(v, _d.from_torch(self._flat.dtype))
         old = self._flat[active] + _earlier_adds(active, v)
         self._flat.index_add_(0, active, v)
         _mark(self.atomic, active, program)
