@@ -116,3 +116,19 @@ def test_ints_written_through_a_bf16_pointer_round_once_as_the_gpu_converts_them
 ])
 def test_the_forms_the_refusals_point_to_compile_for_the_gpu(kernel, args):
     assert kernel.compile(*args()).asm["ptx"]
+
+
+@st.kernel(unsafe=True)
+def read_bf16_with_an_int_other(p: st.Ptr[st.bf16], z: st.Out[st.bf16]):
+    z.store(sl.load_ptr(p, sl.arange(4), sl.arange(4) < 2, 16842753))
+
+
+def test_load_ptrs_other_becomes_the_pointers_dtype_through_fp32_on_both_backends():
+    # 2**24 + 2**16 + 1 through fp32 is 2**24 + 2**16, a tie in bf16 that rounds to 2**24.
+    args = lambda: (st.zeros((4,), dtype=st.bf16), part(4, st.bf16))  # noqa: E731
+    with st.unsafe():
+        assert "other=tl.full((), 16842752.0, tl.float32).to(tl.bfloat16)" in \
+            read_bf16_with_an_int_other.source(*args())
+        assert read_bf16_with_an_int_other.compile(*args()).asm["ptx"]
+    _, z = run(read_bf16_with_an_int_other, *args())
+    assert z.unpartition().to_torch().float().tolist() == [0, 0, 16777216.0, 16777216.0]

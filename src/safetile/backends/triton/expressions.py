@@ -391,13 +391,13 @@ class ExpressionEmitter(ConstantNames):
         if name == "sum":
             return f"{self.use('_st_sum')}({self.args(node)})"
         if name in ("load_ptr", "store_ptr", "atomic_add"):
-            p = node.args[0].id
-            rest = [self.expr(a) for a in node.args[1:]]
+            p, rest = node.args[0].id, [self.expr(a) for a in node.args[1:]]
             kw = {k.arg: self.expr(k.value) for k in node.keywords}
             ptr = f"_st_{p}_ptr + {rest[0]}"
-            if name == "load_ptr":
+            if name == "load_ptr":                # (other: a constant, through fp32 as ever)
                 mask = kw.get("mask", rest[1] if len(rest) > 1 else "None")
-                other = kw.get("other", rest[2] if len(rest) > 2 else "0")
+                o = _kw(node, "other") or (node.args[3] if len(node.args) > 3 else None)
+                other = "0" if o is None else typed_constant(self.tp(o).value, self.specs[p].dtype)
                 return f"tl.load({ptr}, mask={mask}, other={other})"
             value = rest[1]
             if name == "store_ptr":
