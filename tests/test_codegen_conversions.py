@@ -102,3 +102,18 @@ def test_an_int_becomes_bf16_by_one_rounding_on_both_backends():
     once = [16908288.0, 16908288.0, 33816576.0, -16908288.0]   # rounded from the exact int
     assert z.unpartition().to_torch().float().tolist() == once
     assert w.unpartition().to_torch().float().tolist() == once
+
+
+@st.kernel
+def int64_to_bf16(x: st.In[st.i64], z: st.Out[st.bf16]):
+    z.store(sl.load_like(x, z).astype(st.bf16))
+
+
+def test_an_int64_past_2_to_the_53_becomes_bf16_by_one_rounding_on_both_backends():
+    values = [2**60 + 2**52 + 1, -(2**60 + 2**52 + 1), 2**63 - 1, -2**63]
+    ptx = int64_to_bf16.compile(ints(values, torch.int64), out((4,), st.bf16, (4,))).asm["ptx"]
+    assert "cvt.rn.bf16.s64" in ptx
+    with st.backend("interpret", seed=0):
+        _, z = int64_to_bf16(ints(values, torch.int64), out((4,), st.bf16, (4,))).sync()
+    once = [2.0**60 + 2.0**53, -(2.0**60 + 2.0**53), 2.0**63, -(2.0**63)]
+    assert z.unpartition().to_torch().double().tolist() == once

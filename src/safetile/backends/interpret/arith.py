@@ -46,10 +46,21 @@ def to(x, d: DType) -> torch.Tensor:
 
 
 def _int_to_bf16(t: torch.Tensor) -> torch.Tensor:
-    """Ints rounded once to bf16 (to nearest, ties to even), as the GPU converts them: torch
-    goes through fp32 and rounds twice above 2**24 (exact below 2**53, as fp64 holds them)."""
-    m, e = torch.frexp(t.to(torch.float64))          # t = m * 2**e, 0.5 <= |m| < 1
-    return torch.ldexp(torch.round(m * 256), e - 8).to(torch.bfloat16)
+    """Ints rounded once to bf16 (to nearest, ties to even), as the GPU converts them
+    (``cvt.rn.bf16.s64``): torch goes through fp32 and rounds twice above 2**24. The
+    rounding is done on the int64 magnitude, so it is exact over the whole int64 range."""
+    x = t.to(torch.int64)
+    a = torch.where(x < 0, -x, x)                    # |x| (-2**63 wraps: set at the end)
+    _, e = torch.frexp(a.to(torch.float64))          # 2**(e-1) <= a < 2**e, or one more
+    e = e.to(torch.int64)                            # where fp64 rounded a up to 2**e
+    e = torch.where((e > 0) & ((a >> (e - 1).clamp(min=0)) == 0), e - 1, e)
+    shift = (e - 8).clamp(min=0)                     # keep bf16's 8 significant bits
+    q = a >> shift
+    rest, half = a - (q << shift), (torch.ones_like(shift) << shift) >> 1
+    up = (rest > half) | ((rest == half) & (shift > 0) & ((q & 1) == 1))
+    mag = torch.ldexp((q + up.to(torch.int64)).to(torch.float64), shift.to(torch.float64))
+    out = torch.where(x == -2**63, -(2.0**63), torch.where(x < 0, -mag, mag))
+    return out.to(torch.bfloat16)                    # exact: at most 8 significant bits
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
