@@ -226,15 +226,17 @@ def abandon_and_finish(op, ctx: RunContext) -> None:
     """An execution of ``op`` failed: hand back what the parts of ``op`` that never ran hold,
     let the work already enqueued complete, then end its borrows and hand back its values.
     Every step runs even if an earlier one raises (the execution's error is the one to
-    report, so theirs are dropped)."""
-    try:
-        op._abandon()
-    except BaseException:
-        pass
-    try:
-        finish_when_complete(ctx)
-    except BaseException:
-        pass
+    report, so theirs are dropped). A step an interrupt cuts short (at its entry, say) runs
+    again: both are idempotent, and what they hand back comes back nowhere else."""
+    for step in (op._abandon, finish_when_complete):
+        while True:
+            try:
+                step() if step is op._abandon else step(ctx)
+                break
+            except KeyboardInterrupt:
+                continue
+            except BaseException:
+                break
 
 
 def finish_when_complete(ctx: RunContext) -> None:
@@ -320,7 +322,12 @@ def enqueue(op, stream, what: str):
                 with streams.using(ctx.stream):
                     out = op._run(ctx)
         except BaseException:
-            abandon_and_finish(op, ctx)
+            while True:                          # again if interrupted as it is entered
+                try:
+                    abandon_and_finish(op, ctx)
+                    break
+                except KeyboardInterrupt:
+                    continue
             raise
     finally:
         owner.ctx = outer_owner

@@ -213,17 +213,27 @@ class DeviceOp(NoCopies):
                 ctx.stream.synchronize()
         except BaseException as e:                # e.g. KeyboardInterrupt before the wait
             attach_recovered(e, out)
-            finish_when_complete(ctx)             # never end borrows of running work
+            while True:                           # never end borrows of running work; again
+                try:                              # if interrupted as it is entered
+                    finish_when_complete(ctx)
+                    break
+                except KeyboardInterrupt:
+                    continue
+                except BaseException:             # (e is the one to report)
+                    break
             raise
         try:
             ctx.finish()
         except BaseException as e:
             attach_recovered(e, out)
-            if not isinstance(e, Exception):      # an interrupt may have cut it short
+            while not isinstance(e, Exception):   # an interrupt may have cut it short
                 try:
                     finish_fully(ctx)
+                    break
+                except KeyboardInterrupt:
+                    continue
                 except BaseException:             # (e is the one to report)
-                    pass
+                    break
             raise
         return out
 

@@ -134,11 +134,19 @@ class GraphScope(NoCopies):
                     turn.take()
                 except BaseException:             # (taken by then, unless at its entry)
                     pass
-            turn.failed = True
-            self._drop(turn)
-            if noted and self._closed is None:    # what is kept from torch: the launches left
-                replayed.note_replayed(self, [a for r in self._records for a in r._accesses()])
-            abandon_and_finish(op, ctx)
+            try:
+                turn.failed = True
+                self._drop(turn)
+                if noted and self._closed is None:    # what is kept from torch: the launches
+                    replayed.note_replayed(self, [a for r in self._records  # left
+                                                  for a in r._accesses()])
+            finally:
+                while True:                       # again if interrupted as it is entered
+                    try:
+                        abandon_and_finish(op, ctx)
+                        break
+                    except KeyboardInterrupt:
+                        continue
             raise
         return out
 
