@@ -397,3 +397,12 @@ def test_an_interrupt_anywhere_in_a_failing_execution_leaves_no_borrow_and_no_va
         if len(made) == 3:                     # (made before the interrupt)
             x, y, z = made
             assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,)), where
+
+
+def test_an_interrupt_as_a_zip_starts_running_hands_its_ops_values_back_at_once():
+    from safetile.device.combinators import ZipOp
+    x, y, z = _triple()
+    op = st.zip(add(x, y, z))
+    _interrupted(ZipOp._run.__code__, op.sync)
+    assert (x.shape, y.shape, z.grid) == ((2,), (2,), (1,))   # no collection needed
+    assert active_holds() == []

@@ -228,10 +228,10 @@ def abandon_and_finish(op, ctx: RunContext) -> None:
     Every step runs even if an earlier one raises (the execution's error is the one to
     report, so theirs are dropped). A step an interrupt cuts short (at its entry, say) runs
     again: both are idempotent, and what they hand back comes back nowhere else."""
-    for step in (op._abandon, finish_when_complete):
+    for step in (op._abandon, lambda: finish_when_complete(ctx)):
         while True:
             try:
-                step() if step is op._abandon else step(ctx)
+                step()
                 break
             except KeyboardInterrupt:
                 continue
