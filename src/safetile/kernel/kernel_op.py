@@ -174,7 +174,7 @@ class KernelOp(DeviceOp):
         """Whether this launch puts work on the stream that ``op`` follows it on: not with
         no programs (the launcher enqueues nothing) nor on another backend (the CPU
         executor runs it on the host)."""
-        return type(self._backend) is type(op._backend) and all(n > 0 for n in self._plan.grid)
+        return type(self._backend) is type(op._backend) and 0 not in self._plan.grid
 
     def _let_go_locked(self) -> None:
         """Let go of the handed-back values (under ``LOCK``; after an executed op's hand-back, or
