@@ -89,8 +89,23 @@ def test_arange_takes_its_shape_by_keyword_as_the_other_allocators_do():
         arange(4, shape=(4,), device="cpu")
 
 
-@pytest.mark.parametrize("args", [((2, 3),), ("4",), (None,), (4, "8"), (True,)])
-def test_arange_refuses_what_is_not_a_count_or_a_1d_shape(args):
+def test_arange_of_a_shape_of_several_axes_counts_in_row_major_order():
+    assert arange((2, 3), device="cpu").to_torch().tolist() == [[0, 1, 2], [3, 4, 5]]
+    t = arange(shape=(2, 1, 2), dtype=dtypes.bf16, device="cpu")
+    assert (t.dtype, t.to_torch().tolist()) == (dtypes.bfloat16, [[[0.0, 1.0]], [[2.0, 3.0]]])
+    assert arange((0, 4), device="cpu").shape == (0, 4)
+
+
+@pytest.mark.parametrize("args, kwargs", [(((2, 3),), {"step": 2}), (((),), {}),
+                                          (((2, -1),), {}), (((2.0, 3),), {})],
+                         ids=["step", "no-axis", "negative", "float-size"])
+def test_arange_of_a_shape_refuses_a_step_no_axis_and_bad_sizes(args, kwargs):
+    with pytest.raises(ArgumentError):
+        arange(*args, device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("args", [("4",), (None,), (4, "8"), (True,)])
+def test_arange_refuses_what_is_not_a_count_or_a_shape(args):
     with pytest.raises(ArgumentError, match="st.arange"):
         arange(*args, device="cpu")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import numbers
 import operator
 import os
@@ -214,7 +215,8 @@ def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=N
     """``[start, stop)`` in steps of ``step`` (default 1): ``arange(n)`` (or, as the other
     allocators take a shape, ``arange((n,))`` and ``arange(shape=(n,))``) is ``0 .. n-1``.
     The count or shape may be followed positionally by a dtype and a device, in the other
-    allocators' order: ``arange((n,), st.f32, "cuda")``.
+    allocators' order: ``arange((n,), st.f32, "cuda")``. A shape of several axes is filled
+    with ``0, 1, 2, ...`` in row-major order.
 
     ``dtype`` defaults to ``st.int64`` when all arguments are ints, else ``st.float32``.
     """
@@ -234,11 +236,16 @@ def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=N
         stop, dtype, step, device = None, stop, None, step if device is None else device
     if step is None:
         step = 1
+    shape_out = None
     if isinstance(start, (tuple, list, torch.Size)) and stop is None:
-        if len(start) != 1:
-            raise ArgumentError(f"st.arange makes a 1-D tensor: its shape is (n,), got "
-                                f"{tuple(start)}")
-        start = start[0]
+        shape_out = _shape_tuple(start)
+        if not shape_out:
+            raise ArgumentError("st.arange needs at least one axis: arange((n,)) or "
+                                "arange((m, n)), whose values count in row-major order")
+        if len(shape_out) > 1 and step != 1:
+            raise ArgumentError(f"st.arange{shape_out} fills its shape with 0, 1, 2, ...: it "
+                                f"takes no step (got {step!r})")
+        start = math.prod(shape_out)
     start, stop, step = (None if v is None else _arange_number(v, name)
                          for name, v in (("start", start), ("stop", stop), ("step", step)))
     if stop is None:
@@ -249,7 +256,8 @@ def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=N
     tdt = _torch_dtype(dtype)
     with _typed("st.arange"):
         if tdt.is_floating_point or tdt == torch.bool:
-            return Tensor._wrap(torch.arange(start, stop, step, dtype=tdt, device=_device(device)))
+            values = torch.arange(start, stop, step, dtype=tdt, device=_device(device))
+            return Tensor._wrap(values if shape_out is None else values.reshape(shape_out))
         if not all(isinstance(v, int) for v in (start, stop, step)):
             raise ArgumentError(f"st.arange({start}, {stop}, {step}): an integer dtype takes "
                                 f"integer bounds and step; use a float dtype")
@@ -260,7 +268,9 @@ def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=N
             raise ArgumentError(f"st.arange({start}, {stop}, {step}) reaches values outside "
                                 f"{_dtypes.from_torch(tdt)!r}'s range [{info.min}, {info.max}]; "
                                 f"choose a wider dtype")
-        return Tensor._wrap(values.to(tdt))
+        values = values.to(tdt)
+        return Tensor._wrap(values if shape_out is None else values.reshape(shape_out))
+
 
 
 def _arange_number(v, name: str):
