@@ -1,5 +1,7 @@
 """Test configuration: tests marked `gpu` skip themselves when no CUDA GPU is present."""
 
+import gc
+
 import pytest
 
 
@@ -18,3 +20,11 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in gpu_items:
         item.add_marker(skip_gpu)
+
+
+def pytest_collection_finish(session):
+    """What the test modules imported (torch, transformers, ...) lives for the whole run:
+    frozen out of the collector's reach, so that the many full collections the tests make
+    (every leak check) walk only what the tests themselves build."""
+    gc.collect()
+    gc.freeze()

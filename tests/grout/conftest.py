@@ -92,12 +92,10 @@ def checkpoint_copy(checkpoints, tmp_path):
 @pytest.fixture
 def no_new_holds():
     """Asserts that a test leaves no safetile borrow behind (nothing stays allocated)."""
-    from safetile.tensor import active_holds
-    gc.collect()
-    before = len(active_holds())
+    from support import holds_left
+    before = len(holds_left())
     yield
-    gc.collect()
-    assert len(active_holds()) == before
+    assert len(holds_left()) == before
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -114,6 +112,5 @@ def modules_leave_no_borrows():
     """After each module, every engine its tests made is gone with its borrows (the rest of
     the suite checks that nothing is held)."""
     yield
-    from safetile.tensor import active_holds
-    gc.collect()
-    assert active_holds() == [], "a grout test module left safetile borrows behind"
+    from support import holds_left
+    assert holds_left() == [], "a grout test module left safetile borrows behind"
