@@ -207,9 +207,10 @@ def parser() -> argparse.ArgumentParser:
                                       "ones get HTTP 413")
     s.add_argument("--seed", type=_int_in(*SEED_RANGE, "a signed 64-bit int, the seeds a "
                                                         "request may send"), default=None,
-                   help="the sampling seed of every request that sends no \"seed\" of its own, "
-                        "so such requests repeat their samples (default: a fresh seed per "
-                        "request); a request's \"seed\" wins")
+                   help="seeds the draw of the sampling seed of each request that sends no "
+                        "\"seed\" of its own, as vLLM's --seed: the same sequence of requests "
+                        "gets the same samples, and requests still differ (default: a fresh "
+                        "seed per request); a request's \"seed\" wins")
     s.add_argument("--generation-config", choices=("auto", "none"), default="auto",
                    help="auto: a request that leaves temperature, top_p or top_k out takes the "
                         "checkpoint's generation_config.json value, as vLLM does; none: the "

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -38,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from grout.auth import RequireAPIKey
-from grout.protocol import APIError, GenerationRequest, cut, internal_error, \
+from grout.protocol import SEED_RANGE, APIError, GenerationRequest, cut, internal_error, \
     parse_chat_request, parse_completion_request, shown
 from grout.responses import ChunkWriter, full_body
 from grout.scheduler import Delta, Failed, Finished, Job, Scheduler
@@ -59,7 +60,7 @@ class ServerState:
     model_name: str
     fault_injection: bool
     max_request_bytes: int = MAX_REQUEST_BYTES
-    default_seed: int | None = None     # the seed of requests that send none (None: fresh)
+    seeds: random.Random | None = None  # draws the seed of each request that sends none
     generation_config: bool = True      # requests default to generation_config.json's sampling
     sampling_defaults: dict[str, Any] = field(default_factory=dict)   # known once loaded
     load_error: BaseException | None = None
@@ -76,8 +77,10 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
                allowed_origins: tuple[str, ...] = (), api_keys: tuple[str, ...] = ()
                ) -> Starlette:
     """The ASGI app. ``load()`` runs on the engine thread at startup and returns the engine.
-    ``default_seed``: the sampling seed of a request that sends no ``seed`` (None: a fresh
-    one each request), so that a server started with one repeats such requests' samples.
+    ``default_seed``: seeds the generator that draws, in arrival order, the sampling seed of
+    each request that sends no ``seed`` (as vLLM's ``--seed``): a server started with the same
+    one gives the same samples to the same sequence of requests, and requests still differ.
+    None: a fresh seed each request.
     ``generation_config``: a request that leaves temperature, top_p or top_k out takes the
     checkpoint's generation_config.json value (as vLLM does), else the OpenAI default.
     ``allowed_origins``: the web origins (``"*"``: any) whose browser pages may call the API
@@ -87,8 +90,9 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
+    seeds = None if default_seed is None else random.Random(default_seed)
     state = ServerState(Scheduler(load, generate), model_name, fault_injection,
-                        max_request_bytes, default_seed, generation_config)
+                        max_request_bytes, seeds, generation_config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -229,8 +233,8 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
     try:
         req = parse(await _read_json(request, state.max_request_bytes), state.model_name)
         fault_after = _fault_after(state, request)
-        if req.seed is None:
-            req.seed = state.default_seed
+        if req.seed is None and state.seeds is not None:
+            req.seed = state.seeds.randrange(SEED_RANGE[1] + 1)
         for key, value in state.sampling_defaults.items():
             if key not in req.sampling_sent:
                 setattr(req, key, value)
