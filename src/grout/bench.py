@@ -12,6 +12,7 @@ import datetime
 import platform
 import random
 import statistics
+import sys
 import time
 
 import torch
@@ -72,24 +73,29 @@ def check_lengths(prompt_len: int, gen_len: int, max_seq_len: int,
                            f"{prompt_len + gen_len} exceeds max_seq_len {max_seq_len}, {fix}")
 
 
-def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) -> dict:
+def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0,
+        progress: bool = False) -> dict:
     """TTFT and decode figures (medians over ``repeats`` after one warm-up) for greedy
     decoding of ``gen_len`` tokens after a ``prompt_len``-token prompt of random ids
-    (:func:`prompt_ids` of ``seed``; greedy decoding draws nothing else)."""
+    (:func:`prompt_ids` of ``seed``; greedy decoding draws nothing else). ``progress``: a
+    bar of the tokens decoded on stderr."""
     check_lengths(prompt_len, gen_len, engine.max_seq_len,
                   engine.config.max_position_embeddings)
     ids = prompt_ids(prompt_len, seed, engine.config.vocab_size)
     runner, dev = engine.runner, engine.device
     params, key = SamplingParams(0.0, seed=0).tensors(dev)
     ttft, decode, tokens = [], [], None
-    with st.backend(engine.backend):
+    with st.backend(engine.backend), _bar(gen_len * (repeats + 1), repeats, progress) as bar:
         for r in range(repeats + 1):
             _sync(dev)
             t0 = time.perf_counter()
             out = [runner.begin(ids, params, key, greedy=True)]
             t1 = time.perf_counter()
+            bar.update(1)
             while len(out) < gen_len:
-                out += runner.steps(True, runner.chunk_size(gen_len - len(out)))
+                chunk = runner.steps(True, runner.chunk_size(gen_len - len(out)))
+                out += chunk
+                bar.update(len(chunk))
             t2 = time.perf_counter()
             if r == 0:
                 tokens = out
@@ -113,6 +119,14 @@ def run(engine, prompt_len: int, gen_len: int, repeats: int = 3, seed: int = 0) 
         "graph": runner.graphable(), "fused": runner.fused, "decode_chunk": runner.max_chunk,
         "tokens": tokens[:16],
     }
+
+
+def _bar(total: int, repeats: int, enabled: bool):
+    from tqdm import tqdm
+    # a bar written to a log (not a terminal) stays, its line ended
+    return tqdm(total=total, desc=f"bench: a warm-up run, then {repeats} timed", unit="tok",
+                file=sys.stderr, disable=not enabled, leave=not sys.stderr.isatty(),
+                dynamic_ncols=True)
 
 
 def environment() -> dict:

@@ -324,7 +324,7 @@ def bench(args) -> int:
         _check_writable(args.json)
     eng = _load(args)
     result = measure.run(eng, args.prompt_len, args.gen_len, repeats=args.repeats,
-                         seed=args.seed)
+                         seed=args.seed, progress=not args.no_progress)
     print(measure.report(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -404,5 +404,6 @@ def main(argv=None) -> int:
     except (GroutError, ValueError, OSError) as e:   # OSError: a file it cannot write
         print(f"grout: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:                        # (generate tells its own tokens so far)
+        print(f"\n[grout {args.command}: interrupted]", file=sys.stderr)
         return 130

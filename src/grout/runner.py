@@ -87,8 +87,10 @@ def record_steps(steps: list, desc: str, progress: bool) -> st.Graph:
     """Record ``steps`` (ops only) into one graph; on the GPU it is compiled and captured
     when the recording closes."""
     from tqdm import tqdm
-    with tqdm(total=len(steps) + 1, desc=desc, unit="op", file=sys.stderr,
-              disable=not progress, leave=False, dynamic_ncols=True) as bar:
+    # a bar written to a log (not a terminal) stays, its line ended: what is logged next
+    # starts a line of its own
+    with tqdm(total=len(steps) + 1, desc=desc, unit="op", file=sys.stderr, disable=not progress,
+              leave=not sys.stderr.isatty(), dynamic_ncols=True) as bar:
         with st.graph_scope() as scope:
             for step in steps:
                 scope.record(step())

@@ -418,7 +418,8 @@ def serve(load: Callable[[], Any], model_name: str, *, host: str = "127.0.0.1",
                             timeout_graceful_shutdown=5)
     server = _Server(config, app.state.grout.scheduler)
     started = time.monotonic()
-    log.info("listening on http://%s:%d (%s)", host, sock.getsockname()[1],
+    log.info("listening on http://%s:%d (%s)", f"[{host}]" if ":" in host else host,
+             sock.getsockname()[1],
              "/v1 requests need an API key" if api_keys else "no API key needed")
     try:
         server.run(sockets=[sock])

@@ -72,9 +72,10 @@ class Weights:
 
 def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
     from tqdm import tqdm
-    # bytes scale (kB, MB, ...); a count of layers stays a whole number
+    # bytes scale (kB, MB, ...); a count of layers stays a whole number; a bar written to a
+    # log (not a terminal) stays, its line ended, so that what is logged next starts a line
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=sys.stderr,
-                disable=not enabled, leave=False, dynamic_ncols=True)
+                disable=not enabled, leave=not sys.stderr.isatty(), dynamic_ncols=True)
 
 
 class Arena:

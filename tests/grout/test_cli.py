@@ -147,6 +147,24 @@ def test_bench_prints_and_writes_its_figures(tmp_path, capsys):
     assert r["graph"] and r["model"] == "tiny"
 
 
+def test_bench_shows_the_tokens_it_decodes_as_progress(capsys):
+    assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",
+                     "--repeats", "1", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "bench: a warm-up run, then 1 timed" in err and "6/6" in err
+
+
+def test_a_bench_interrupted_says_so_and_exits_130(monkeypatch, capsys):
+    from grout import bench
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(bench, "run", interrupted)
+    assert cli.main(["bench", "--model", "tiny", "--device", "cpu", "--no-progress",
+                     "--prompt-len", "4", "--gen-len", "3"]) == 130
+    assert "[grout bench: interrupted]" in capsys.readouterr().err
+
+
 def test_bench_gemm_cublas_times_the_torch_matmul_projections(tmp_path, capsys):
     out = tmp_path / "b.json"
     assert cli.main(["bench", "--model", "tiny", "--prompt-len", "4", "--gen-len", "3",
