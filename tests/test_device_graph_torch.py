@@ -86,6 +86,36 @@ def test_memory_a_recorded_launch_writes_is_not_handed_to_torch_before_the_scope
     assert out.to_torch().tolist() == [1.0] * 4          # still safetile's, and the graph's
 
 
+@pytest.mark.parametrize("read", [lambda t: t.to_torch(), lambda t: t.numpy(),
+                                  lambda t: t[1:].to_torch(), lambda t: t.share().to_torch()],
+                         ids=["to_torch", "numpy", "a view", "shared"])
+def test_memory_a_recorded_launch_writes_is_not_read_on_the_host_before_a_replay(read):
+    # The launch has not run: the bytes read now would pass for its result.
+    buf = st.full((4,), -7.0)
+    with st.graph_scope() as s:
+        (p,) = s.record(inc(buf.partition((2,))))
+        out = p.unpartition()
+        with pytest.raises(st.BorrowError, match="runs only when the graph is replayed"):
+            read(out)
+
+
+def test_memory_a_recorded_launch_writes_is_read_on_the_host_after_a_replay():
+    buf = st.full((4,), -7.0)
+    with st.graph_scope() as s:
+        (p,) = s.record(inc(buf.partition((2,))))
+    s.launch().sync()
+    assert p.unpartition().to_torch().tolist() == [-6.0] * 4
+
+
+def test_memory_a_recorded_launch_only_reads_may_be_read_on_the_host_in_the_scope():
+    x, z = vec(1, 2), st.zeros((2,))
+    with st.graph_scope() as s:
+        xs, _, zp = s.record(add(x, vec(3, 4), z.partition((2,))))
+        assert xs.to_torch().tolist() == [1.0, 2.0]
+    s.launch().sync()
+    assert zp.unpartition().to_torch().tolist() == [4.0, 6.0]
+
+
 def test_memory_a_recorded_launch_reads_is_not_handed_to_torch_before_the_scope_closes():
     x, z = vec(1, 2), st.zeros((2,))
     with st.graph_scope() as s:

@@ -16,7 +16,8 @@ from ..errors import BorrowError
 from .overlap import Extent, _overlap, label
 from .ownership import LOCK
 
-__all__ = ["note_replayed", "note_recorded", "forget_replayed", "check_not_replayed"]
+__all__ = ["note_replayed", "note_recorded", "forget_replayed", "check_not_replayed",
+           "check_no_recorded_write"]
 
 _REPLAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -64,3 +65,23 @@ def check_not_replayed(t: torch.Tensor, what: str) -> None:
                     raise BorrowError(f"cannot {what}: {graph!r} replays launches that {verb} "
                                       f"this memory ({label(e.name, e.write)}); drop the "
                                       f"graph first (del g)")
+
+
+def check_no_recorded_write(t: torch.Tensor, what: str) -> None:
+    """Raise :class:`BorrowError` if an open graph scope recorded a launch that writes ``t``'s
+    bytes: the launch runs only when the graph is replayed, so a host read now would see
+    the bytes before it as if they were its result."""
+    if not _REPLAYED:
+        return
+    x = Extent(t)
+    with LOCK:
+        for graph, entry in list(_REPLAYED.items()):
+            if not getattr(graph, "recording", False):
+                continue
+            for e in entry:
+                if e.write and _overlap(x, e):
+                    raise BorrowError(
+                        f"cannot {what}: {graph!r} recorded a launch that writes this memory "
+                        f"({label(e.name, True)}), which runs only when the graph is "
+                        f"replayed: read it after a replay (scope.launch().sync()), once the "
+                        f"scope has closed")

@@ -96,6 +96,7 @@ def host_read(t: torch.Tensor, described: str, how: str):
     """The checks of a host copy of ``t`` (the handle ``described``) with ``how``, and its read
     borrow while it copies (``borrows.host_read``)."""
     within_storage(t, f"read {described} with {how}")
+    replayed.check_no_recorded_write(t, f"read {described} with {how}")
     return borrows.host_read(t, f"read {described} with {how}")
 
 
