@@ -353,6 +353,34 @@ def test_tritons_program_id_is_told_to_use_sl_bid():
         assert "use sl.bid(axis)" in str(e.value)
 
 
+def test_tritons_keyword_spellings_are_told_the_positional_call_to_write():
+    @st.kernel
+    def first(x: st.In[st.f32], z: st.Out[st.f32]):
+        z.store(sl.load_like(x, z) + sl.bid(axis=0))
+    with pytest.raises(st.KernelDefinitionError, match=r"write `sl\.bid\(0\)`"):
+        first(st.ones((4,)), part())
+
+    @st.kernel
+    def dot(a: st.In[st.f32], b: st.In[st.f32], z: st.Out[st.f32]):
+        acc = sl.zeros(z.shape, st.f32)
+        z.store(sl.mma(a.load((0, 0), (16, 16)), b.load((0, 0), (16, 16)), acc=acc))
+    with pytest.raises(st.KernelDefinitionError, match=r"takes `acc` positionally: write "
+                                                       r"`sl\.mma\(.*, acc\)`"):
+        dot(st.ones((16, 16)), st.ones((16, 16)), st.empty((16, 16)).partition((16, 16)))
+
+
+def test_a_triton_or_torch_dtype_in_a_kernel_is_told_the_safetile_dtype():
+    import triton.language as tl                            # noqa: F401 (a kernel's global)
+    with pytest.raises(st.KernelDefinitionError, match="use st.float32"):
+        @st.kernel
+        def zeros(z: st.Out[st.f32]):
+            z.store(sl.zeros(z.shape, tl.float32))
+    with pytest.raises(st.KernelDefinitionError, match="use st.bfloat16"):
+        @st.kernel
+        def zeros(z: st.Out[st.f32]):  # noqa: F811
+            z.store(sl.zeros(z.shape, torch.bfloat16))
+
+
 def test_a_runtime_int_parameter_used_as_a_tile_size_is_told_to_become_a_const():
     @st.kernel
     def window(x: st.In[st.f32], z: st.Out[st.f32], BLOCK: int):

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from ..errors import KernelDefinitionError
 from ..lang.views import (IN_ATTRS, IN_METHODS, OUT_ATTRS, OUT_METHODS, SUB_ATTRS,  # noqa: F401
                           SUB_METHODS, inline_partition, kind_of)
-from .hints import builtin_message, missing_operation_message, unknown_call_message
+from .hints import (builtin_message, foreign_dtype_message, missing_operation_message,
+                    unknown_call_message)
 from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
@@ -278,7 +279,8 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "other":
             self.fail(node, "name", f"global '{node.id}' ({type(r.value).__name__}) cannot be used "
                                     f"in a kernel: only int/float/bool constants, dtypes, "
-                                    f"safetile.lang and @st.function helpers")
+                                    f"safetile.lang and @st.function helpers"
+                                    f"{foreign_dtype_message(r.value)}")
         if r.kind == "param" and self.params[node.id].kind == "Ptr" and not self.unsafe:
             self.fail(node, "ptr-needs-unsafe", "raw pointers need @st.kernel(unsafe=True)")
         kind = self.kind_of(node)
@@ -312,7 +314,8 @@ class BodyChecker(ast.NodeVisitor):
 
     def check_resolved_value(self, node, r):
         if r.kind == "other":
-            self.fail(node, "name", f"'{ast.unparse(node)}' cannot be used in a kernel")
+            self.fail(node, "name", f"'{ast.unparse(node)}' cannot be used in a kernel"
+                                    f"{foreign_dtype_message(r.value)}")
         if r.kind == "builtin" and r.value.unsafe and not self.unsafe:
             self.fail(node, "atomic-needs-unsafe" if r.value.atomic else "unsafe-op",
                       f"sl.{r.value.name} goes through a raw pointer: only in "

@@ -33,6 +33,24 @@ RENAMED = {
 }
 
 
+# Triton's dtype names and safetile's for them.
+TRITON_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int32": "int32",
+                 "int64": "int64", "int8": "int8", "int1": "bool_"}
+
+
+def foreign_dtype_message(value) -> str:
+    """``"; use st.float32"`` for a Triton or torch dtype (a kernel's dtypes are safetile's),
+    else ``""``."""
+    module = type(value).__module__ or ""
+    name = getattr(value, "name", None) if module.startswith("triton") else None
+    if module == "torch" and type(value).__name__ == "dtype":
+        name = str(value).removeprefix("torch.")
+        name = {"bool": "int1", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"
+                }.get(name, name)
+    ours = TRITON_DTYPES.get(name)
+    return f"; kernels take safetile's dtypes: use st.{ours}" if ours else ""
+
+
 # Python builtins a kernel author reaches for, and what the kernel language has instead.
 BUILTINS = {
     "print": "a program cannot print; store the values into an Out and read them on the host "

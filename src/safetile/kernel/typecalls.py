@@ -39,6 +39,17 @@ def _arg(node, i: int, name: str):
     return node.args[i] if len(node.args) > i else _kw(node, name)
 
 
+def _positional(node, sig: inspect.Signature) -> str:
+    """``: write `f(a, b)``` — the call ``node`` with its keywords given positionally, where
+    they fill the parameters after its positional arguments without a gap; else ``""``."""
+    given = {k.arg: k.value for k in node.keywords}
+    names = list(sig.parameters)[len(node.args):len(node.args) + len(given)]
+    if set(names) != set(given):
+        return ""
+    args = [ast.unparse(a) for a in node.args] + [ast.unparse(given[n]) for n in names]
+    return f": write `{ast.unparse(node.func)}({', '.join(args)})`"
+
+
 class CallTyper:
     """Call typing; the host class provides the expression typing and ``call_function``."""
 
@@ -82,8 +93,9 @@ class CallTyper:
                 raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} has no parameter "
                                       f"`{k.arg or '**'}`")
             if k.arg not in keywords:
+                by_name = (f"; by name it takes only {', '.join(keywords)}" if keywords else "")
                 raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} takes `{k.arg}` "
-                                      f"positionally (by name: {', '.join(keywords) or '-'})")
+                                      f"positionally{_positional(node, sig)}{by_name}")
         try:
             sig.bind(*node.args, **{k.arg: k.value for k in node.keywords})
         except TypeError as e:
