@@ -248,6 +248,13 @@ def test_an_error_only_the_run_can_see_names_the_kernel_line_and_the_program():
     assert len(e.value.recovered) == 3
 
 
+def test_a_division_by_an_edge_tiles_padding_is_told_how_to_keep_those_lanes_valid():
+    x, y = st.full((10,), 7, dtype=st.i32), st.full((10,), 3, dtype=st.i32)
+    with pytest.raises(st.errors.DivisionByZeroError, match=r"program 1 .*padding=1.*"
+                                                           r"sl\.where\(ok, b, 1\)"):
+        divide(x, y, st.empty((10,), dtype=st.i32).partition((8,))).sync()
+
+
 def test_a_race_keeps_its_type_and_gains_the_line_of_the_store():
     @st.kernel(unsafe=True)
     def collide(p: st.Ptr[st.f32]):

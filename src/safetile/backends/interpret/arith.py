@@ -68,10 +68,18 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int64) if t.dtype in (torch.int8, torch.int32) else t
 
 
+# The CPU executor checks every lane of a tile, also those whose result is never stored.
+_UNUSED_LANES = ("; every lane is checked, also one whose result is never stored: an edge "
+                 "tile's lanes past the tensor (a load reads `padding` there, 0 by default) "
+                 "or the branch sl.where does not take. Keep such lanes valid: load the divisor "
+                 "with x.load(z.index, z.shape, padding=1), or divide (shift) by "
+                 "sl.where(ok, b, 1)")
+
+
 def _floordiv(a: torch.Tensor, b: torch.Tensor, what: str) -> torch.Tensor:
     if bool((b == 0).any()):
         raise DivisionByZeroError(f"integer {what} by zero (on the GPU, x // 0 is 0 and "
-                                  f"x % 0 is x)")
+                                  f"x % 0 is x){_UNUSED_LANES}")
     wa, wb = _wide(a), _wide(b)
     if wa.dtype == torch.int64 and a.dtype == torch.int64:
         # INT64_MIN // -1 would trap: a // -1 is -a (which wraps)
@@ -119,7 +127,7 @@ def _shift(op, ta, tb, comp):
     if bool(((tb < 0) | (tb >= w)).any()):
         bad = int(tb[(tb < 0) | (tb >= w)].reshape(-1)[0])
         raise OutOfBoundsError(f"shift by {bad} outside [0, {w}) for st.{comp.name} (on the GPU "
-                               f"such a shift gives 0, or the sign fill for >>)")
+                               f"such a shift gives 0, or the sign fill for >>){_UNUSED_LANES}")
     wa = _wide(ta)
     r = wa << tb if op == "<<" else wa >> tb
     return r.to(comp.torch)
