@@ -179,6 +179,25 @@ def test_a_chain_of_thousands_of_thens_runs_without_exhausting_the_stack():
     assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]
 
 
+def test_a_chain_of_thousands_of_thens_and_maps_runs_and_prints_without_exhausting_the_stack():
+    chain = scale(vec(1, 1, 1, 1), out(), 1.0)
+    for _ in range(1500):           # each link pair deeper than Python's recursion limit
+        chain = chain.then(lambda x, z, k: scale(x, z, k)).map(lambda *v: v)
+    assert "links" in repr(chain)
+    _, z, _ = chain.sync()
+    assert z.unpartition().to_torch().tolist() == [1, 1, 1, 1]
+
+
+def test_a_long_chain_of_maps_that_fails_at_its_end_hands_the_values_back():
+    chain = scale(vec(1, 2, 3, 4), out(), 1.0)
+    for _ in range(3000):
+        chain = chain.map(lambda *v: v)
+    with pytest.raises(ZeroDivisionError) as e:
+        chain.map(lambda *v: 1 / 0).sync()
+    x, z, _ = e.value.recovered
+    assert x.to_torch().tolist() == [1, 2, 3, 4] and z.unpartition().shape == (4,)
+
+
 def test_an_op_dropped_without_running_hands_its_arguments_back():
     x = vec(1, 2, 3, 4)
     op = add(x, vec(1, 1, 1, 1), out())

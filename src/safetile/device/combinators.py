@@ -112,63 +112,57 @@ class ThenOp(DeviceOp):
         self.prev, self.f = prev, f
 
     def __repr__(self) -> str:
-        return f"<ThenOp {self.prev!r} -> {getattr(self.f, '__name__', self.f)!r}>"
+        return _chain_repr(self)
 
     def _run(self, ctx: RunContext):
-        # Iterative, not recursive: a chain of thousands of `then`s must not exhaust the stack.
-        links, op = [], self
-        while type(op) is ThenOp:
-            links.append(op)
-            op = op.prev
-        out = op._run(ctx)
-        source = op
-        state = _state
-        turn = ctx.turn
-        for link in reversed(links):
-            # Each link runs once, also over a shared op; claimed only once what it follows
-            # has run, so that a refusal of that (a shared op in flight elsewhere) leaves it
-            # to run later.
-            link._take()
-            f = link.f
-            ctx.settle()          # the next op runs on ctx.stream: ordered after this work
-            # `with in_callback("then")`, inlined (this loop runs once per chained op)
-            outer = getattr(state, "busy", None)
-            state.busy = "`then` callback"
-            outer_built = getattr(state, "built", None)
-            state.built = built = []          # `with collecting_built()`, inlined
-            try:
-                args = out if type(out) is tuple else (out,)
-                nxt = f(*args) if turn is None else turn.run(f, args)
-                if not isinstance(nxt, DeviceOp):
-                    _check_result(nxt, f)
-            except BaseException as e:
-                abandon_all(built)            # ops the callback built: values come back
-                wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
-                attach_recovered(wrong or e, callback_account(e, out), replace=True)
-                if wrong is not None:
-                    raise wrong from e
-                raise
-            finally:
-                state.busy = outer
-                state.built = outer_built
-            ctx.last = UNKNOWN    # the callback may have enqueued work of its own
-            try:
-                out = nxt._run(ctx)
-            except BaseException as e:    # (an op that already ran took none of them)
-                abandon_all(built)            # built by the callback, never to run now (one
-                attach_recovered(e, out)      # held only by a closure of nxt, say)
-                raise
-            source = nxt
-        return out
+        return _run_chain(self, ctx)
+
+    def _follow(self, ctx: RunContext, out, source):
+        """This link's step once what it follows gave ``out``: the callback, then its op."""
+        link, state, turn = self, _state, ctx.turn
+        # Each link runs once, also over a shared op; claimed only once what it follows
+        # has run, so that a refusal of that (a shared op in flight elsewhere) leaves it
+        # to run later.
+        link._take()
+        f = link.f
+        ctx.settle()          # the next op runs on ctx.stream: ordered after this work
+        # `with in_callback("then")`, inlined (this runs once per chained op)
+        outer = getattr(state, "busy", None)
+        state.busy = "`then` callback"
+        outer_built = getattr(state, "built", None)
+        state.built = built = []          # `with collecting_built()`, inlined
+        try:
+            args = out if type(out) is tuple else (out,)
+            nxt = f(*args) if turn is None else turn.run(f, args)
+            if not isinstance(nxt, DeviceOp):
+                _check_result(nxt, f)
+        except BaseException as e:
+            abandon_all(built)            # ops the callback built: values come back
+            wrong = arity_error("then", f, out, source) if type(e) is TypeError else None
+            attach_recovered(wrong or e, callback_account(e, out), replace=True)
+            if wrong is not None:
+                raise wrong from e
+            raise
+        finally:
+            state.busy = outer
+            state.built = outer_built
+        ctx.last = UNKNOWN    # the callback may have enqueued work of its own
+        try:
+            out = nxt._run(ctx)
+        except BaseException as e:    # (an op that already ran took none of them)
+            abandon_all(built)            # built by the callback, never to run now (one
+            attach_recovered(e, out)      # held only by a closure of nxt, say)
+            raise
+        return out, nxt
 
     def _abandon(self) -> None:
-        self.prev._abandon()
+        _chain_base(self)._abandon()
 
     def _values(self):
-        return self.prev._values()
+        return _chain_base(self)._values()
 
     def _host_bound(self) -> bool:
-        return self.prev._host_bound()
+        return _chain_base(self)._host_bound()
 
 
 class MapOp(DeviceOp):
@@ -183,10 +177,13 @@ class MapOp(DeviceOp):
         self.inner, self.f = inner, f
 
     def __repr__(self) -> str:
-        return f"<MapOp {self.inner!r} -> {getattr(self.f, '__name__', self.f)!r}>"
+        return _chain_repr(self)
 
     def _run(self, ctx: RunContext):
-        out = self.inner._run(ctx)
+        return _run_chain(self, ctx)
+
+    def _follow(self, ctx: RunContext, out, source):
+        """This link's step once what it follows gave ``out``: the callback's value."""
         self._take()              # (after its op, as a `then` link is)
         ctx.settle()
         try:
@@ -200,7 +197,7 @@ class MapOp(DeviceOp):
                         f"host; to run an op on these values, use op.then(f)")
                 if inspect.iscoroutine(result):       # (a Future it returns is a value)
                     raise async_error("map", self.f, result)
-                return result
+                return result, self
         except BaseException as e:
             wrong = arity_error("map", self.f, out, self.inner) if type(e) is TypeError else None
             attach_recovered(wrong or e, callback_account(e, out), replace=True)
@@ -211,13 +208,55 @@ class MapOp(DeviceOp):
             ctx.last = UNKNOWN    # the callback may have enqueued work of its own
 
     def _abandon(self) -> None:
-        self.inner._abandon()
+        _chain_base(self)._abandon()
 
     def _values(self):
-        return self.inner._values()
+        return _chain_base(self)._values()
 
     def _host_bound(self) -> bool:
-        return self.inner._host_bound()
+        return _chain_base(self)._host_bound()
+
+
+def _links(op: DeviceOp) -> tuple[DeviceOp, list]:
+    """The op a chain of `then` and `map` links starts from, and the links in run order."""
+    links = []
+    while type(op) is ThenOp or type(op) is MapOp:
+        links.append(op)
+        op = op.prev if type(op) is ThenOp else op.inner
+    links.reverse()
+    return op, links
+
+
+def _chain_base(op: DeviceOp) -> DeviceOp:
+    """The op a chain of `then` and `map` links starts from (the one that holds its values)."""
+    while type(op) is ThenOp or type(op) is MapOp:
+        op = op.prev if type(op) is ThenOp else op.inner
+    return op
+
+
+def _chain_repr(top: DeviceOp) -> str:
+    """``<ThenOp <MapOp <KernelOp ...> -> 'f'> -> 'g'>``, built without recursion; a long
+    chain shows its first and last links."""
+    base, links = _links(top)
+    text = repr(base)
+    shown = links if len(links) <= 8 else links[:3] + [None] + links[-4:]
+    for link in shown:
+        if link is None:
+            text = f"<... {len(links) - 7} links ... {text}>"
+            continue
+        name = getattr(link.f, "__name__", link.f)
+        text = f"<{type(link).__name__} {text} -> {name!r}>"
+    return text
+
+
+def _run_chain(top: DeviceOp, ctx: RunContext):
+    """Run a chain of `then` and `map` links ending at ``top``: iterative, not recursive, so
+    that a chain of thousands of links does not exhaust the stack."""
+    base, links = _links(top)
+    out, source = base._run(ctx), base
+    for link in links:
+        out, source = link._follow(ctx, out, source)
+    return out
 
 
 class ZipOp(DeviceOp):
