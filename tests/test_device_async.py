@@ -340,6 +340,18 @@ def test_a_record_made_by_another_task_still_refuses_allocation():
     assert asyncio.run(main()).records == ()
 
 
+def test_await_inside_a_graph_scope_is_refused_naming_await():
+    op = add(vec(1, 2), vec(1, 1), out(2))
+
+    async def main():
+        with st.graph_scope():
+            with pytest.raises(st.GraphCaptureError, match="^await op inside st.graph_scope"):
+                await op
+    asyncio.run(main())
+    _, _, z = op.sync()                       # refused before it started: it still runs
+    assert z.unpartition().to_torch().tolist() == [2, 3]
+
+
 def test_submit_without_a_running_loop_raises_and_names_the_ops_values():
     x, z = vec(1, 2, 3, 4), out()
     op = add(x, vec(1, 1, 1, 1), z)

@@ -376,6 +376,21 @@ def test_tritons_keyword_spellings_are_told_the_positional_call_to_write():
         dot(st.ones((16, 16)), st.ones((16, 16)), st.empty((16, 16)).partition((16, 16)))
 
 
+def test_a_helper_defined_below_its_kernel_is_told_to_come_first():
+    with pytest.raises(st.KernelDefinitionError, match="name 'defined_later' is not defined "
+                                                       "where the kernel is decorated.*above it"):
+        @st.kernel
+        def early(x: st.In[st.f32], z: st.Out[st.f32]):
+            z.store(defined_later(sl.load_like(x, z)))  # noqa: F821
+
+
+def test_a_helper_loading_through_views_is_told_to_take_the_tile():
+    with pytest.raises(st.KernelDefinitionError, match="an @st.function helper takes tiles"):
+        @st.function
+        def load_helper(x, z):
+            return sl.load_like(x, z)
+
+
 def test_a_triton_or_torch_dtype_in_a_kernel_is_told_the_safetile_dtype():
     import triton.language as tl                            # noqa: F401 (a kernel's global)
     with pytest.raises(st.KernelDefinitionError, match="use st.float32"):

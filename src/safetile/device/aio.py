@@ -55,8 +55,13 @@ def submit(op, stream=None) -> "asyncio.Future":
     handed back (``e.recovered``); errors found at completion are set on the future.
     Cancelling the future does not stop the work: its values are still handed back (to the
     op's arguments' handles) when it completes, and ``await st.recovered(fut)`` gives them."""
+    return _submit(op, stream, "st.submit(op)")
+
+
+def _submit(op, stream, how: str) -> "asyncio.Future":
+    """:func:`submit`, whose errors name ``how`` it was asked for (``await op`` too)."""
     if getattr(_state, "busy", None) is not None:     # inside a callback: re-entrant
-        with executing("st.submit(op)"):              # raises ExecutionError
+        with executing(how):                          # raises ExecutionError
             pass
     if not isinstance(op, DeviceOp):
         raise ExecutionError(f"st.submit(op) takes a DeviceOp, got {type(op).__name__} "
@@ -64,9 +69,9 @@ def submit(op, stream=None) -> "asyncio.Future":
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        error = ExecutionError("st.submit(op) needs a running event loop: call it from a "
-                               "coroutine (or run the op with op.sync()); the op did not "
-                               "start")
+        error = ExecutionError(f"{how} needs a running event loop: call it from a "
+                               f"coroutine (or run the op with op.sync()); the op did not "
+                               f"start")
         refused(error, op)
         try:
             raise error from None
@@ -80,7 +85,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             raise
     if not streams.cuda_available() or op._host_bound():
         try:
-            refuse_inside_recording(op, "st.submit(op)")
+            refuse_inside_recording(op, how)
         except BaseException as e:
             refused(e, op)
             raise
@@ -104,7 +109,7 @@ def submit(op, stream=None) -> "asyncio.Future":
             refused(e, op)
             raise
         return fut
-    ctx, out = enqueue(op, stream, "await op")
+    ctx, out = enqueue(op, stream, how)
     fut = _OpFuture(loop=loop)
     b = _last
     if b is None or b.loop_ref() is not loop:
@@ -336,7 +341,7 @@ def await_op(op):
     """``await op`` (``DeviceOp.__await__``): the output; if the awaiting task is cancelled,
     ``CancelledError`` once the work has completed, with ``e.recovered`` (and the op's own
     error, if it failed, as its ``__cause__``)."""
-    fut = submit(op)
+    fut = _submit(op, None, "await op")
     try:
         return (yield from fut.__await__())
     except asyncio.CancelledError as e:

@@ -72,7 +72,9 @@ class BodyChecker(ast.NodeVisitor):
     def undefined(self, node, name: str):
         if self.is_function and name == self.src.tree.name:   # not bound while it is checked
             self.fail(node, "call", f"helper '{name}' calls itself: recursion is not supported")
-        self.fail(node, "name", f"name '{name}' is not defined")
+        self.fail(node, "name", f"name '{name}' is not defined where the kernel is decorated: "
+                                f"a kernel reads its globals when the decorator runs, so a "
+                                f"helper or constant it uses is defined above it")
 
     def kind_of(self, node):
         """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for views, else None."""
@@ -355,8 +357,11 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "load_like" and (len(node.args) != 2 or node.keywords
                                       or self.kind_of(node.args[0]) != "In"
                                       or self.kind_of(node.args[1]) not in ("Out", "tile")):
-            self.fail(node, "call", "sl.load_like(x, z) takes an In view x and an Out view z "
-                                    "(the tile of x at z's position and shape)")
+            helper = ("; views stay in the kernel: an @st.function helper takes tiles and "
+                      "scalars, so load in the kernel and pass the tile"
+                      if self.is_function else "")
+            self.fail(node, "call", f"sl.load_like(x, z) takes an In view x and an Out view z "
+                                    f"(the tile of x at z's position and shape){helper}")
         if r.kind in ("builtin", "load_like", "pybuiltin"):
             self.check_resolved_value(f, r)
             if r.kind == "builtin" and r.value.unsafe and node.args:
