@@ -145,6 +145,11 @@ class Scheduler:
             return
         self._queue.put_nowait(job)
 
+    @property
+    def stopping(self) -> APIError | None:
+        """The error of jobs cancelled because the server stops; None while it serves."""
+        return self._stopping
+
     def cancel_all(self) -> None:
         """Cancel the running job and every queued one, and refuse later ones (a request
         still being tokenized submits afterwards): the server is stopping."""

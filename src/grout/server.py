@@ -269,6 +269,14 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
                 owned.cancel()
             return EventStream(_stream(job, ChunkWriter(job, state.model_name), first), close)
         return await _collect(state, job, watcher, first)
+    except asyncio.CancelledError:
+        # The server's graceful stop timed out while this job still ran (a long prefill
+        # cannot be interrupted): it answers as a cancelled job does, not with a bare 500.
+        reason = state.scheduler.stopping
+        if reason is None:
+            raise
+        job.cancel(reason)
+        return error_response(reason)
     finally:
         if watcher is not None:
             watcher.cancel()

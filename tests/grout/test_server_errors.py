@@ -409,6 +409,30 @@ def test_health_is_503_while_loading_and_sigterm_ends_open_streams(tmp_path_fact
         server.stop()
 
 
+def test_a_stop_during_a_prefill_longer_than_the_graceful_timeout_answers_503(tmp_path):
+    """uvicorn cancels a request still running 5 s after Ctrl-C; a prefill cannot be
+    interrupted, so the request is answered as every cancelled job is, not with a bare 500."""
+    server = ServerProcess("tiny", tmp_path / "serve.log", "--device", "cpu",
+                           "--max-seq-len", "4096", "--no-progress").start()
+    try:
+        answer = {}
+
+        def post():       # about 9 s of prefill on the CPU executor
+            answer["r"] = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                                     json={"prompt": "hello " * 4000, "max_tokens": 4})
+        t = threading.Thread(target=post)
+        t.start()
+        time.sleep(2)                      # the prompt is tokenized, the prefill runs
+        server.proc.send_signal(signal.SIGINT)
+        t.join(120)
+        r = answer["r"]
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["message"] == "the server is shutting down"
+        assert server.proc.wait(60) == 130
+    finally:
+        server.stop()
+
+
 def inheriting_sigint(monkeypatch, handler) -> None:
     """Start the test's servers with SIGINT ``handler`` inherited. A background job of a
     non-interactive shell inherits it ignored: uvicorn still catches it and stops, but
