@@ -234,7 +234,7 @@ def _prompt(fields: dict[str, Any]) -> str | list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError("'prompt' must not be empty", param="prompt")
-        return prompt
+        return _unicode(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
@@ -261,11 +261,12 @@ def _messages(fields: dict[str, Any]) -> list[dict[str, str]]:
             raise APIError(f"{where}.tool_calls: tool calls are not supported",
                            param=f"{where}.tool_calls", code="unsupported_parameter")
         turn = {"role": "system" if role == "developer" else role,
-                "content": _content(message, role, f"{where}.content")}
+                "content": _unicode(_content(message, role, f"{where}.content"),
+                                    f"{where}.content")}
         if role == "assistant":
             reasoning = _reasoning(message, where)
             if reasoning is not None:
-                turn["reasoning_content"] = reasoning
+                turn["reasoning_content"] = _unicode(reasoning, f"{where}.reasoning_content")
         out.append(turn)
     return out
 
@@ -324,11 +325,18 @@ def _stop(fields: dict[str, Any]) -> list[str]:
                            f"stop[{i}] has {len(s)}", param="stop")
         # Generated text is valid Unicode: a stop string holding a lone surrogate (JSON's
         # "\ud800") could never match, so it is refused as prompts holding one are.
-        try:
-            check_unicode(s)
-        except RequestError as err:
-            raise APIError(f"stop[{i}]: {err}", param="stop") from None
+        _unicode(s, f"stop[{i}]", param="stop")
     return [s for s in stop if s]
+
+
+def _unicode(text: str, where: str, param: str | None = None) -> str:
+    """``text`` (the request's field ``where``) unless it holds a lone surrogate."""
+    try:
+        check_unicode(text, fix="a JSON string's \\uD800-\\uDFFF escapes come in pairs, "
+                                "high then low")
+    except RequestError as err:
+        raise APIError(f"{where}: {err}", param=param or where) from None
+    return text
 
 
 def _bool(fields: dict[str, Any], name: str, *, default: bool, param: str | None = None) -> bool:

@@ -134,17 +134,17 @@ def _qwen_json() -> str:
     return data
 
 
-def check_unicode(text: str) -> None:
+def check_unicode(text: str, fix: str = "decode bytes with errors='replace'") -> None:
     """``RequestError`` unless ``text`` is valid Unicode: a lone surrogate (from JSON's
-    ``"\\ud800"`` or bytes decoded with ``surrogateescape``) has no UTF-8 and no tokens."""
+    ``"\\ud800"`` or bytes decoded with ``surrogateescape``) has no UTF-8 and no tokens.
+    ``fix``: what the message says to do, in the caller's terms."""
     if text.isascii():
         return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise RequestError(f"text must be valid Unicode: character {e.start} is a lone "
-                           f"surrogate (U+{ord(text[e.start]):04X}); decode bytes with "
-                           f"errors='replace'") from None
+                           f"surrogate (U+{ord(text[e.start]):04X}); {fix}") from None
 
 
 def as_token_id(i) -> int:

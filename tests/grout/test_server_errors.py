@@ -56,17 +56,21 @@ def test_malformed_json_is_a_400(server, client, body):
     assert_still_serving(client)
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
-    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\udcff"}]}',
-     "messages"),
+@pytest.mark.parametrize("path, body, param, at", [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt", 1),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}, '
+                             '{"role": "user", "content": "\\udcff"}]}',
+     "messages[1].content", 0),
 ], ids=["prompt", "chat"])
-def test_a_lone_surrogate_in_the_text_is_a_400(server, client, path, body, param):
+def test_a_lone_surrogate_in_the_text_is_a_400_naming_the_field_and_its_character(
+        server, client, path, body, param, at):
     r = httpx.post(f"{server.url}{path}", content=body,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert_openai_error(r.json())
-    assert r.json()["error"]["param"] == param and "valid Unicode" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == param and message.startswith(f"{param}: ")
+    assert f"character {at} is a lone surrogate" in message and "come in pairs" in message
     assert_still_serving(client)
 
 
