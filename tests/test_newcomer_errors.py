@@ -97,6 +97,18 @@ def test_unary_operators_and_comparisons_on_a_handle_say_to_compute_in_a_kernel(
         expr(st.ones((4,)))
 
 
+@pytest.mark.parametrize("read", [bool, len, int, float, lambda x: [0, 1][x],
+                                  lambda x: "yes" if x else "no"],
+                         ids=["bool", "len", "int", "float", "index", "if"])
+@pytest.mark.parametrize("handle", [lambda: st.ones((1,)), lambda: part(),
+                                    lambda: st.ones((1,)).share()],
+                         ids=["Tensor", "Partition", "Shared"])
+def test_a_handle_has_no_host_value_and_says_how_to_read_one(read, handle):
+    # (without a refusal, bool() of a handle was True and len() a bare TypeError)
+    with pytest.raises(st.ArgumentError, match=r"has no host value .*\.shape.*to_torch\(\)"):
+        read(handle())
+
+
 def test_numpy_given_a_handle_says_to_take_a_numpy_copy():
     import numpy as np
     with pytest.raises(st.ArgumentError, match=r"numpy was given an st\.Tensor.*\.numpy\(\)"):

@@ -196,6 +196,15 @@ class Handle(NoCopies):
     __neg__ = __pos__ = __abs__ = __invert__ = _no_host_arithmetic
     __lt__ = __le__ = __gt__ = __ge__ = _no_host_arithmetic
 
+    def _no_host_value(self, *_) -> NoReturn:
+        # a handle's data lives on its device: no truth value, length or number without a copy
+        out = ".unpartition().to_torch()" if type(self).__name__ == "Partition" else ".to_torch()"
+        raise ArgumentError(
+            f"an st.{type(self).__name__} has no host value (truth, len, int or float): read "
+            f"its .shape, take a torch copy with {out}, or compute on it in a kernel")
+
+    __bool__ = __len__ = __float__ = __int__ = __index__ = __complex__ = _no_host_value
+
     def __array__(self, *_, **__) -> NoReturn:
         # without it numpy wraps the handle in a 0-d object array and says nothing
         out = ".unpartition().numpy()" if type(self).__name__ == "Partition" else ".numpy()"
