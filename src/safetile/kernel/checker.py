@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from ..errors import KernelDefinitionError
 from ..lang.views import (IN_ATTRS, IN_METHODS, OUT_ATTRS, OUT_METHODS, SUB_ATTRS,  # noqa: F401
                           SUB_METHODS, inline_partition, kind_of)
-from .hints import (builtin_message, foreign_dtype_message, missing_operation_message,
-                    unknown_call_message)
+from . import hints
 from .signature import check_signature, reserved, reserved_message
 from .source import KernelSource, Scope, assigned_names
 
@@ -72,9 +71,7 @@ class BodyChecker(ast.NodeVisitor):
     def undefined(self, node, name: str):
         if self.is_function and name == self.src.tree.name:   # not bound while it is checked
             self.fail(node, "call", f"helper '{name}' calls itself: recursion is not supported")
-        self.fail(node, "name", f"name '{name}' is not defined where the kernel is decorated: "
-                                f"a kernel reads its globals when the decorator runs, so a "
-                                f"helper or constant it uses is defined above it")
+        self.fail(node, "name", hints.undefined_message(name))
 
     def kind_of(self, node):
         """'In'/'Out'/'Ptr'/... for a parameter, 'sub'/'tile' for views, else None."""
@@ -279,10 +276,7 @@ class BodyChecker(ast.NodeVisitor):
             self.fail(node, "call", f"Python builtin '{node.id}' is not part of the kernel "
                                     f"language; see safetile.lang for the tile operations")
         if r.kind == "other":
-            self.fail(node, "name", f"global '{node.id}' ({type(r.value).__name__}) cannot be used "
-                                    f"in a kernel: only int/float/bool constants, dtypes, "
-                                    f"safetile.lang and @st.function helpers"
-                                    f"{foreign_dtype_message(r.value)}")
+            self.fail(node, "name", hints.global_message(node.id, r.value))
         if r.kind == "param" and self.params[node.id].kind == "Ptr" and not self.unsafe:
             self.fail(node, "ptr-needs-unsafe", "raw pointers need @st.kernel(unsafe=True)")
         kind = self.kind_of(node)
@@ -317,7 +311,7 @@ class BodyChecker(ast.NodeVisitor):
     def check_resolved_value(self, node, r):
         if r.kind == "other":
             self.fail(node, "name", f"'{ast.unparse(node)}' cannot be used in a kernel"
-                                    f"{foreign_dtype_message(r.value)}")
+                                    f"{hints.foreign_dtype_message(r.value)}")
         if r.kind == "builtin" and r.value.unsafe and not self.unsafe:
             self.fail(node, "atomic-needs-unsafe" if r.value.atomic else "unsafe-op",
                       f"sl.{r.value.name} goes through a raw pointer: only in "
@@ -333,7 +327,7 @@ class BodyChecker(ast.NodeVisitor):
             if r is None:
                 base = self.info.scope.resolve(f.value) if isinstance(f.value, ast.Name) else None
                 if base is not None and base.kind == "module":
-                    self.fail(node, "call", missing_operation_message(f, base.value))
+                    self.fail(node, "call", hints.missing_operation_message(f, base.value))
                 if f.attr not in TILE_METHODS:
                     self.fail(node, "call", f"`{ast.unparse(f)}(...)` is not a kernel operation "
                                             f"(tiles have .astype(dtype); operations are sl.*)")
@@ -357,11 +351,7 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "load_like" and (len(node.args) != 2 or node.keywords
                                       or self.kind_of(node.args[0]) != "In"
                                       or self.kind_of(node.args[1]) not in ("Out", "tile")):
-            helper = ("; views stay in the kernel: an @st.function helper takes tiles and "
-                      "scalars, so load in the kernel and pass the tile"
-                      if self.is_function else "")
-            self.fail(node, "call", f"sl.load_like(x, z) takes an In view x and an Out view z "
-                                    f"(the tile of x at z's position and shape){helper}")
+            self.fail(node, "call", hints.load_like_message(self.is_function))
         if r.kind in ("builtin", "load_like", "pybuiltin"):
             self.check_resolved_value(f, r)
             if r.kind == "builtin" and r.value.unsafe and node.args:
@@ -380,8 +370,8 @@ class BodyChecker(ast.NodeVisitor):
         if r.kind == "dtype":
             self.fail(node, "call", f"dtypes are not callable; use tile.astype({name})")
         if r.kind == "forbidden_builtin":
-            self.fail(node, "call", builtin_message(name))
-        self.fail(node, "call", unknown_call_message(self.info.scope, f))
+            self.fail(node, "call", hints.builtin_message(name))
+        self.fail(node, "call", hints.unknown_call_message(self.info.scope, f))
 
     def check_view_call(self, node, f, kind):
         name, method = ast.unparse(f.value), f.attr

@@ -129,3 +129,39 @@ def missing_operation_message(func: ast.Attribute, module: types.ModuleType) -> 
 TILE_ELEMENT_HINT = ("; to read a narrower slice or one element, load it from the input "
                      "(x.load(index, smaller_shape), x.load_scalar(index)); to pick element "
                      "i of a tile, mask and reduce: sl.sum(sl.where(sl.arange(n) == i, t, 0), 0)")
+
+
+def undefined_message(name: str) -> str:
+    """A name the kernel's globals lack when the decorator runs (defined below it, say)."""
+    return (f"name '{name}' is not defined where the kernel is decorated: a kernel reads its "
+            f"globals when the decorator runs, so a helper or constant it uses is defined "
+            f"above it")
+
+
+def load_like_message(in_helper: bool) -> str:
+    """``sl.load_like`` given anything but an In view and an Out view (in a helper: views)."""
+    helper = ("; views stay in the kernel: an @st.function helper takes tiles and scalars, so "
+              "load in the kernel and pass the tile" if in_helper else "")
+    return (f"sl.load_like(x, z) takes an In view x and an Out view z (the tile of x at z's "
+            f"position and shape){helper}")
+
+
+def global_message(name: str, value) -> str:
+    """A global of a kind a kernel cannot use."""
+    return (f"global '{name}' ({type(value).__name__}) cannot be used in a kernel: only "
+            f"int/float/bool constants, dtypes, safetile.lang and @st.function helpers"
+            f"{foreign_dtype_message(value)}")
+
+
+def positional_message(node: ast.Call, what: str, sig, keyword: str, keywords) -> str:
+    """A call passing ``keyword`` by name to ``what`` (signature ``sig``), which takes it
+    positionally (by name only ``keywords``): the call to write instead, where one can be
+    written (the keywords fill the parameters after the positional arguments, no gap)."""
+    given = {k.arg: k.value for k in node.keywords}
+    names = list(sig.parameters)[len(node.args):len(node.args) + len(given)]
+    instead = ""
+    if set(names) == set(given):
+        args = [ast.unparse(a) for a in node.args] + [ast.unparse(given[n]) for n in names]
+        instead = f": write `{ast.unparse(node.func)}({', '.join(args)})`"
+    by_name = f"; by name it takes only {', '.join(keywords)}" if keywords else ""
+    return f"`{ast.unparse(node)}`: {what}{sig} takes `{keyword}` positionally{instead}{by_name}"

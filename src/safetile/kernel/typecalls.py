@@ -14,6 +14,7 @@ from .. import dtypes as _d
 from ..dtypes import DType
 from ..lang import semantics as S
 from ..lang.views import InView, OutView, SubTiles
+from .hints import positional_message
 from .typevalues import V, bounded, const, operand, runtime, scalar, tile
 
 _MATH = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid")
@@ -37,17 +38,6 @@ def _kw(node, name):
 def _arg(node, i: int, name: str):
     """Argument ``i`` (or keyword ``name``) of a call, or None."""
     return node.args[i] if len(node.args) > i else _kw(node, name)
-
-
-def _positional(node, sig: inspect.Signature) -> str:
-    """``: write `f(a, b)``` — the call ``node`` with its keywords given positionally, where
-    they fill the parameters after its positional arguments without a gap; else ``""``."""
-    given = {k.arg: k.value for k in node.keywords}
-    names = list(sig.parameters)[len(node.args):len(node.args) + len(given)]
-    if set(names) != set(given):
-        return ""
-    args = [ast.unparse(a) for a in node.args] + [ast.unparse(given[n]) for n in names]
-    return f": write `{ast.unparse(node.func)}({', '.join(args)})`"
 
 
 class CallTyper:
@@ -93,9 +83,7 @@ class CallTyper:
                 raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} has no parameter "
                                       f"`{k.arg or '**'}`")
             if k.arg not in keywords:
-                by_name = (f"; by name it takes only {', '.join(keywords)}" if keywords else "")
-                raise self.fail(node, f"`{ast.unparse(node)}`: {what}{sig} takes `{k.arg}` "
-                                      f"positionally{_positional(node, sig)}{by_name}")
+                raise self.fail(node, positional_message(node, what, sig, k.arg, keywords))
         try:
             sig.bind(*node.args, **{k.arg: k.value for k in node.keywords})
         except TypeError as e:

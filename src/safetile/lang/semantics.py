@@ -67,10 +67,9 @@ Operators
   (so ``-(+0.0)`` is ``+0.0``, as in Triton).
 - ``//`` and ``%`` on ints follow Python: the quotient is floored and the remainder has the
   divisor's sign (``-7 // 2 == -4``, ``-7 % 2 == 1``), for runtime and compile-time values
-  alike; ``INT_MIN // -1`` wraps to ``INT_MIN``. Division by zero is an error: the CPU
-  executor raises ``DivisionByZeroError`` (in any lane, also one never stored: an edge
-  tile's padding, a branch ``sl.where`` leaves); on the GPU, where it cannot be reported,
-  ``x // 0`` is 0 and ``x % 0`` is ``x``. ``sl.cdiv(a, b)`` is ``-(-a // b)`` (the ceiling;
+  alike; ``INT_MIN // -1`` wraps to ``INT_MIN``. Division by zero (in any lane, even one
+  never stored) raises ``DivisionByZeroError`` on the CPU; on the GPU, which cannot report
+  it, ``x // 0`` is 0 and ``x % 0`` is ``x``. ``sl.cdiv(a, b)`` is ``-(-a // b)`` (the ceiling;
   on the GPU ``sl.cdiv(a, 0)`` is 1 for a nonzero ``a``, 0 for 0).
 - ``//`` and ``%`` on floats are refused: Triton has no float floor division, and its float
   remainder is exact ``fmod`` in its interpreter but derived from a rounded quotient on the
