@@ -218,7 +218,7 @@ def test_bench_refuses_a_vocabulary_too_small_for_its_prompt_ids():
 
 @pytest.mark.parametrize("command, meaning", [
     ("generate", "sampling seed"), ("bench", "seed of the random prompt ids"),
-    ("serve", "every request that sends no")])
+    ("serve", "sampling seed of each request that sends no")])
 def test_help_says_what_the_seed_of_each_subcommand_means(capsys, command, meaning):
     with pytest.raises(SystemExit):
         cli.main([command, "--help"])
