@@ -119,12 +119,12 @@ class ThenOp(DeviceOp):
 
     def _follow(self, ctx: RunContext, out, source):
         """This link's step once what it follows gave ``out``: the callback, then its op."""
-        link, state, turn = self, _state, ctx.turn
+        state, turn = _state, ctx.turn
         # Each link runs once, also over a shared op; claimed only once what it follows
         # has run, so that a refusal of that (a shared op in flight elsewhere) leaves it
         # to run later.
-        link._take()
-        f = link.f
+        self._take()
+        f = self.f
         ctx.settle()          # the next op runs on ctx.stream: ordered after this work
         # `with in_callback("then")`, inlined (this runs once per chained op)
         outer = getattr(state, "busy", None)
@@ -220,17 +220,17 @@ class MapOp(DeviceOp):
 def _links(op: DeviceOp) -> tuple[DeviceOp, list]:
     """The op a chain of `then` and `map` links starts from, and the links in run order."""
     links = []
-    while type(op) is ThenOp or type(op) is MapOp:
+    while isinstance(op, (ThenOp, MapOp)):
         links.append(op)
-        op = op.prev if type(op) is ThenOp else op.inner
+        op = op.prev if isinstance(op, ThenOp) else op.inner
     links.reverse()
     return op, links
 
 
 def _chain_base(op: DeviceOp) -> DeviceOp:
     """The op a chain of `then` and `map` links starts from (the one that holds its values)."""
-    while type(op) is ThenOp or type(op) is MapOp:
-        op = op.prev if type(op) is ThenOp else op.inner
+    while isinstance(op, (ThenOp, MapOp)):
+        op = op.prev if isinstance(op, ThenOp) else op.inner
     return op
 
 
