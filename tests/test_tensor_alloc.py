@@ -89,6 +89,11 @@ def test_arange_takes_its_shape_by_keyword_as_the_other_allocators_do():
         arange(4, shape=(4,), device="cpu")
 
 
+def test_arange_of_a_one_axis_shape_takes_a_step_as_a_count_does():
+    assert arange((6,), step=2, device="cpu").to_torch().tolist() == [0, 2, 4]
+    assert arange(shape=(6,), step=2, device="cpu").to_torch().tolist() == [0, 2, 4]
+
+
 def test_arange_of_a_shape_of_several_axes_counts_in_row_major_order():
     assert arange((2, 3), device="cpu").to_torch().tolist() == [[0, 1, 2], [3, 4, 5]]
     t = arange(shape=(2, 1, 2), dtype=dtypes.bf16, device="cpu")

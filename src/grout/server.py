@@ -90,7 +90,9 @@ def create_app(load: Callable[[], Any], model_name: str, *, fault_injection: boo
     ``fault_injection`` (tests only) honours the ``X-Grout-Fault`` request header, which makes
     that request's generation raise after the given number of tokens.
     """
-    seeds = None if default_seed is None else random.Random(default_seed)
+    # (Random seeds from an int's absolute value: S and -S would give the same draws)
+    seeds = None if default_seed is None else \
+        random.Random(default_seed.to_bytes(8, "little", signed=True))
     state = ServerState(Scheduler(load, generate), model_name, fault_injection,
                         max_request_bytes, seeds, generation_config)
 

@@ -334,3 +334,11 @@ def test_serve_seed_makes_a_run_of_seedless_requests_repeat_and_each_differ(tmp_
 def test_without_allowed_origins_a_browser_page_of_another_origin_gets_no_allow_header(server):
     r = httpx.get(f"{server.url}/v1/models", headers={"Origin": "http://localhost:3000"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_serve_seeds_s_and_minus_s_draw_different_request_seeds():
+    from grout.server import create_app
+
+    def first_draw(seed):
+        return create_app(lambda: None, "m", default_seed=seed).state.grout.seeds.randrange(2**63)
+    assert first_draw(7) != first_draw(-7) and first_draw(7) == first_draw(7)

@@ -246,6 +246,8 @@ def arange(start=None, stop=None, step=None, dtype=None, device=None, *, shape=N
             raise ArgumentError(f"st.arange{shape_out} fills its shape with 0, 1, 2, ...: it "
                                 f"takes no step (got {step!r})")
         start = math.prod(shape_out)
+        if len(shape_out) == 1:       # (n,) is a count: a step takes every step-th of it
+            shape_out = None
     start, stop, step = (None if v is None else _arange_number(v, name)
                          for name, v in (("start", start), ("stop", stop), ("step", step)))
     if stop is None:
