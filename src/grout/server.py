@@ -229,6 +229,16 @@ def _fault_after(state: ServerState, request: Request) -> int | None:
 
 async def _generation(state: ServerState, parse: Callable[[Any, str], GenerationRequest],
                       request: Request) -> Response | EventStream:
+    try:      # a graceful stop that timed out (a long prefill) answers as a cancelled job
+        return await _answer(state, parse, request)
+    except asyncio.CancelledError:
+        if state.scheduler.stopping is None:
+            raise
+        return error_response(state.scheduler.stopping)
+
+
+async def _answer(state: ServerState, parse: Callable[[Any, str], GenerationRequest],
+                  request: Request) -> Response | EventStream:
     if not state.scheduler.ready.is_set():
         return error_response(APIError("the model is still loading; retry when /health says ok",
                                        status=503, type="service_unavailable"))
@@ -271,14 +281,6 @@ async def _generation(state: ServerState, parse: Callable[[Any, str], Generation
                 owned.cancel()
             return EventStream(_stream(job, ChunkWriter(job, state.model_name), first), close)
         return await _collect(state, job, watcher, first)
-    except asyncio.CancelledError:
-        # The server's graceful stop timed out while this job still ran (a long prefill
-        # cannot be interrupted): it answers as a cancelled job does, not with a bare 500.
-        reason = state.scheduler.stopping
-        if reason is None:
-            raise
-        job.cancel(reason)
-        return error_response(reason)
     finally:
         if watcher is not None:
             watcher.cancel()
