@@ -229,9 +229,7 @@ def _links(op: DeviceOp) -> tuple[DeviceOp, list]:
 
 def _chain_base(op: DeviceOp) -> DeviceOp:
     """The op a chain of `then` and `map` links starts from (the one that holds its values)."""
-    while isinstance(op, (ThenOp, MapOp)):
-        op = op.prev if isinstance(op, ThenOp) else op.inner
-    return op
+    return _links(op)[0]
 
 
 def _chain_repr(top: DeviceOp) -> str:
